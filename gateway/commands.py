@@ -1,10 +1,159 @@
-"""Gateway sub-commands: serve, demo, policy validate, keys hash (filled in by the foundation work)."""
+"""The gateway's own sub-commands: serve, demo, policy validate, keys hash."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import getpass
+import logging
+import sys
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import uvicorn
+
+from gateway.app import GatewayApp
+from gateway.policy.loader import PolicyError, PolicySnapshot, hash_api_key, load_policy
+from gateway.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_POLICY = REPO_ROOT / "policies" / "demo.yaml"
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the gateway's own sub-commands."""
+    serve = subparsers.add_parser("serve", help="run the gateway")
+    serve.add_argument("--policy", required=True, help="policy file (YAML)")
+    _add_listen_args(serve)
+    serve.set_defaults(func=_serve)
+
+    demo = subparsers.add_parser("demo", help="gateway + two simulated backends in one process")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--policy", default=str(DEMO_POLICY))
+    demo.set_defaults(func=_demo)
+
+    policy = subparsers.add_parser("policy", help="policy file tools").add_subparsers(
+        dest="policy_command", required=True
+    )
+    validate = policy.add_parser("validate", help="exit 0 when every file is valid, else print errors")
+    validate.add_argument("paths", nargs="+")
+    validate.set_defaults(func=_validate)
+
+    keys = subparsers.add_parser("keys", help="API key tools").add_subparsers(dest="keys_command", required=True)
+    key_hash = keys.add_parser("hash", help="read a key on stdin, print the hash a policy stores")
+    key_hash.set_defaults(func=_hash_key)
+
+
+def _add_listen_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--log-level", default="warning")
+
+
+def _load_or_report(path: str) -> PolicySnapshot | None:
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
+def _uvicorn_config(app: GatewayApp, host: str, port: int, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+        backlog=4096,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    snapshot = _load_or_report(args.policy)
+    if snapshot is None:
+        return 1
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = Settings.from_env(policy_path=args.policy, host=args.host, port=args.port, log_level=args.log_level)
+    server = uvicorn.Server(_uvicorn_config(GatewayApp(settings, snapshot), args.host, args.port, args.log_level))
+    server.run()
+    return 0 if server.started else 1
+
+
+def _validate(args: argparse.Namespace) -> int:
+    ok = True
+    for path in args.paths:
+        snapshot = _load_or_report(path)
+        if snapshot is None:
+            ok = False
+        else:
+            print(f"{path}: valid (version {snapshot.version}, digest {snapshot.digest})")
+    return 0 if ok else 1
+
+
+def _hash_key(args: argparse.Namespace) -> int:
+    key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline()
+    key = key.strip()
+    if not key:
+        print("no key on stdin", file=sys.stderr)
+        return 1
+    print(hash_api_key(key))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from loadtests.sim import serve_engines
+
+    snapshot = _load_or_report(args.policy)
+    if snapshot is None:
+        return 1
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    ports = [urlsplit(b.url).port or 80 for b in snapshot.policy.backends]
+    settings = Settings.from_env(policy_path=args.policy, port=args.port)
+    server = uvicorn.Server(_uvicorn_config(GatewayApp(settings, snapshot), "127.0.0.1", args.port, "warning"))
+    model = snapshot.policy.models[0].name
+
+    async def run() -> None:
+        engines = asyncio.create_task(serve_engines("fixed", host="127.0.0.1", ports=ports, model=model))
+        await asyncio.sleep(0)
+        print(_demo_banner(args.port, model, ports), flush=True)
+        try:
+            await server.serve()
+        finally:
+            engines.cancel()
+            await asyncio.gather(engines, return_exceptions=True)
+
+    try:
+        import uvloop
+
+        uvloop.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _demo_banner(port: int, model: str, ports: list[int]) -> str:
+    base = f"http://127.0.0.1:{port}"
+    return f"""
+inference-gateway demo: gateway on {base}, simulated backends on ports {", ".join(map(str, ports))}
+Policy: {DEMO_POLICY} (tenants 'acme' with key demo-key-acme, 'globex' with key demo-key-globex)
+
+Try it with curl:
+  curl -N {base}/v1/chat/completions -H 'Authorization: Bearer demo-key-acme' \\
+       -H 'Content-Type: application/json' \\
+       -d '{{"model": "{model}", "stream": true, "max_tokens": 16, "messages": [{{"role": "user", "content": "Hello"}}]}}'
+
+Or with the openai SDK:
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/v1", api_key="demo-key-acme")
+  for chunk in client.chat.completions.create(model="{model}", stream=True, max_tokens=16,
+                                              messages=[{{"role": "user", "content": "Hello"}}]):
+      print(chunk.choices[0].delta.content or "", end="", flush=True) if chunk.choices else None
+
+Metrics: {base}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
+"""

@@ -1,0 +1,194 @@
+"""The ASGI application: the ``Gateway`` object, the routes, and the lifespan that builds both.
+
+The three inference endpoints are dispatched by a dict lookup on the path straight to their
+``InferenceHandler`` (pure ASGI: no routing or middleware layers on the hot path, which cost
+about 0.1 ms a request). Everything else (health, readiness, metrics, the model list) goes
+through a starlette ``Router``. Everything is built in the lifespan and passed explicitly;
+there are no module globals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, Router
+from starlette.types import Receive, Scope, Send
+
+from gateway.auth import authenticate
+from gateway.clock import Clock, MonotonicClock
+from gateway.endpoints import BackendPool
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.policy.loader import PolicySnapshot, load_policy
+from gateway.proxy import Exchange, InferenceHandler
+from gateway.routing.least_load import LeastLoadPicker
+from gateway.settings import Settings
+from gateway.telemetry import Metrics
+from gateway.tokens import CharRatioEstimator
+from gateway.types import Api
+from gateway.upstream import UpstreamClient
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    """Everything the request path needs, built once at start-up and closed at shutdown."""
+
+    def __init__(self, settings: Settings, snapshot: PolicySnapshot, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or MonotonicClock()
+        self.metrics = Metrics()
+        self.estimator = CharRatioEstimator()
+        self.picker = LeastLoadPicker()
+        self.pool = BackendPool(snapshot)
+        backends = {b.name: b for b in snapshot.policy.backends}
+        self.upstream = UpstreamClient(backends, max_connections=settings.max_upstream_connections)
+        self._snapshot = snapshot
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
+
+    def policy(self) -> PolicySnapshot:
+        """The policy in force; a request reads it once and keeps it to the end."""
+        return self._snapshot
+
+    async def start(self) -> None:
+        checks = self._snapshot.policy.health_checks
+        if self.settings.health_checks:
+            await self.pool.check_all(self.upstream.http, checks.timeout_s)
+            self._spawn(self.pool.run_health_checks(self.upstream.http, checks.interval_s, checks.timeout_s))
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.upstream.aclose()
+
+    def record(self, exchange: Exchange) -> None:
+        """Count a finished request and observe its latencies (called once per request)."""
+        m = self.metrics
+        model, klass = exchange.model, exchange.klass
+        m.requests.labels(model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome).inc()
+        timer = exchange.timer
+        if timer is None:
+            return
+        m.e2e.labels(model, klass).observe(self.clock.now() - exchange.arrival)
+        ttft = timer.ttft
+        if ttft is not None:
+            m.ttft.labels(model, klass).observe(ttft)
+            if timer.gaps:
+                itl = m.itl.labels(model, klass)
+                for gap in timer.gaps:
+                    itl.observe(gap)
+        usage = timer.usage
+        if usage:
+            m.tokens.labels(model, "input").inc(usage.get("prompt_tokens") or 0)
+            m.tokens.labels(model, "output").inc(usage.get("completion_tokens") or 0)
+
+    def export_metrics(self) -> bytes:
+        for state in self.pool.all():
+            self.metrics.in_flight.labels(state.name).set(state.in_flight)
+            self.metrics.backend_healthy.labels(state.name).set(1 if state.healthy else 0)
+        return self.metrics.exposition()
+
+
+def error_response(error: GatewayError, request_id: str | None = None) -> Response:
+    headers = dict(error.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return Response(error.body(), status_code=error.status, headers=headers, media_type="application/json")
+
+
+class GatewayApp:
+    """The ASGI entry point. ``GatewayApp(settings)`` loads the policy in its lifespan."""
+
+    def __init__(self, settings: Settings, snapshot: PolicySnapshot | None = None) -> None:
+        self.settings = settings
+        self._snapshot = snapshot
+        self.gateway: Gateway | None = None
+        self._hot: dict[str, InferenceHandler] = {}
+        self._ops = Router(
+            routes=[
+                Route("/healthz", self._healthz),
+                Route("/readyz", self._readyz),
+                Route("/metrics", self._metrics),
+                Route("/v1/models", self._models),
+            ],
+            default=self._not_found,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            handler = self._hot.get(scope["path"])
+            if handler is None:
+                await self._ops(scope, receive, send)
+            elif scope["method"] != "POST":
+                error = MethodNotAllowed(f"{scope['path']} accepts POST only.")
+                await error_response(error)(scope, receive, send)
+            else:
+                await handler(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        try:
+            snapshot = self._snapshot or load_policy(self.settings.policy_path)
+            gateway = Gateway(self.settings, snapshot)
+            await gateway.start()
+        except Exception as exc:
+            log.error("gateway failed to start: %s", exc)
+            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            return
+        self.gateway = gateway
+        self._hot = {api.value: InferenceHandler(gateway, api) for api in Api}
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        await gateway.aclose()
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def _healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def _readyz(self, request: Request) -> Response:
+        gateway = self.gateway
+        if gateway is None:
+            return JSONResponse({"ready": False, "reason": "starting"}, status_code=503)
+        unready = gateway.pool.unready_models()
+        if unready:
+            return JSONResponse({"ready": False, "models_without_healthy_backend": unready}, status_code=503)
+        return JSONResponse({"ready": True, "policy_version": gateway.policy().version})
+
+    async def _metrics(self, request: Request) -> Response:
+        if self.gateway is None:
+            return PlainTextResponse("starting", status_code=503)
+        body = self.gateway.export_metrics()
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def _models(self, request: Request) -> Response:
+        if self.gateway is None:
+            return PlainTextResponse("starting", status_code=503)
+        snapshot = self.gateway.policy()
+        try:
+            tenant = authenticate(request.headers.get("authorization", "").encode() or None, snapshot)
+        except GatewayError as error:
+            return error_response(error)
+        created = int(time.time())
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "inference-gateway"}
+            for m in snapshot.models
+            if snapshot.tenant_may_use(tenant, m)
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = NotFound(f"No route for {scope.get('method', '')} {scope.get('path', '')}.")
+        await error_response(error)(scope, receive, send)

@@ -1,0 +1,168 @@
+"""Load a policy file into a frozen ``PolicySnapshot``, or explain exactly why not.
+
+Loading is three steps: ``yaml.safe_load``; validation against ``policy.model.Policy``
+(types, ranges, unknown keys); cross-checks between sections (names unique, every model
+served by a backend, every tenant's models and class declared). Every problem is reported
+at once, each as ``<file>: <path inside it>: <problem>``, e.g.
+``policies/prod.yaml: tenants[2].limits.rpm: must be greater than 0``.
+
+The snapshot holds the indexes the hot path needs (key hash to tenant, model to backends),
+built once here so that a request never scans a list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
+
+
+class PolicyError(Exception):
+    """The policy file is invalid; ``problems`` lists every reason, each with its path."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {problem}" for problem in problems))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """A validated policy plus its lookup tables; never mutated, swapped whole on reload."""
+
+    policy: Policy
+    source: str
+    digest: str
+    tenants_by_key_hash: Mapping[str, Tenant] = field(repr=False)
+    models: Mapping[str, ModelPolicy] = field(repr=False)
+    backends_by_model: Mapping[str, tuple[Backend, ...]] = field(repr=False)
+
+    @property
+    def version(self) -> str:
+        return self.policy.version
+
+    def priority_class(self, name: str) -> PriorityClass:
+        return self.policy.classes[name]
+
+    def tenant_may_use(self, tenant: Tenant, model: str) -> bool:
+        return "*" in tenant.models or model in tenant.models
+
+
+def hash_api_key(key: str) -> str:
+    """The form in which policies store keys: ``sha256:`` and the hex digest."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def load_policy(path: str | Path) -> PolicySnapshot:
+    """Read, validate and index a policy file; raise ``PolicyError`` listing every problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise PolicyError(source, [f"cannot read: {exc.strerror or exc}"]) from exc
+    return parse_policy(text, source)
+
+
+def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
+    """Like ``load_policy`` for text already in memory (tests, admin reloads)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [f"not valid YAML: {exc}"]) from exc
+    if not isinstance(raw, dict):
+        raise PolicyError(source, ["the top level must be a mapping"])
+    try:
+        policy = Policy.model_validate(raw)
+    except ValidationError as exc:
+        raise PolicyError(source, [_describe(error) for error in exc.errors()]) from exc
+    problems = list(_cross_check(policy))
+    if problems:
+        raise PolicyError(source, problems)
+    raw_bytes = text.encode() if isinstance(text, str) else text
+    return _index(policy, source, hashlib.sha256(raw_bytes).hexdigest()[:12])
+
+
+def _describe(error: Any) -> str:
+    path = _format_path(error["loc"])
+    message = str(error["msg"])
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif error["type"] == "missing":
+        message = "is required"
+    elif message.startswith("Value error, "):
+        message = message.removeprefix("Value error, ")
+    else:
+        message = message.replace("Input should be", "must be").replace("String should", "must")
+        message = message.replace("List should", "must").replace("Dictionary should", "must")
+    return f"{path}: {message}" if path else message
+
+
+def _format_path(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _cross_check(policy: Policy) -> Iterable[str]:
+    yield from _unique("models", [m.name for m in policy.models])
+    yield from _unique("backends", [b.name for b in policy.backends])
+    yield from _unique("tenants", [t.name for t in policy.tenants])
+    model_names = {m.name for m in policy.models}
+    served: set[str] = set()
+    for i, backend in enumerate(policy.backends):
+        for j, model in enumerate(backend.models):
+            if model not in model_names:
+                yield f"backends[{i}].models[{j}]: unknown model '{model}' (declare it under models)"
+            served.add(model)
+    for i, model_policy in enumerate(policy.models):
+        if model_policy.name not in served:
+            yield f"models[{i}]: no backend serves '{model_policy.name}'"
+        default = model_policy.default_max_tokens
+        if default is not None and default > model_policy.max_output_tokens:
+            yield f"models[{i}].default_max_tokens: must not exceed max_output_tokens"
+    owners: dict[str, str] = {}
+    for i, tenant in enumerate(policy.tenants):
+        if tenant.default_class not in policy.classes:
+            yield f"tenants[{i}].default_class: unknown class '{tenant.default_class}'"
+        for j, model in enumerate(tenant.models):
+            if model != "*" and model not in model_names:
+                yield f"tenants[{i}].models[{j}]: unknown model '{model}'"
+        for j, key_hash in enumerate(tenant.key_hashes):
+            if owners.setdefault(key_hash, tenant.name) != tenant.name:
+                yield f"tenants[{i}].key_hashes[{j}]: already a key of tenant '{owners[key_hash]}'"
+
+
+def _unique(section: str, names: list[str]) -> Iterable[str]:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            yield f"{section}[{i}].name: duplicate name '{name}'"
+        seen.add(name)
+
+
+def _index(policy: Policy, source: str, digest: str) -> PolicySnapshot:
+    by_key = {key_hash: tenant for tenant in policy.tenants for key_hash in tenant.key_hashes}
+    by_model: dict[str, list[Backend]] = {}
+    for backend in policy.backends:
+        for model in backend.models:
+            by_model.setdefault(model, []).append(backend)
+    return PolicySnapshot(
+        policy=policy,
+        source=source,
+        digest=digest,
+        tenants_by_key_hash=MappingProxyType(by_key),
+        models=MappingProxyType({m.name: m for m in policy.models}),
+        backends_by_model=MappingProxyType({m: tuple(bs) for m, bs in by_model.items()}),
+    )

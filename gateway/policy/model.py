@@ -1,0 +1,182 @@
+"""Typed model of a policy file (``policies/*.yaml``).
+
+A policy declares the backends, the models they serve, the tenants and their keys, the
+priority classes with their SLOs, and the request limits. Unknown keys are rejected and
+every number is range-checked here, so that a typo fails at load time and never silently
+falls back to a default at request time. Cross-references (a tenant naming a model that no
+backend serves, ...) are checked in ``loader.py``, which knows the file's name.
+
+Example::
+
+    version: demo-1
+    classes:
+      interactive: {rank: 0, slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 30000}}
+      batch:       {rank: 1, slo: {ttft_ms: 5000, itl_ms: 100, e2e_ms: 300000}}
+    models:
+      - name: meta-llama/Llama-3.1-8B-Instruct
+        max_prompt_tokens: 8192
+        max_output_tokens: 2048
+    backends:
+      - {name: h100-a, url: "http://127.0.0.1:8001", kind: vllm, models: [meta-llama/Llama-3.1-8B-Instruct]}
+    tenants:
+      - name: acme
+        key_hashes: ["sha256:<64 hex digits>"]
+        models: ["*"]
+        default_class: interactive
+        limits: {rpm: 600, tpm: 2000000, max_concurrent: 32}
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class Strict(BaseModel):
+    """Base for every policy section: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendKind(StrEnum):
+    """What speaks behind a backend URL; decides which request fields it understands."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    LLAMACPP = "llamacpp"
+    OPENAI = "openai"
+    SIM = "sim"
+
+
+class OverLimit(StrEnum):
+    """What to do with a ``max_tokens`` above the model's cap."""
+
+    REJECT = "reject"
+    CLAMP = "clamp"
+
+
+class RequestLimits(Strict):
+    """Limits applied while a request is read and parsed, before any backend sees it."""
+
+    max_body_bytes: PositiveInt = 1_048_576
+    max_json_depth: PositiveInt = 32
+    max_messages: PositiveInt = 512
+    max_n: PositiveInt = 8
+    max_tokens_over_limit: OverLimit = OverLimit.REJECT
+
+
+class Slo(Strict):
+    """Latency objectives of a priority class, in milliseconds."""
+
+    ttft_ms: PositiveFloat
+    itl_ms: PositiveFloat
+    e2e_ms: PositiveFloat
+
+
+class PriorityClass(Strict):
+    """A priority class; a lower ``rank`` is served first (interactive 0, batch 1)."""
+
+    rank: Annotated[int, Field(ge=0, le=100)]
+    slo: Slo
+
+
+class ModelPolicy(Strict):
+    """A model clients may ask for, with its per-request limits."""
+
+    name: Name
+    max_prompt_tokens: PositiveInt = 32_768
+    max_output_tokens: PositiveInt = 4_096
+    default_max_tokens: PositiveInt | None = None
+    upstream_name: Name | None = None
+
+
+class Capacity(Strict):
+    """What one backend may hold at once (the admission issue enforces it)."""
+
+    max_concurrent: PositiveInt = 256
+    max_tokens_in_flight: PositiveInt = 1_000_000
+
+
+class Timeouts(Strict):
+    """Per-phase upstream timeouts in seconds; none is a total, so long streams live."""
+
+    connect_s: PositiveFloat = 2.0
+    first_byte_s: PositiveFloat = 60.0
+    between_chunks_s: PositiveFloat = 30.0
+
+
+class Backend(Strict):
+    """One OpenAI-compatible server (a vLLM engine, an SGLang server, ...)."""
+
+    name: Name
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(:\d+)?/?$")]
+    kind: BackendKind
+    models: Annotated[list[Name], Field(min_length=1)]
+    capacity: Capacity = Capacity()
+    credential_env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None
+    timeouts: Timeouts = Timeouts()
+
+    @field_validator("url")
+    @classmethod
+    def _strip_slash(cls, url: str) -> str:
+        return url.rstrip("/")
+
+
+class TenantLimits(Strict):
+    """Per-tenant limits (the admission issue enforces them)."""
+
+    rpm: PositiveInt | None = None
+    tpm: PositiveInt | None = None
+    max_concurrent: PositiveInt | None = None
+
+
+class Tenant(Strict):
+    """A client organisation: its key hashes, what it may use, its default class."""
+
+    name: Name
+    key_hashes: Annotated[list[str], Field(min_length=1)]
+    models: Annotated[list[str], Field(min_length=1)]
+    default_class: Name
+    limits: TenantLimits = TenantLimits()
+    weight: PositiveFloat = 1.0
+
+    @field_validator("key_hashes")
+    @classmethod
+    def _hashes_not_keys(cls, hashes: list[str]) -> list[str]:
+        for value in hashes:
+            if not KEY_HASH_PATTERN.match(value):
+                raise ValueError(
+                    "must be 'sha256:' followed by 64 lowercase hex digits "
+                    "(make one with `inference-gateway keys hash`); never a raw key"
+                )
+        return hashes
+
+
+class HealthChecks(Strict):
+    """Active health checks of every backend's /health."""
+
+    interval_s: PositiveFloat = 5.0
+    timeout_s: PositiveFloat = 2.0
+
+
+class Policy(Strict):
+    """The whole policy file."""
+
+    version: Annotated[str, Field(min_length=1, max_length=64)]
+    limits: RequestLimits = RequestLimits()
+    classes: Annotated[dict[Name, PriorityClass], Field(min_length=1)]
+    models: Annotated[list[ModelPolicy], Field(min_length=1)]
+    backends: Annotated[list[Backend], Field(min_length=1)]
+    tenants: Annotated[list[Tenant], Field(min_length=1)]
+    health_checks: HealthChecks = HealthChecks()
+    kind: Literal["gateway-policy"] = "gateway-policy"

@@ -1,0 +1,113 @@
+"""Every metric the gateway exports, with its name, labels and buckets, in one place.
+
+Label sets are bounded: ``model`` and ``backend`` come from the policy (a request for an
+unknown model is counted under ``model="-"``), ``class`` from the policy's classes, and
+``status``/``outcome`` from small fixed sets. Request ids never become labels.
+Buckets follow LLM latencies: TTFT from 10 ms to 60 s, inter-token latency from 1 ms to
+2 s, end-to-end up to 10 minutes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1,
+    1.5,
+    2,
+    3,
+    5,
+    7.5,
+    10,
+    20,
+    30,
+    60,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1,
+    2,
+)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+
+UNKNOWN_LABEL = "-"
+
+
+class Metrics:
+    """The gateway's Prometheus metrics, on a registry of its own (no process globals)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by model, API, priority class, HTTP status and outcome.",
+            ["model", "api", "class", "status", "outcome"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_ttft_seconds",
+            "Time from the gateway accepting a request to the first chunk with generated output.",
+            ["model", "class"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "gateway_itl_seconds",
+            "Gaps between successive output chunks of a stream.",
+            ["model", "class"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "gateway_e2e_seconds",
+            "Time from the gateway accepting a request to its last byte.",
+            ["model", "class"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gateway_tokens",
+            "Tokens processed, from the backends' usage reports, by direction (input, output).",
+            ["model", "direction"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "gateway_backend_in_flight_requests", "Requests in flight to a backend.", ["backend"], registry=r
+        )
+        self.backend_healthy = Gauge(
+            "gateway_backend_healthy",
+            "1 when the backend's last health check passed.",
+            ["backend"],
+            registry=r,
+        )
+        self.policy_info = Gauge(
+            "gateway_policy_info", "The policy version in force (value 1).", ["version", "digest"], registry=r
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

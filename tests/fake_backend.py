@@ -1,0 +1,158 @@
+"""A scriptable OpenAI-compatible backend for the gateway's tests, served for real on loopback.
+
+It answers like vLLM (chunk shapes, usage chunk, ``[DONE]``) but lets a test decide what
+happens: the number of tokens, a failure status, a stream cut short, a pause until the test
+releases a gate. Every request it receives is kept (headers and body) so that a test can
+check what the gateway forwarded, e.g. that the client's key never reaches the backend.
+The simulated engine under ``loadtests/sim`` is the realistic backend; this one is for faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeBackend:
+    """Behaviour knobs, read on every request; the test thread sets them before sending."""
+
+    tokens: int = 4
+    status: int = 200
+    error_body: bytes = b'{"error": {"message": "boom", "type": "BadRequestError", "param": null, "code": 400}}'
+    cut_after: int | None = None  # close the stream after this many content chunks, without [DONE]
+    gate: threading.Event | None = None  # when set, wait for it before each content chunk after the first
+    received: list[Received] = field(default_factory=list)
+    disconnects: int = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["path"] == "/health":
+            await _respond(send, 200, b"")
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        document = orjson.loads(body) if body else {}
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.received.append(Received(scope["path"], headers, document))
+        if self.status != 200:
+            await _respond(send, self.status, self.error_body)
+        elif document.get("stream"):
+            await self._stream(document, send)
+        else:
+            await _respond(send, 200, orjson.dumps(self._completion(scope["path"], document)))
+
+    def _completion(self, path: str, document: dict[str, Any]) -> dict[str, Any]:
+        usage = {"prompt_tokens": 7, "completion_tokens": self.tokens, "total_tokens": 7 + self.tokens}
+        if path == "/v1/embeddings":
+            return {
+                "object": "list",
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+                "model": document["model"],
+                "usage": {"prompt_tokens": 7, "total_tokens": 7},
+            }
+        if path == "/v1/completions":
+            return {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": 1,
+                "model": document["model"],
+                "choices": [{"index": 0, "text": " tok" * self.tokens, "finish_reason": "length"}],
+                "usage": usage,
+            }
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": document["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": " tok" * self.tokens},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": usage,
+        }
+
+    async def _stream(self, document: dict[str, Any], send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        include_usage = bool((document.get("stream_options") or {}).get("include_usage"))
+        base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": document["model"]}
+        extra = {"usage": None} if include_usage else {}
+
+        async def event(payload: dict[str, Any]) -> None:
+            await send(
+                {"type": "http.response.body", "body": b"data: " + orjson.dumps(payload) + b"\n\n", "more_body": True}
+            )
+
+        await event(
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                ],
+                **extra,
+            }
+        )
+        for i in range(self.tokens):
+            if self.cut_after is not None and i == self.cut_after:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            if self.gate is not None and i > 0:
+                await asyncio.to_thread(self.gate.wait, 10)
+                self.gate.clear()
+            await event(
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "logprobs": None, "finish_reason": None}],
+                    **extra,
+                }
+            )
+        await event(
+            {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}], **extra}
+        )
+        if include_usage:
+            await event(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 7,
+                        "completion_tokens": self.tokens,
+                        "total_tokens": 7 + self.tokens,
+                        "prompt_tokens_details": {"cached_tokens": 0},
+                    },
+                }
+            )
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+async def _respond(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    await receive()
+    await send({"type": "lifespan.startup.complete"})
+    await receive()
+    await send({"type": "lifespan.shutdown.complete"})
