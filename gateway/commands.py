@@ -71,6 +71,7 @@ def _uvicorn_config(app: GatewayApp, host: str, port: int, log_level: str) -> uv
         lifespan="on",
         timeout_graceful_shutdown=30,
         backlog=4096,
+        proxy_headers=False,  # the gateway never reads the client address; saves work per request
     )
 
 

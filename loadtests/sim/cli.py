@@ -1,10 +1,47 @@
-"""Placeholder: register(subparsers) adds this tool's sub-commands."""
+"""``inference-gateway sim``: start N simulated engines on ports P..P+N-1 in one process."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
 from typing import Any
+
+import uvloop
+
+from loadtests.sim.profiles import profile_names
+from loadtests.sim.serve import serve_engines
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add this tool's sub-commands."""
+    """Add the ``sim`` sub-command."""
+    parser = subparsers.add_parser("sim", help="run simulated vLLM engines", description=__doc__)
+    parser.add_argument("--profile", required=True, choices=profile_names())
+    parser.add_argument("--port", type=int, required=True, help="port of the first engine")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--count", type=int, default=1, help="number of engines (consecutive ports)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every simulated duration by K")
+    parser.add_argument("--model", default=None, help="served model name (default: the profile's model)")
+    parser.add_argument("--ttft-ms", type=float, default=None, help="fixed profile: time to first token")
+    parser.add_argument("--itl-ms", type=float, default=None, help="fixed profile: inter-token delay")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.count < 1 or args.time_scale <= 0:
+        raise SystemExit("--count must be >= 1 and --time-scale > 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ports = [args.port + i for i in range(args.count)]
+    main = serve_engines(
+        args.profile,
+        host=args.host,
+        ports=ports,
+        model=args.model,
+        time_scale=args.time_scale,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+    )
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, contextlib.suppress(KeyboardInterrupt):
+        runner.run(main)
+    return 0

@@ -1,0 +1,18 @@
+# The gateway image: one process per container (scale with replicas, not workers).
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY loadtests ./loadtests
+RUN pip install --no-cache-dir --prefix=/install .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 gateway
+COPY --from=build /install /usr/local
+COPY policies /etc/inference-gateway/policies
+USER 10001
+EXPOSE 8080
+# SIGTERM starts the graceful drain; the pod's terminationGracePeriodSeconds must exceed it.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["inference-gateway", "serve", "--host", "0.0.0.0", "--port", "8080"]
+CMD ["--policy", "/etc/inference-gateway/policies/demo.yaml"]

@@ -1,0 +1,301 @@
+"""What the gateway adds to latency, measured against the same backend directly, in one run.
+
+Usage::
+
+    python -m loadtests.overhead [--rates 100,250,500,1000] [--phase-s 4] [--rounds 2]
+                                 [--stream-rate 100] [--stream-tokens 64] [--out loadtests/results/overhead]
+
+It starts a zero-delay simulated engine (profile ``instant``) and the gateway in front of it,
+each as its own process, the gateway pinned alone to one core (the backend and this load
+generator share the other). For each rate it sends the same open-loop Poisson load
+alternately straight to the backend and through the gateway, in short phases, several
+rounds, so that both see the same machine noise; the figures are differences between the
+two in the same run: added latency at P50 and P99 per rate, errors, and for streams the
+added TTFT and inter-token latency. Goals of the foundation issue: at 500 req/s added P50
+<= 1 ms and P99 <= 5 ms with no errors; 1,000 req/s without errors; at 100 streams/s of 64
+tokens, added TTFT P50 <= 1 ms and added inter-token P99 <= 1 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from gateway.policy.loader import hash_api_key
+
+MODEL = "sim-instant"
+API_KEY = "overhead-bench-key"
+CHAT_BODY = {
+    "model": MODEL,
+    "max_tokens": 16,
+    "messages": [{"role": "user", "content": "Say something short about latency budgets."}],
+}
+
+
+@dataclass
+class PhaseResult:
+    """Latencies of one mode at one rate (seconds), accumulated over rounds."""
+
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    itls: list[float] = field(default_factory=list)
+    errors: int = 0
+    error_reasons: Counter[str] = field(default_factory=Counter)
+    sent: int = 0
+    late: list[float] = field(default_factory=list)
+
+
+def _policy(backend_url: str) -> str:
+    return f"""
+version: overhead-bench
+limits: {{max_body_bytes: 1048576}}
+classes:
+  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
+models:
+  - {{name: {MODEL}, max_prompt_tokens: 8192, max_output_tokens: 4096}}
+backends:
+  - {{name: instant, url: "{backend_url}", kind: sim, models: [{MODEL}],
+      capacity: {{max_concurrent: 100000, max_tokens_in_flight: 100000000}}}}
+tenants:
+  - name: bench
+    key_hashes: ["{hash_api_key(API_KEY)}"]
+    models: ["*"]
+    default_class: interactive
+health_checks: {{interval_s: 30, timeout_s: 2}}
+"""
+
+
+def _pin(cpu: int) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if os.cpu_count() and os.cpu_count() > 1 else []  # type: ignore[operator]
+
+
+@contextmanager
+def _process(argv: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_ready(proc, ready_url)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)  # SIGINT lets a wrapping profiler write its output
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float = 30.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout}s")
+
+
+async def _one(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], stream: bool, out: PhaseResult
+) -> None:
+    start = time.perf_counter()
+    reason = ""
+    try:
+        async with session.post(url, data=body, headers=headers) as response:
+            if response.status != 200:
+                reason = f"HTTP {response.status}"
+            elif not stream:
+                await response.read()
+            elif not await _read_stream(response, start, out):
+                reason = "stream ended without output or [DONE]"
+    except aiohttp.ClientError as exc:
+        reason = type(exc).__name__
+    if not reason:
+        out.latencies.append(time.perf_counter() - start)
+    else:
+        out.errors += 1
+        out.error_reasons[reason] += 1
+
+
+async def _read_stream(response: aiohttp.ClientResponse, start: float, out: PhaseResult) -> bool:
+    first: float | None = None
+    last = 0.0
+    done = False
+    async for line in response.content:
+        if not line.startswith(b"data: "):
+            continue
+        if line.startswith(b"data: [DONE]"):
+            done = True
+            continue
+        if b'"content":"' not in line or b'"content":""' in line:
+            continue
+        now = time.perf_counter()
+        if first is None:
+            first = now
+            out.ttfts.append(now - start)
+        else:
+            out.itls.append(now - last)
+        last = now
+    return done and first is not None
+
+
+async def _phase(
+    session: aiohttp.ClientSession, url: str, rate: float, seconds: float, stream: bool, out: PhaseResult, seed: int
+) -> None:
+    """Open-loop Poisson arrivals at ``rate`` for ``seconds``; never waits for a response to send."""
+    body = dict(CHAT_BODY)
+    if stream:
+        body = {**body, "stream": True, "max_tokens": STREAM_TOKENS[0]}
+    payload = json.dumps(body).encode()
+    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    rng = random.Random(seed)
+    tasks: set[asyncio.Task[None]] = set()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    next_at = start
+    while next_at < start + seconds:
+        delay = next_at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        out.late.append(max(0.0, loop.time() - next_at))
+        task = loop.create_task(_one(session, url, payload, headers, stream, out))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        out.sent += 1
+        next_at += rng.expovariate(rate)
+    if tasks:
+        await asyncio.wait(tasks, timeout=30)
+
+
+STREAM_TOKENS = [64]
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1000 if values else float("nan")
+
+
+async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str, object]:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    report: dict[str, object] = {"rates": {}, "stream": {}}
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await _phase(session, direct, 50, 1.0, False, PhaseResult(), 0)  # warm both paths
+        await _phase(session, through, 50, 1.0, False, PhaseResult(), 0)
+        for rate in args.rates:
+            results = {"direct": PhaseResult(), "gateway": PhaseResult()}
+            for round_no in range(args.rounds):
+                for mode, url in (("direct", direct), ("gateway", through)):
+                    await _phase(session, url, rate, args.phase_s, False, results[mode], seed=round_no)
+            report["rates"][rate] = _compare(results)  # type: ignore[index]
+            _print_rate(rate, results)
+        results = {"direct": PhaseResult(), "gateway": PhaseResult()}
+        for round_no in range(args.rounds):
+            for mode, url in (("direct", direct), ("gateway", through)):
+                await _phase(session, url, args.stream_rate, args.phase_s, True, results[mode], seed=round_no)
+        report["stream"] = _compare(results)
+        _print_stream(args.stream_rate, results)
+    return report
+
+
+def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
+    d, g = results["direct"], results["gateway"]
+    out: dict[str, object] = {}
+    for mode, r in results.items():
+        out[mode] = {
+            "sent": r.sent,
+            "errors": r.errors,
+            "p50_ms": _pct(r.latencies, 50),
+            "p99_ms": _pct(r.latencies, 99),
+            "ttft_p50_ms": _pct(r.ttfts, 50),
+            "itl_p99_ms": _pct(r.itls, 99),
+            "send_late_p99_ms": _pct(r.late, 99),
+            "error_reasons": dict(r.error_reasons),
+        }
+    out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
+    out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
+    out["added_ttft_p50_ms"] = _pct(g.ttfts, 50) - _pct(d.ttfts, 50)
+    out["added_itl_p99_ms"] = _pct(g.itls, 99) - _pct(d.itls, 99)
+    return out
+
+
+def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
+    d, g = results["direct"], results["gateway"]
+    print(
+        f"{rate:>6.0f} req/s | direct P50 {_pct(d.latencies, 50):6.2f} P99 {_pct(d.latencies, 99):6.2f} "
+        f"err {d.errors:<4d}| gateway P50 {_pct(g.latencies, 50):6.2f} P99 {_pct(g.latencies, 99):6.2f} "
+        f"err {g.errors:<4d}| added P50 {_pct(g.latencies, 50) - _pct(d.latencies, 50):+6.2f} ms "
+        f"P99 {_pct(g.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms | sent {d.sent}/{g.sent} "
+        f"| send lateness P99 {_pct(d.late + g.late, 99):.2f} ms {dict(d.error_reasons + g.error_reasons) or ''}",
+        flush=True,
+    )
+
+
+def _print_stream(rate: float, results: dict[str, PhaseResult]) -> None:
+    d, g = results["direct"], results["gateway"]
+    print(
+        f"{rate:>6.0f} streams/s x {STREAM_TOKENS[0]} tokens | TTFT P50 direct {_pct(d.ttfts, 50):.2f} "
+        f"gateway {_pct(g.ttfts, 50):.2f} added {_pct(g.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms | "
+        f"ITL P99 direct {_pct(d.itls, 99):.3f} gateway {_pct(g.itls, 99):.3f} "
+        f"added {_pct(g.itls, 99) - _pct(d.itls, 99):+.3f} ms | errors {d.errors}/{g.errors} "
+        f"{dict(d.error_reasons + g.error_reasons) or ''}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rates", default="100,250,500,1000")
+    parser.add_argument("--phase-s", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--stream-rate", type=float, default=100.0)
+    parser.add_argument("--stream-tokens", type=int, default=64)
+    parser.add_argument("--backend-port", type=int, default=18501)
+    parser.add_argument("--gateway-port", type=int, default=18500)
+    parser.add_argument("--gateway-cmd", default=None, help="override the gateway command (profiling)")
+    parser.add_argument("--out", default=None, help="write the figures as JSON to OUT.json")
+    args = parser.parse_args(argv)
+    args.rates = [float(r) for r in args.rates.split(",")]
+    STREAM_TOKENS[0] = args.stream_tokens
+    backend = f"http://127.0.0.1:{args.backend_port}"
+    gateway = f"http://127.0.0.1:{args.gateway_port}"
+    exe = [sys.executable, "-m", "gateway"]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as policy:
+        policy.write(_policy(backend))
+    sim = [*_pin(0), *exe, "sim", "--profile", "instant", "--model", MODEL, "--port", str(args.backend_port)]
+    serve = [*_pin(1), *exe, "serve", "--policy", policy.name, "--port", str(args.gateway_port)]
+    if args.gateway_cmd:
+        serve = [*_pin(1), *args.gateway_cmd.split(), "--policy", policy.name, "--port", str(args.gateway_port)]
+    if len(_pin(0)):
+        os.sched_setaffinity(0, {0})
+    with _process(sim, backend + "/health"), _process(serve, gateway + "/healthz"):
+        print(f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
+              f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating", flush=True)
+        report = asyncio.run(_run(args, backend + "/v1/chat/completions", gateway + "/v1/chat/completions"))
+    if args.out:
+        Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
+    os.unlink(policy.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

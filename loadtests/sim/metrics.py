@@ -1,0 +1,112 @@
+"""Prometheus metrics of one engine, under vLLM's names, in a registry of its own.
+
+Several engines share a process, so nothing goes to the global registry. Labels are
+``model_name`` and ``engine`` (the engine's index in its process), as vLLM V1.
+
+Beyond vLLM's set: ``sim:requests_aborted_total`` counts aborts (client disconnects) — vLLM V1
+also counts them as ``vllm:request_success_total{finished_reason="abort"}``, which is kept too —
+and ``sim:step_lag_seconds`` records how late each step ran against its roofline deadline.
+Histograms measure wall-clock seconds as a client sees them (already multiplied by the time scale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+FINISH_REASONS = ("length", "stop", "abort")
+
+
+class EngineMetrics:
+    """Every metric of one engine; gauges are read from the engine at scrape time."""
+
+    def __init__(
+        self,
+        model_name: str,
+        engine: int,
+        *,
+        running: Callable[[], float],
+        waiting: Callable[[], float],
+        kv_usage: Callable[[], float],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        names = ["model_name", "engine"]
+        values = (model_name, str(engine))
+        reg = self.registry
+
+        def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
+            Gauge(name, doc, names, registry=reg).labels(*values).set_function(fn)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=reg).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=reg).labels(*values)
+
+        gauge("vllm:num_requests_running", "Requests in the running batch.", running)
+        gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0 to 1.", kv_usage)
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.preemptions = counter("vllm:num_preemptions", "Preemptions (recompute).")
+        self.aborted = counter("sim:requests_aborted", "Requests aborted by a client disconnect.")
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
+        self.step_lag = histogram("sim:step_lag_seconds", "Lateness of steps vs their deadline.", LAG_BUCKETS)
+        success = Counter(
+            "vllm:request_success", "Finished requests by reason.", [*names, "finished_reason"], registry=reg
+        )
+        self.success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,258 @@
+"""vLLM's OpenAI-compatible wire format: strict request parsing and byte-exact response shapes.
+
+Shapes follow vLLM's ``entrypoints/openai/protocol.py`` and ``serving_chat.py`` /
+``serving_completion.py``: a chat stream starts with a chunk whose delta is only
+``{"role": "assistant", "content": ""}``; content chunks carry ``"logprobs": null`` and
+``"finish_reason": null`` (and ``"usage": null`` when ``stream_options.include_usage``); the last
+content chunk carries ``finish_reason`` and ``stop_reason``; with ``include_usage`` a final chunk
+has ``"choices": []`` and the usage totals; then ``data: [DONE]``. Errors use vLLM's shape
+``{"error": {"message", "type", "param", "code"}}``.
+
+Content chunks are built from pre-rendered byte templates: the per-token cost is one
+``orjson.dumps`` of the token text.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from loadtests.sim.tokenizer import count_tokens, render_chat, tokenize
+
+
+class Endpoint(enum.Enum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+    EMBEDDING = "embedding"
+
+
+class ApiError(Exception):
+    """An error answered to the client in vLLM's JSON shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed"}.get(
+            self.status, "InternalServerError"
+        )
+        error = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
+        return orjson.dumps({"error": error})
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated generation or embedding request."""
+
+    endpoint: Endpoint
+    model: str
+    token_ids: list[int]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    priority: int
+    cache_salt: str | None
+
+
+def _get(body: dict[str, Any], key: str, kinds: type | tuple[type, ...], default: Any) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is int):
+        raise ApiError(400, f"'{key}' has the wrong type", param=key)
+    return value
+
+
+def _message_text(message: Any, index: int) -> dict[str, str]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise ApiError(400, f"messages[{index}] must be an object with a string 'role'", param="messages")
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if not isinstance(content, str):
+        raise ApiError(400, f"messages[{index}].content must be a string or parts", param="messages")
+    return {"role": message["role"], "content": content}
+
+
+def _chat_prompt(body: dict[str, Any]) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    rendered = [_message_text(m, i) for i, m in enumerate(messages)]
+    add_prompt = _get(body, "add_generation_prompt", bool, True)
+    cont = _get(body, "continue_final_message", bool, False)
+    if cont and add_prompt:
+        raise ApiError(400, "continue_final_message requires add_generation_prompt=false")
+    if cont and rendered[-1]["role"] != "assistant":
+        raise ApiError(400, "continue_final_message needs a final assistant message", param="messages")
+    return tokenize(render_chat(rendered, add_generation_prompt=add_prompt, continue_final_message=cont))
+
+
+def _completion_prompt(body: dict[str, Any], key: str) -> list[int]:
+    prompt = body.get(key)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenize(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    raise ApiError(400, f"'{key}' must be a string, a list of token ids, or a list of one of them", param=key)
+
+
+def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_max_tokens: int) -> ParsedRequest:
+    """Validate a request body; raise `ApiError` (400, or 404 for another model)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"invalid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = _get(body, "model", str, served_model)
+    if model != served_model:
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+    if _get(body, "n", int, 1) != 1:
+        raise ApiError(400, "only n=1 is supported by the simulator", param="n")
+    if endpoint is Endpoint.CHAT:
+        tokens = _chat_prompt(body)
+        max_tokens = _get(body, "max_completion_tokens", int, None) or _get(body, "max_tokens", int, None)
+    elif endpoint is Endpoint.COMPLETION:
+        tokens = _completion_prompt(body, "prompt")
+        max_tokens = _get(body, "max_tokens", int, None)
+    else:
+        tokens = _completion_prompt(body, "input")
+        max_tokens = 0
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if max_tokens < 0 or (max_tokens == 0 and endpoint is not Endpoint.EMBEDDING):
+        raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
+    options = _get(body, "stream_options", dict, {})
+    salt = _get(body, "cache_salt", str, None)
+    if salt == "":
+        raise ApiError(400, "cache_salt must be a non-empty string", param="cache_salt")
+    return ParsedRequest(
+        endpoint=endpoint,
+        model=model,
+        token_ids=tokens,
+        max_tokens=max_tokens,
+        stream=_get(body, "stream", bool, False),
+        include_usage=bool(options.get("include_usage", False)),
+        priority=_get(body, "priority", int, 0),
+        cache_salt=salt,
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class StreamRenderer:
+    """SSE byte chunks of one streamed chat or text completion."""
+
+    def __init__(self, endpoint: Endpoint, req_id: str, model: str, created: int, include_usage: bool) -> None:
+        self.chat = endpoint is Endpoint.CHAT
+        self._head = {
+            "id": req_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": created,
+            "model": model,
+        }
+        self._include_usage = include_usage
+        head = orjson.dumps(self._head)[:-1]
+        if self.chat:
+            self._open = b"data: " + head + b',"choices":[{"index":0,"delta":{"content":'
+            self._close = b'},"logprobs":null,"finish_reason":null}]'
+        else:
+            self._open = b"data: " + head + b',"choices":[{"index":0,"text":'
+            self._close = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
+        self._close += (b',"usage":null}' if include_usage else b"}") + b"\n\n"
+
+    def role_chunk(self) -> bytes:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return self._event({**self._head, "choices": [choice]})
+
+    def content(self, text: str) -> bytes:
+        return self._open + orjson.dumps(text) + self._close
+
+    def final(self, text: str, finish_reason: str) -> bytes:
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice.update(finish_reason=finish_reason, stop_reason=None)
+        return self._event({**self._head, "choices": [choice]})
+
+    def usage_chunk(self, prompt: int, completion: int, cached: int) -> bytes:
+        return self._event({**self._head, "choices": [], "usage": usage(prompt, completion, cached)})
+
+    def _event(self, obj: dict[str, Any]) -> bytes:
+        if self._include_usage and "usage" not in obj:
+            obj["usage"] = None
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def full_response(
+    endpoint: Endpoint, req_id: str, model: str, created: int, text: str, finish_reason: str, use: dict[str, Any]
+) -> bytes:
+    """A non-streaming `chat.completion` or `text_completion` body."""
+    if endpoint is Endpoint.CHAT:
+        message = {"role": "assistant", "content": text, "tool_calls": []}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+        obj = "chat.completion"
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        obj = "text_completion"
+    body = {"id": req_id, "object": obj, "created": created, "model": model, "choices": [choice], "usage": use}
+    if endpoint is Endpoint.CHAT:
+        body["prompt_logprobs"] = None
+    return orjson.dumps(body)
+
+
+def embedding_response(req_id: str, model: str, created: int, vector: list[float], prompt_tokens: int) -> bytes:
+    data = [{"index": 0, "object": "embedding", "embedding": vector}]
+    use = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
+    return orjson.dumps(
+        {"id": req_id, "object": "list", "created": created, "model": model, "data": data, "usage": use}
+    )
+
+
+def models_response(model: str, created: int, max_model_len: int) -> bytes:
+    card = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [],
+    }
+    return orjson.dumps({"object": "list", "data": [card]})
+
+
+__all__ = ["DONE", "ApiError", "Endpoint", "ParsedRequest", "StreamRenderer", "count_tokens", "parse_request"]

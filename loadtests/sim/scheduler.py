@@ -1,0 +1,243 @@
+"""Continuous-batching scheduler, after vLLM V1's unified scheduler.
+
+Each call to `schedule()` builds one engine step under two limits: at most ``max_num_seqs``
+running sequences and ``max_num_batched_tokens`` tokens. Running sequences go first (one token
+each when decoding, the rest of their prompt in chunks when prefilling); waiting sequences are
+then admitted in priority order — lower ``priority`` first, FIFO among equals, as vLLM's
+``--scheduling-policy priority`` — with their cached prefix blocks skipped.
+
+When a running sequence needs a block and none is free, the lowest-priority running sequence
+(the last admitted among equals) is preempted: its blocks are released and it goes back to the
+waiting queue to be recomputed (vLLM V1's only preemption mode). No waiting sequence is admitted
+in a step that preempted.
+
+`complete()` applies a finished step: it advances the computed tokens, publishes full blocks to
+the prefix cache and samples one token for every sequence whose tokens are all computed.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from loadtests.sim.costmodel import StepShape
+from loadtests.sim.kvcache import KVCache, chain_hashes, salt_root
+from loadtests.sim.tokenizer import output_token_id
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One request inside the engine: its tokens, progress and blocks (mutable, engine-owned)."""
+
+    req_id: str
+    token_ids: list[int]
+    max_tokens: int  # 0: prefill only (embeddings)
+    priority: int = 0
+    cache_salt: str | None = None
+    num_prompt_tokens: int = 0
+    num_computed: int = 0
+    num_output: int = 0
+    num_cached_tokens: int = -1  # prefix hit at first admission; -1 until admitted
+    status: Status = Status.WAITING
+    arrival: int = 0
+    blocks: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_committed: int = 0  # blocks published to the prefix cache
+    user: object = None  # the engine's per-request handle
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """The batch of one step: (sequence, tokens to compute) pairs and the step's cost shape."""
+
+    scheduled: list[tuple[Sequence, int]]
+    shape: StepShape
+    preempted: int
+    prefix_queries: int  # prompt tokens of newly admitted sequences
+    prefix_hits: int  # of which found in the prefix cache
+
+
+TokenCallback = Callable[[Sequence], None]
+
+
+class Scheduler:
+    """Owns the waiting heap and the running list; see the module docstring for the policy."""
+
+    def __init__(self, kv: KVCache, *, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.running: list[Sequence] = []
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        self._num_waiting = 0
+        self._arrivals = itertools.count()
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    def has_work(self) -> bool:
+        return bool(self.running) or self._num_waiting > 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.arrival = next(self._arrivals)
+        bs = self.kv.block_size
+        seq.block_hashes = chain_hashes(salt_root(seq.cache_salt), seq.token_ids, 0, len(seq.token_ids) // bs, bs)
+        self._push_waiting(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Remove `seq` wherever it is and free its blocks at once."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING:
+            self._num_waiting -= 1  # lazily dropped from the heap
+        self._finish(seq)
+
+    def schedule(self) -> StepPlan:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        preempted = 0
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            ok, evicted = self._grow(seq, seq.num_computed + n)
+            preempted += evicted
+            if ok:
+                scheduled.append((seq, n))
+                budget -= n
+        queries = hits = 0
+        if not preempted:
+            while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                admitted = self._admit(budget)
+                if admitted is None:
+                    break
+                seq, n, cached = admitted
+                scheduled.append((seq, n))
+                budget -= n
+                queries += len(seq.token_ids)
+                hits += cached
+        context = sum(seq.num_computed + n for seq, n in scheduled)
+        shape = StepShape(self.max_num_batched_tokens - budget, context, len(scheduled))
+        return StepPlan(scheduled, shape, preempted, queries, hits)
+
+    def complete(self, plan: StepPlan, on_token: TokenCallback) -> None:
+        """Apply a finished step; `on_token` sees each sequence that sampled a token."""
+        bs = self.kv.block_size
+        for seq, n in plan.scheduled:
+            if seq.status is not Status.RUNNING:
+                continue  # aborted or preempted while the step ran
+            seq.num_computed += n
+            full = seq.num_computed // bs
+            if full > seq.num_committed:
+                self._commit(seq, full)
+            if seq.num_computed < len(seq.token_ids):
+                continue  # still prefilling
+            if seq.num_output < seq.max_tokens:
+                seq.token_ids.append(output_token_id(seq.num_output))
+                seq.num_output += 1
+            on_token(seq)
+            if seq.num_output >= seq.max_tokens:
+                self.running.remove(seq)
+                self._finish(seq)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _push_waiting(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        heapq.heappush(self._waiting, (seq.priority, seq.arrival, seq))
+        self._num_waiting += 1
+
+    def _finish(self, seq: Sequence) -> None:
+        seq.status = Status.FINISHED
+        self.kv.release(seq.blocks)
+        seq.blocks = []
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.kv.block_size)
+
+    def _grow(self, seq: Sequence, tokens: int) -> tuple[bool, int]:
+        """Give `seq` blocks for `tokens`, preempting from the back; (scheduled?, preemptions)."""
+        need = self._blocks_for(tokens) - len(seq.blocks)
+        preempted = 0
+        while need > 0:
+            blocks = self.kv.allocate(need)
+            if blocks is not None:
+                seq.blocks.extend(blocks)
+                break
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted += 1
+            if victim is seq:
+                return False, preempted
+        return True, preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.release(seq.blocks)
+        seq.blocks = []
+        seq.num_computed = 0
+        seq.num_committed = 0
+        self._push_waiting(seq)
+
+    def _admit(self, budget: int) -> tuple[Sequence, int, int] | None:
+        while self._waiting and self._waiting[0][2].status is not Status.WAITING:
+            heapq.heappop(self._waiting)  # aborted while waiting
+        if not self._waiting:
+            return None
+        seq = self._waiting[0][2]
+        bs = self.kv.block_size
+        self._extend_hashes(seq, len(seq.token_ids) // bs)
+        max_hit_blocks = (len(seq.token_ids) - 1) // bs  # always compute at least one token
+        cached_blocks = self.kv.lookup(seq.block_hashes[:max_hit_blocks])
+        cached = len(cached_blocks) * bs
+        n = min(len(seq.token_ids) - cached, budget)
+        self.kv.acquire(cached_blocks)
+        fresh = self.kv.allocate(self._blocks_for(cached + n) - len(cached_blocks))
+        if fresh is None:
+            self.kv.release(cached_blocks)
+            return None
+        heapq.heappop(self._waiting)
+        self._num_waiting -= 1
+        seq.blocks = cached_blocks + fresh
+        seq.num_computed = cached
+        seq.num_committed = len(cached_blocks)
+        if seq.num_cached_tokens < 0:
+            seq.num_cached_tokens = cached
+        seq.status = Status.RUNNING
+        self._insert_running(seq)
+        return seq, n, cached
+
+    def _insert_running(self, seq: Sequence) -> None:
+        key = (seq.priority, seq.arrival)
+        i = len(self.running)
+        while i > 0 and (self.running[i - 1].priority, self.running[i - 1].arrival) > key:
+            i -= 1
+        self.running.insert(i, seq)
+
+    def _extend_hashes(self, seq: Sequence, full_blocks: int) -> None:
+        have = len(seq.block_hashes)
+        if full_blocks > have:
+            parent = seq.block_hashes[-1] if have else salt_root(seq.cache_salt)
+            bs = self.kv.block_size
+            seq.block_hashes.extend(chain_hashes(parent, seq.token_ids, have, full_blocks, bs))
+
+    def _commit(self, seq: Sequence, full: int) -> None:
+        self._extend_hashes(seq, full)
+        for i in range(seq.num_committed, min(full, len(seq.blocks))):
+            self.kv.commit(seq.blocks[i], seq.block_hashes[i])
+        seq.num_committed = full

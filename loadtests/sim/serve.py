@@ -1,0 +1,66 @@
+"""Run several engines in one event loop, one uvicorn server (and port) each."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import uvicorn
+
+from loadtests.sim.server import EngineApp, build_engine_app
+
+log = logging.getLogger("loadtests.sim")
+SHUTDOWN_GRACE_S = 5.0
+
+
+def build_servers(apps: Sequence[EngineApp], *, host: str, ports: Sequence[int]) -> list[uvicorn.Server]:
+    servers = []
+    for app, port in zip(apps, ports, strict=True):
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            http="httptools",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=30,
+        )
+        servers.append(uvicorn.Server(config))
+    return servers
+
+
+async def serve_engines(
+    profile: str,
+    *,
+    host: str = "127.0.0.1",
+    ports: Sequence[int],
+    model: str | None = None,
+    time_scale: float = 1.0,
+    ttft_ms: float | None = None,
+    itl_ms: float | None = None,
+) -> None:
+    """Serve one engine per port in the running loop until cancelled (or signalled)."""
+    apps = [
+        build_engine_app(profile, model=model, time_scale=time_scale, ttft_ms=ttft_ms, itl_ms=itl_ms, index=i)
+        for i in range(len(ports))
+    ]
+    servers = build_servers(apps, host=host, ports=ports)
+    tasks = [
+        asyncio.create_task(server.serve(), name=f"sim-engine-{port}")
+        for server, port in zip(servers, ports, strict=True)
+    ]
+    log.info("simulated engines: profile=%s ports=%s time_scale=%s", profile, list(ports), time_scale)
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for server in servers:
+            server.should_exit = True
+        _done, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
+        for task in pending:
+            task.cancel()
+    for task in tasks:
+        error = None if task.cancelled() or not task.done() else task.exception()
+        if error is not None:
+            raise error

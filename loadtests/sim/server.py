@@ -1,0 +1,262 @@
+"""The engine's HTTP face: a raw ASGI app, one per engine, served by uvicorn.
+
+No framework on the hot path: routing is a dict lookup on the path, JSON is orjson, and SSE
+chunks come from byte templates (see `protocol`). The app handles ``lifespan`` itself: startup
+starts the engine's step loop, shutdown cancels it.
+
+A request is aborted the moment its client disconnects: while a response is pending, a watcher
+task reads ``receive()`` and, on ``http.disconnect``, aborts the request in the engine, which
+frees its KV blocks at once.
+
+Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``; ``GET /health``
+(200, empty body), ``/metrics``, ``/v1/models``, ``/version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from loadtests.sim.clock import Clock
+from loadtests.sim.engine import Engine, EngineRequest, build_engine
+from loadtests.sim.metrics import EngineMetrics
+from loadtests.sim.profiles import Profile, ProfileKind, get_profile
+from loadtests.sim.protocol import (
+    DONE,
+    ApiError,
+    Endpoint,
+    ParsedRequest,
+    StreamRenderer,
+    embedding_response,
+    full_response,
+    models_response,
+    parse_request,
+    usage,
+)
+from loadtests.sim.stream import FinishReason, TokenStream
+from loadtests.sim.tokenizer import embed, output_text
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_POST_ROUTES = {
+    "/v1/chat/completions": Endpoint.CHAT,
+    "/v1/completions": Endpoint.COMPLETION,
+    "/v1/embeddings": Endpoint.EMBEDDING,
+}
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETION: "cmpl-", Endpoint.EMBEDDING: "embd-"}
+
+
+class EngineApp:
+    """ASGI app of one simulated engine (see the module docstring)."""
+
+    def __init__(self, profile: Profile, *, model: str, index: int, time_scale: float, clock: Clock | None) -> None:
+        self.profile = profile
+        self.model = model
+        self.engine: Engine | None = None
+        if profile.kind is not ProfileKind.INSTANT:
+            self.engine = build_engine(profile, model_name=model, index=index, time_scale=time_scale, clock=clock)
+            self.metrics = self.engine.metrics
+            self.max_model_len = self.engine.max_model_len
+        else:
+            self.metrics = EngineMetrics(model, index, running=_zero, waiting=_zero, kv_usage=_zero)
+            self.max_model_len = 131_072
+        self._created = int(time.time())
+        self._ids = itertools.count()
+        self._id_base = os.urandom(6).hex()
+        self._task: asyncio.Task[None] | None = None
+        self._texts: dict[int, str] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                await self._http(scope, receive, send)
+            except ApiError as error:
+                await _respond(send, error.status, error.body())
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    def start(self) -> None:
+        if self.engine is not None and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.engine.run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        endpoint = _POST_ROUTES.get(path)
+        if endpoint is not None:
+            if method != "POST":
+                raise ApiError(405, "Method Not Allowed")
+            body = await _read_body(receive)
+            if body is not None:
+                await self._generate(endpoint, body, receive, send)
+        elif method != "GET":
+            raise ApiError(405, "Method Not Allowed")
+        elif path == "/health":
+            await _respond(send, 200, b"", [])
+        elif path == "/metrics":
+            await _respond(send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
+        elif path == "/v1/models":
+            await _respond(send, 200, models_response(self.model, self._created, self.max_model_len))
+        elif path == "/version":
+            await _respond(send, 200, b'{"version":"sim"}')
+        else:
+            await _respond(send, 404, b'{"detail":"Not Found"}')
+
+    async def _generate(self, endpoint: Endpoint, body: bytes, receive: Receive, send: Send) -> None:
+        req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=self.profile.default_max_tokens)
+        if len(req.token_ids) + req.max_tokens > self.max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens; the request "
+                f"has {len(req.token_ids)} prompt tokens and asks for {req.max_tokens}.",
+            )
+        req_id = f"{_ID_PREFIX[endpoint]}{self._id_base}{next(self._ids):x}"
+        if self.engine is None:
+            await self._instant(req, req_id, send)
+            return
+        engine = self.engine
+        stream = engine.submit(EngineRequest(req.token_ids, req.max_tokens, req.priority, req.cache_salt))
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
+        try:
+            if req.stream and endpoint is not Endpoint.EMBEDDING:
+                await self._stream(req, req_id, stream, send)
+            else:
+                await stream.wait_finished()
+                if stream.finish_reason is not FinishReason.ABORT:
+                    await _respond(send, 200, self._unary_body(req, req_id, stream))
+        finally:
+            watcher.cancel()
+            if stream.finish_reason is None:  # cancelled from outside: do not leak the request
+                engine.abort(stream)
+
+    async def _stream(self, req: ParsedRequest, req_id: str, stream: TokenStream, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage)
+        last = req.max_tokens - 1
+        first = True
+        while batch := await stream.drain():
+            parts = [renderer.role_chunk()] if first and renderer.chat else []
+            first = False
+            for i in batch:
+                text = output_text(i)
+                parts.append(renderer.final(text, "length") if i == last else renderer.content(text))
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+        if stream.finish_reason is FinishReason.ABORT:
+            return
+        tail = renderer.usage_chunk(stream.prompt_tokens, stream.num_tokens, stream.cached_tokens) + DONE
+        await send({"type": "http.response.body", "body": tail if req.include_usage else DONE, "more_body": False})
+
+    def _unary_body(self, req: ParsedRequest, req_id: str, stream: TokenStream) -> bytes:
+        created = int(time.time())
+        if req.endpoint is Endpoint.EMBEDDING:
+            return embedding_response(req_id, req.model, created, embed(req.token_ids), len(req.token_ids))
+        use = usage(stream.prompt_tokens, stream.num_tokens, stream.cached_tokens)
+        return full_response(req.endpoint, req_id, req.model, created, self._text(stream.num_tokens), "length", use)
+
+    def _text(self, n: int) -> str:
+        text = self._texts.get(n)
+        if text is None:
+            text = "".join(output_text(i) for i in range(n))
+            if len(self._texts) < 4096:
+                self._texts[n] = text
+        return text
+
+    async def _instant(self, req: ParsedRequest, req_id: str, send: Send) -> None:
+        """Answer at once, without an engine: the gateway-overhead benchmark's backend."""
+        prompt, n = len(req.token_ids), req.max_tokens
+        m = self.metrics
+        m.prompt_tokens.inc(prompt)
+        m.generation_tokens.inc(n)
+        m.success["length" if n else "stop"].inc()
+        if req.endpoint is Endpoint.EMBEDDING or not req.stream:
+            stream = TokenStream(prompt)
+            stream.num_tokens = n
+            await _respond(send, 200, self._unary_body(req, req_id, stream))
+            return
+        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage)
+        parts = [renderer.role_chunk()] if renderer.chat else []
+        parts.extend(renderer.content(output_text(i)) for i in range(n - 1))
+        parts.append(renderer.final(output_text(n - 1), "length"))
+        if req.include_usage:
+            parts.append(renderer.usage_chunk(prompt, n, 0))
+        parts.append(DONE)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        await send({"type": "http.response.body", "body": b"".join(parts)})
+
+
+def _zero() -> float:
+    return 0.0
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None if the client went away first."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        return None
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    chunks = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _watch_disconnect(receive: Receive, engine: Engine, stream: TokenStream) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    engine.abort(stream)
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    head = [*(_JSON if headers is None else headers), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_engine_app(
+    profile: str,
+    *,
+    model: str | None = None,
+    time_scale: float = 1.0,
+    ttft_ms: float | None = None,
+    itl_ms: float | None = None,
+    index: int = 0,
+    clock: Clock | None = None,
+) -> EngineApp:
+    """One engine's ASGI app; its step loop runs between lifespan startup and shutdown."""
+    if time_scale <= 0:
+        raise ValueError("time_scale must be positive")
+    spec = get_profile(profile, ttft_ms=ttft_ms, itl_ms=itl_ms)
+    return EngineApp(spec, model=model or spec.model.name, index=index, time_scale=time_scale, clock=clock)
