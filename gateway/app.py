@@ -19,14 +19,18 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
+from gateway.admission import TenantLimiter
 from gateway.auth import authenticate
 from gateway.clock import Clock, MonotonicClock
+from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.policy.loader import PolicySnapshot, load_policy
 from gateway.proxy import Exchange, InferenceHandler
 from gateway.routing.least_load import LeastLoadPicker
+from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
+from gateway.state.memory import MemoryLimitStore
 from gateway.telemetry import Metrics
 from gateway.tokens import CharRatioEstimator
 from gateway.types import Api
@@ -45,6 +49,8 @@ class Gateway:
         self.estimator = CharRatioEstimator()
         self.picker = LeastLoadPicker()
         self.pool = BackendPool(snapshot)
+        self.limiter = TenantLimiter(MemoryLimitStore(self.clock))
+        self.dispatcher = Dispatcher(self.pool, self.picker, self.clock, snapshot)
         backends = {b.name: b for b in snapshot.policy.backends}
         self.upstream = UpstreamClient(backends, max_connections=settings.max_upstream_connections)
         self._snapshot = snapshot
@@ -56,10 +62,20 @@ class Gateway:
         return self._snapshot
 
     async def start(self) -> None:
-        checks = self._snapshot.policy.health_checks
+        policy = self._snapshot.policy
+        checks = policy.health_checks
         if self.settings.health_checks:
             await self.pool.check_all(self.upstream.http, checks.timeout_s)
-            self._spawn(self.pool.run_health_checks(self.upstream.http, checks.interval_s, checks.timeout_s))
+            self._spawn(self._health_loop(checks.interval_s, checks.timeout_s))
+        if policy.scrape.interval_s > 0:
+            scraper = SaturationScraper(self.pool, self.upstream.http, self.clock, self.dispatcher.pump_all)
+            self._spawn(scraper.run(policy.scrape.interval_s, policy.scrape.timeout_s))
+
+    async def _health_loop(self, interval_s: float, timeout_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.pool.check_all(self.upstream.http, timeout_s)
+            self.dispatcher.pump_all()
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
@@ -77,6 +93,10 @@ class Gateway:
         m = self.metrics
         model, klass = exchange.model, exchange.klass
         m.requests.labels(model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome).inc()
+        if exchange.status in (429, 503):
+            m.rejections.labels(exchange.outcome, klass, exchange.tenant).inc()
+        if exchange.backend:
+            m.queue_wait.labels(model, klass).observe(exchange.queued_s)
         timer = exchange.timer
         if timer is None:
             return
@@ -94,10 +114,19 @@ class Gateway:
             m.tokens.labels(model, "output").inc(usage.get("completion_tokens") or 0)
 
     def export_metrics(self) -> bytes:
+        m = self.metrics
+        classes = self._snapshot.policy.classes
+        rank_names = {c.rank: name for name, c in classes.items()}
         for state in self.pool.all():
-            self.metrics.in_flight.labels(state.name).set(state.in_flight)
-            self.metrics.backend_healthy.labels(state.name).set(1 if state.healthy else 0)
-        return self.metrics.exposition()
+            m.in_flight.labels(state.name).set(state.in_flight)
+            m.in_flight_tokens.labels(state.name).set(state.in_flight_tokens)
+            m.backend_healthy.labels(state.name).set(1 if state.healthy else 0)
+            for rank, name in rank_names.items():
+                m.class_in_flight.labels(state.name, name).set(state.class_in_flight.get(rank, 0))
+        for model, queues in self.dispatcher.queues().items():
+            for queue in queues.classes:
+                m.queue_depth.labels(model, queue.name).set(queue.depth)
+        return m.exposition()
 
 
 def error_response(error: GatewayError, request_id: str | None = None) -> Response:

@@ -31,6 +31,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     demo = subparsers.add_parser("demo", help="gateway + two simulated backends in one process")
     demo.add_argument("--port", type=int, default=8080)
     demo.add_argument("--policy", default=str(DEMO_POLICY))
+    demo.add_argument("--profile", default="llama-3.1-8b-h100", help="simulated engine profile (see `sim --help`)")
+    demo.add_argument("--time-scale", type=float, default=1.0, help="multiply every simulated duration by K")
+    demo.add_argument("--ttft-ms", type=float, default=None, help="with --profile fixed: time to first token")
+    demo.add_argument("--itl-ms", type=float, default=None, help="with --profile fixed: inter-token delay")
     demo.set_defaults(func=_demo)
 
     policy = subparsers.add_parser("policy", help="policy file tools").add_subparsers(
@@ -120,8 +124,18 @@ def _demo(args: argparse.Namespace) -> int:
     model = snapshot.policy.models[0].name
 
     async def run() -> None:
-        engines = asyncio.create_task(serve_engines("fixed", host="127.0.0.1", ports=ports, model=model))
-        await asyncio.sleep(0)
+        engines = asyncio.create_task(
+            serve_engines(
+                args.profile,
+                host="127.0.0.1",
+                ports=ports,
+                model=model,
+                time_scale=args.time_scale,
+                ttft_ms=args.ttft_ms,
+                itl_ms=args.itl_ms,
+            )
+        )
+        await _wait_for_ports(ports, engines)
         print(_demo_banner(args.port, model, ports), flush=True)
         try:
             await server.serve()
@@ -138,6 +152,26 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _wait_for_ports(ports: list[int], task: asyncio.Task[None], timeout_s: float = 30.0) -> None:
+    """Return once every port accepts connections, so the gateway's first health check passes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending = list(ports)
+    while pending:
+        if task.done():
+            task.result()
+            raise RuntimeError("the simulated engines stopped during start-up")
+        if loop.time() > deadline:
+            raise RuntimeError(f"simulated engines on ports {pending} did not start in {timeout_s}s")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", pending[0])
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        pending.pop(0)
+
+
 def _demo_banner(port: int, model: str, ports: list[int]) -> str:
     base = f"http://127.0.0.1:{port}"
     return f"""
@@ -147,7 +181,8 @@ Policy: {DEMO_POLICY} (tenants 'acme' with key demo-key-acme, 'globex' with key 
 Try it with curl:
   curl -N {base}/v1/chat/completions -H 'Authorization: Bearer demo-key-acme' \\
        -H 'Content-Type: application/json' \\
-       -d '{{"model": "{model}", "stream": true, "max_tokens": 16, "messages": [{{"role": "user", "content": "Hello"}}]}}'
+       -d '{{"model": "{model}", "stream": true, "max_tokens": 16,
+            "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
 Or with the openai SDK:
   from openai import OpenAI

@@ -1,7 +1,8 @@
 """The backend inventory: each backend's live state and its active health checks.
 
 A ``BackendState`` is the run-time side of a policy ``Backend``: whether its last health
-check passed and how much work the gateway has in flight on it (requests and tokens). The
+check passed, how much work the gateway has in flight on it (requests and tokens, in total
+and per priority class) and the saturation signals last scraped from its ``/metrics``. The
 ``BackendPool`` owns one state per backend name and a task that checks ``/health`` of
 every backend on the policy's interval; a connection failure seen by a request marks the
 backend unhealthy at once, and the next passing check brings it back.
@@ -24,7 +25,18 @@ log = logging.getLogger(__name__)
 class BackendState:
     """Live state of one backend; mutated only from the event loop."""
 
-    __slots__ = ("backend", "healthy", "in_flight", "in_flight_tokens", "name")
+    __slots__ = (
+        "backend",
+        "class_in_flight",
+        "class_tokens",
+        "healthy",
+        "in_flight",
+        "in_flight_tokens",
+        "kv_usage",
+        "name",
+        "scraped_at",
+        "waiting",
+    )
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -32,6 +44,23 @@ class BackendState:
         self.healthy = True
         self.in_flight = 0
         self.in_flight_tokens = 0
+        self.class_in_flight: dict[int, int] = {}
+        self.class_tokens: dict[int, int] = {}
+        self.waiting = 0.0
+        self.kv_usage = 0.0
+        self.scraped_at = -1e9
+
+    def reserve(self, rank: int, tokens: int) -> None:
+        self.in_flight += 1
+        self.in_flight_tokens += tokens
+        self.class_in_flight[rank] = self.class_in_flight.get(rank, 0) + 1
+        self.class_tokens[rank] = self.class_tokens.get(rank, 0) + tokens
+
+    def release(self, rank: int, tokens: int) -> None:
+        self.in_flight -= 1
+        self.in_flight_tokens -= tokens
+        self.class_in_flight[rank] -= 1
+        self.class_tokens[rank] -= tokens
 
     def __repr__(self) -> str:
         return f"BackendState({self.name!r}, healthy={self.healthy}, in_flight={self.in_flight})"

@@ -22,10 +22,12 @@ import httpx
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from gateway.admission import resolve_class
 from gateway.auth import authenticate, authorize_model
 from gateway.endpoints import BackendState
-from gateway.errors import GatewayError, InternalError, NotFound
-from gateway.intake import parse_json_object, read_body, read_headers
+from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
+from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
+from gateway.policy.model import BackendKind, PriorityClass, Tenant
 from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import UNKNOWN_LABEL
 from gateway.types import Api, InferenceRequest
@@ -48,13 +50,17 @@ class Exchange:
     __slots__ = (
         "api",
         "arrival",
+        "backend",
+        "extra_headers",
         "klass",
         "model",
         "outcome",
+        "queued_s",
         "request_id",
         "send",
         "started",
         "status",
+        "tenant",
         "timer",
     )
 
@@ -69,11 +75,16 @@ class Exchange:
         self.klass = UNKNOWN_LABEL
         self.outcome = "error"
         self.timer: TokenTimer | None = None
+        self.tenant = UNKNOWN_LABEL
+        self.backend = ""
+        self.queued_s = 0.0
+        self.extra_headers: list[tuple[bytes, bytes]] = []
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
         self.status = status
         headers.append((b"x-request-id", self.request_id.encode()))
+        headers.extend(self.extra_headers)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
@@ -83,6 +94,8 @@ class Exchange:
     async def fail(self, error: GatewayError) -> None:
         """Render ``error`` as the whole response (the response must not have started)."""
         headers = [*JSON_HEADERS, *((k.encode(), v.encode()) for k, v in error.headers.items())]
+        if error.headers:
+            self.extra_headers = [h for h in self.extra_headers if h[0].decode() not in error.headers]
         self.outcome = error.code
         await self.respond(error.status, error.body(), headers)
 
@@ -101,7 +114,7 @@ class InferenceHandler:
         assert headers.request_id is not None
         exchange = Exchange(send, self.api, headers.request_id, arrival)
         try:
-            await self._handle(exchange, headers.authorization, headers.content_length, receive)
+            await self._handle(exchange, headers, receive)
         except ClientDisconnected:
             exchange.outcome = "client_disconnected"
             exchange.status = exchange.status or 499
@@ -117,22 +130,22 @@ class InferenceHandler:
         finally:
             gateway.record(exchange)
 
-    async def _handle(
-        self, exchange: Exchange, authorization: bytes | None, content_length: int | None, receive: Receive
-    ) -> None:
+    async def _handle(self, exchange: Exchange, headers: RequestHeaders, receive: Receive) -> None:
         gateway = self.gateway
         snapshot = gateway.policy()
-        tenant = authenticate(authorization, snapshot)
+        tenant = authenticate(headers.authorization, snapshot)
+        exchange.tenant = tenant.name
         limits = snapshot.policy.limits
-        raw = await read_body(receive, content_length, limits.max_body_bytes)
+        raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
         body = parse_json_object(raw, limits.max_json_depth)
         model = require_model(body)
         model_policy = snapshot.models.get(model)
         if model_policy is None:
             raise NotFound(f"The model '{model}' does not exist.", code="model_not_found", param="model")
         exchange.model = model
-        exchange.klass = tenant.default_class
         authorize_model(tenant, model, snapshot)
+        class_name, klass = resolve_class(tenant, headers.priority, snapshot)
+        exchange.klass = class_name
         request = build_request(
             api=self.api,
             body=body,
@@ -143,21 +156,51 @@ class InferenceHandler:
             limits=limits,
             estimator=gateway.estimator,
         )
+        deadline = exchange.arrival + request_timeout(headers.request_timeout, klass.deadline_s)
         if request.stream:
             _ask_for_usage(request)
-        state = gateway.picker.pick(model, gateway.pool.for_model(model))
-        await _until_disconnect(receive, self._forward(exchange, request, state))
-
-    async def _forward(self, exchange: Exchange, request: InferenceRequest, state: BackendState) -> None:
-        gateway = self.gateway
-        state.in_flight += 1
-        state.in_flight_tokens += request.prompt_tokens + request.max_tokens
+        admission = await gateway.limiter.admit(tenant, request)
+        exchange.extra_headers = admission.headers
+        used_tokens: int | None = None
         try:
-            response = await gateway.upstream.open(state.backend, request)
+            await _until_disconnect(receive, self._dispatch(exchange, request, tenant, class_name, klass, deadline))
+            used_tokens = _used_tokens(exchange)
+        except ClientDisconnected:
+            used_tokens = request.prompt_tokens if exchange.backend else None
+            raise
+        finally:
+            await gateway.limiter.settle(admission, used_tokens)
+
+    async def _dispatch(
+        self,
+        exchange: Exchange,
+        request: InferenceRequest,
+        tenant: Tenant,
+        class_name: str,
+        klass: PriorityClass,
+        deadline: float,
+    ) -> None:
+        dispatcher = self.gateway.dispatcher
+        grant = await dispatcher.acquire(request, tenant, class_name, klass, deadline)
+        exchange.queued_s = grant.queued_s
+        try:
+            await self._forward(exchange, request, grant.state, klass.rank)
+        finally:
+            dispatcher.release(request.model, grant)
+
+    async def _forward(self, exchange: Exchange, request: InferenceRequest, state: BackendState, rank: int) -> None:
+        gateway = self.gateway
+        backend = state.backend
+        exchange.backend = state.name
+        if backend.engine_priority:
+            request.body["priority"] = engine_priority(backend.kind, rank)
+            request.body_modified = True
+        try:
+            response = await gateway.upstream.open(backend, request)
             try:
                 if response.status_code != 200:
-                    body = await gateway.upstream.read_all(state.backend, response)
-                    raise backend_error(state.backend, response.status_code, body)
+                    body = await gateway.upstream.read_all(backend, response)
+                    raise backend_error(backend, response.status_code, body)
                 if request.stream:
                     await self._relay(exchange, request, state, response)
                 else:
@@ -165,12 +208,9 @@ class InferenceHandler:
             finally:
                 await response.aclose()
         except GatewayError as error:
-            if error.status in (502, 504) and error.code == "upstream_connect_error":
+            if error.code == "upstream_connect_error":
                 state.healthy = False
             raise
-        finally:
-            state.in_flight -= 1
-            state.in_flight_tokens -= request.prompt_tokens + request.max_tokens
 
     async def _pass_through(self, exchange: Exchange, state: BackendState, response: httpx.Response) -> None:
         body = await self.gateway.upstream.read_all(state.backend, response)
@@ -195,6 +235,36 @@ class InferenceHandler:
         relay = SseRelay(exchange.send, timer, self.gateway.clock, strip_usage=not request.client_wants_usage)
         end = await relay.run(_raw_chunks(response, state.backend.name))
         exchange.outcome = end.value if end is not StreamEnd.COMPLETED else "completed"
+
+
+def engine_priority(kind: BackendKind, rank: int) -> int:
+    """The class rank as the engine's ``priority``: vLLM runs lower numbers first, SGLang higher."""
+    return -rank if kind is BackendKind.SGLANG else rank
+
+
+def request_timeout(header: bytes | None, default_s: float) -> float:
+    """Seconds the client gives the request (``x-request-timeout``), else the class deadline."""
+    if header is None:
+        return default_s
+    try:
+        value = float(header)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86_400:
+        raise InvalidRequest(
+            "x-request-timeout must be a number of seconds between 0 and 86400.", code="invalid_header"
+        )
+    return value
+
+
+def _used_tokens(exchange: Exchange) -> int | None:
+    usage = exchange.timer.usage if exchange.timer else None
+    if not usage:
+        return None
+    total = usage.get("total_tokens")
+    if isinstance(total, int):
+        return total
+    return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
 
 
 def _ask_for_usage(request: InferenceRequest) -> None:

@@ -99,6 +99,34 @@ class Metrics:
         self.in_flight = Gauge(
             "gateway_backend_in_flight_requests", "Requests in flight to a backend.", ["backend"], registry=r
         )
+        self.in_flight_tokens = Gauge(
+            "gateway_backend_in_flight_tokens",
+            "Tokens (prompt plus max_tokens) reserved by requests in flight to a backend.",
+            ["backend"],
+            registry=r,
+        )
+        self.class_in_flight = Gauge(
+            "gateway_class_in_flight_requests",
+            "Requests in flight to a backend, by priority class.",
+            ["backend", "class"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "gateway_queue_depth", "Requests waiting for a backend.", ["model", "class"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time a dispatched request waited in the gateway's queue (0 on the fast path).",
+            ["model", "class"],
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.rejections = Counter(
+            "gateway_rejections",
+            "Requests refused by admission (429 tenant limits, 503 overload), by reason code.",
+            ["reason", "class", "tenant"],
+            registry=r,
+        )
         self.backend_healthy = Gauge(
             "gateway_backend_healthy",
             "1 when the backend's last health check passed.",

@@ -34,6 +34,7 @@ class FakeBackend:
     error_body: bytes = b'{"error": {"message": "boom", "type": "BadRequestError", "param": null, "code": 400}}'
     cut_after: int | None = None  # close the stream after this many content chunks, without [DONE]
     gate: threading.Event | None = None  # when set, wait for it before each content chunk after the first
+    waiting: int = 0  # reported as vllm:num_requests_waiting on /metrics
     received: list[Received] = field(default_factory=list)
     disconnects: int = 0
 
@@ -43,6 +44,10 @@ class FakeBackend:
             return
         if scope["path"] == "/health":
             await _respond(send, 200, b"")
+            return
+        if scope["path"] == "/metrics":
+            page = f"vllm:num_requests_waiting{{model_name=\"m\"}} {self.waiting}\n"
+            await _respond(send, 200, page.encode())
             return
         body = b""
         while True:

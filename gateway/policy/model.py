@@ -83,11 +83,27 @@ class Slo(Strict):
     e2e_ms: PositiveFloat
 
 
+class QueuePolicy(Strict):
+    """Bounds of one class's queue (per model): how many may wait, and for how long."""
+
+    max_depth: Annotated[int, Field(ge=0)] = 256
+    max_wait_s: PositiveFloat = 30.0
+
+
 class PriorityClass(Strict):
-    """A priority class; a lower ``rank`` is served first (interactive 0, batch 1)."""
+    """A priority class; a lower ``rank`` is served first (interactive 0, batch 1).
+
+    ``max_share`` caps the share of every backend's capacity (requests and tokens) that
+    requests of this class may hold at once, so that batch work always leaves room for an
+    interactive arrival. ``deadline_s`` is the end-to-end deadline when the client sends no
+    ``x-request-timeout``.
+    """
 
     rank: Annotated[int, Field(ge=0, le=100)]
     slo: Slo
+    queue: QueuePolicy = QueuePolicy()
+    max_share: Annotated[float, Field(gt=0, le=1)] = 1.0
+    deadline_s: PositiveFloat = 600.0
 
 
 class ModelPolicy(Strict):
@@ -101,10 +117,17 @@ class ModelPolicy(Strict):
 
 
 class Capacity(Strict):
-    """What one backend may hold at once (the admission issue enforces it)."""
+    """What one backend may hold at once: requests, and tokens (prompt plus ``max_tokens``).
+
+    The scraped saturation signals tighten it at run time: no new request is dispatched to a
+    backend whose own queue holds more than ``max_waiting`` requests or whose KV cache is
+    fuller than ``max_kv_usage`` (unless the gateway has nothing in flight there).
+    """
 
     max_concurrent: PositiveInt = 256
     max_tokens_in_flight: PositiveInt = 1_000_000
+    max_waiting: Annotated[int, Field(ge=0)] = 8
+    max_kv_usage: Annotated[float, Field(gt=0, le=1)] = 0.97
 
 
 class Timeouts(Strict):
@@ -125,6 +148,8 @@ class Backend(Strict):
     capacity: Capacity = Capacity()
     credential_env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None
     timeouts: Timeouts = Timeouts()
+    engine_priority: bool = False
+    """Pass the class on as the request's ``priority`` (vLLM needs ``--scheduling-policy priority``)."""
 
     @field_validator("url")
     @classmethod
@@ -169,6 +194,13 @@ class HealthChecks(Strict):
     timeout_s: PositiveFloat = 2.0
 
 
+class Scrape(Strict):
+    """Scrapes of every backend's /metrics for its saturation signals (0 disables)."""
+
+    interval_s: Annotated[float, Field(ge=0)] = 1.0
+    timeout_s: PositiveFloat = 1.0
+
+
 class Policy(Strict):
     """The whole policy file."""
 
@@ -179,4 +211,5 @@ class Policy(Strict):
     backends: Annotated[list[Backend], Field(min_length=1)]
     tenants: Annotated[list[Tenant], Field(min_length=1)]
     health_checks: HealthChecks = HealthChecks()
+    scrape: Scrape = Scrape()
     kind: Literal["gateway-policy"] = "gateway-policy"

@@ -1,0 +1,222 @@
+"""Dispatch: give each request a backend with room, or queue it, or refuse it at once.
+
+``Dispatcher.acquire`` is the only way to a backend. Its rule, per model:
+
+1. Fast path: when nothing of the same or a higher class waits and some healthy backend has
+   room (``capacity.has_room``), the request is placed at once, no queue involved.
+2. Otherwise it must wait, and is refused immediately (503, with ``Retry-After``) when
+   - the class's queue already holds ``queue.max_depth`` requests (``queue_full``), or
+   - its estimated wait (requests ahead of it over the measured drain rate) exceeds the
+     class's ``max_wait_s`` or what is left of its deadline (``deadline_unmeetable``).
+3. A queued request waits at most ``min(max_wait_s, deadline)`` (then ``queue_timeout``);
+   a client that disconnects cancels the wait and leaves the queue at once.
+4. Whenever capacity frees up (a request ends, a scrape or health check changes a backend),
+   ``pump`` hands backends to waiting requests: classes in rank order (interactive always
+   before batch), tenants within a class by fair queuing, until the head no longer fits.
+
+When no backend of the model is healthy the request fails at once with 503
+``no_healthy_backend`` rather than waiting for capacity that is not coming.
+Among the backends with room, the ``Picker`` chooses (least load today, prefix affinity later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.capacity import has_room
+from gateway.clock import Clock
+from gateway.endpoints import BackendPool, BackendState
+from gateway.errors import NoHealthyBackend, Overloaded
+from gateway.policy.loader import PolicySnapshot
+from gateway.policy.model import PriorityClass, Tenant
+from gateway.queueing import ClassQueue, DrainMeter, Ticket
+from gateway.types import InferenceRequest
+
+
+class Picker(Protocol):
+    """Chooses one backend among candidates that all have room."""
+
+    def pick(self, model: str, candidates: Sequence[BackendState]) -> BackendState: ...
+
+
+@dataclass(slots=True)
+class Grant:
+    """A backend slot held by one request until ``Dispatcher.release``."""
+
+    state: BackendState
+    rank: int
+    tokens: int
+    queued_s: float
+
+
+class ModelQueues:
+    """The class queues of one model, in rank order, with their drain meters."""
+
+    __slots__ = ("classes", "meter", "model")
+
+    def __init__(self, model: str, classes: dict[str, PriorityClass]) -> None:
+        self.model = model
+        self.classes = sorted((ClassQueue(n, c) for n, c in classes.items()), key=lambda q: q.rank)
+        self.meter = DrainMeter()
+
+    def queue(self, rank: int) -> ClassQueue:
+        for queue in self.classes:
+            if queue.rank == rank:
+                return queue
+        raise KeyError(rank)
+
+    def waiting_at_or_above(self, rank: int) -> int:
+        return sum(q.depth for q in self.classes if q.rank <= rank)
+
+
+class Dispatcher:
+    """Owns the queues of every model; see the module docstring for the rule."""
+
+    def __init__(self, pool: BackendPool, picker: Picker, clock: Clock, snapshot: PolicySnapshot) -> None:
+        self.pool = pool
+        self.picker = picker
+        self.clock = clock
+        self.draining = False
+        self._queues: dict[str, ModelQueues] = {}
+        self._fresh_s = 3.0
+        self.apply(snapshot)
+
+    def apply(self, snapshot: PolicySnapshot) -> None:
+        """Follow a new policy: new models get queues; a model's waiting requests keep theirs."""
+        queues = {}
+        for model in snapshot.models:
+            old = self._queues.get(model)
+            queues[model] = old if old is not None else ModelQueues(model, dict(snapshot.policy.classes))
+        self._queues = queues
+        self._fresh_s = max(3 * snapshot.policy.scrape.interval_s, 1.0)
+
+    def queues(self) -> dict[str, ModelQueues]:
+        return self._queues
+
+    async def acquire(
+        self, request: InferenceRequest, tenant: Tenant, class_name: str, klass: PriorityClass, deadline: float
+    ) -> Grant:
+        """A backend for ``request`` (see the module docstring); raises ``Overloaded``/``NoHealthyBackend``."""
+        if self.draining:
+            raise Overloaded(
+                "The gateway is shutting down and takes no new requests; retry (another replica will answer).",
+                status=503,
+                code="draining",
+                retry_after_s=1.0,
+            )
+        model = request.model
+        mq = self._queues[model]
+        tokens = request.prompt_tokens + request.max_tokens
+        now = self.clock.now()
+        if mq.waiting_at_or_above(klass.rank) == 0:
+            state = self._place(model, klass, tokens, now)
+            if state is not None:
+                state.reserve(klass.rank, tokens)
+                mq.meter.record(now)
+                return Grant(state, klass.rank, tokens, 0.0)
+        return await self._wait(mq, request, tenant, class_name, klass, tokens, deadline, now)
+
+    async def _wait(
+        self,
+        mq: ModelQueues,
+        request: InferenceRequest,
+        tenant: Tenant,
+        class_name: str,
+        klass: PriorityClass,
+        tokens: int,
+        deadline: float,
+        now: float,
+    ) -> Grant:
+        queue = mq.queue(klass.rank)
+        limit = klass.queue
+        rate = mq.meter.rate(now)
+        ahead = mq.waiting_at_or_above(klass.rank)
+        estimate = (ahead + 1) / rate if rate else 0.0
+        if queue.depth >= limit.max_depth:
+            raise Overloaded(
+                f"The {class_name} queue for model '{request.model}' is full ({queue.depth} waiting, "
+                f"limit {limit.max_depth}); the backends are saturated.",
+                status=503,
+                code="queue_full",
+                retry_after_s=max(1.0, estimate),
+            )
+        budget = min(limit.max_wait_s, deadline - now)
+        if estimate > budget:
+            raise Overloaded(
+                f"The estimated wait in the {class_name} queue for model '{request.model}' is {estimate:.1f}s "
+                f"({ahead} ahead, served at {rate or 0:.1f}/s), more than this request can wait ({budget:.1f}s).",
+                status=503,
+                code="deadline_unmeetable",
+                retry_after_s=max(1.0, estimate),
+            )
+        future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
+        ticket = Ticket(request, tenant.name, tenant.weight, tokens, now, future)
+        queue.push(ticket)
+        try:
+            async with asyncio.timeout(budget):
+                state = await future
+        except BaseException as exc:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # Granted in the same instant as we leave (timeout, client gone): give it back.
+                self.release(request.model, Grant(future.result(), klass.rank, tokens, 0.0))
+            else:
+                queue.remove(ticket)
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    f"Waited {self.clock.now() - now:.1f}s in the {class_name} queue for model "
+                    f"'{request.model}' without a free backend (limit {budget:.1f}s).",
+                    status=503,
+                    code="queue_timeout",
+                    retry_after_s=max(1.0, estimate),
+                ) from None
+            raise
+        return Grant(state, klass.rank, tokens, self.clock.now() - now)
+
+    def _place(self, model: str, klass: PriorityClass, tokens: int, now: float) -> BackendState | None:
+        candidates = self.pool.for_model(model)
+        roomy = [s for s in candidates if has_room(s, klass.rank, klass.max_share, tokens, now, self._fresh_s)]
+        if roomy:
+            return self.picker.pick(model, roomy)
+        if not any(s.healthy for s in candidates):
+            raise NoHealthyBackend(
+                f"No healthy backend serves model '{model}' right now.", headers={"retry-after": "1"}
+            )
+        return None
+
+    def release(self, model: str, grant: Grant) -> None:
+        """Give the slot back and let waiting requests have it."""
+        grant.state.release(grant.rank, grant.tokens)
+        self.pump(model)
+
+    def pump(self, model: str) -> None:
+        """Hand free capacity to waiting requests: by class rank, then fair order, until the head does not fit."""
+        mq = self._queues.get(model)
+        if mq is None:
+            return
+        now = self.clock.now()
+        for queue in mq.classes:
+            while (ticket := queue.peek()) is not None:
+                if ticket.future.done():  # its wait ended this instant; the waiter cleans up
+                    queue.remove(ticket)
+                    continue
+                try:
+                    state = self._place(model, queue.policy, ticket.cost, now)
+                except NoHealthyBackend as error:
+                    queue.pop(ticket)
+                    ticket.future.set_exception(error)
+                    continue
+                if state is None:
+                    return
+                queue.pop(ticket)
+                state.reserve(queue.rank, ticket.cost)
+                mq.meter.record(now)
+                ticket.future.set_result(state)
+            if queue.depth:
+                return
+
+    def pump_all(self) -> None:
+        for model in self._queues:
+            self.pump(model)

@@ -1,0 +1,140 @@
+"""Bounded wait queues: one per model and priority class, fair across tenants within a class.
+
+A ``ClassQueue`` orders its tickets by start-time fair queuing (SFQ) on tokens: a ticket of
+tenant t and cost c (prompt plus ``max_tokens``) gets the start tag S = max(V, F_t) and
+moves t's finish tag to F_t = S + c / weight_t, where V is the start tag of the ticket
+last dispatched. The ticket with the smallest start tag goes first. A tenant that sends ten
+times more therefore advances its own tags ten times faster and waits behind the others:
+each tenant gets capacity in proportion to its weight, whatever the others offer.
+
+Removal is lazy: a ticket whose client left or whose wait timed out is marked and skipped
+when it reaches the head, but ``depth`` drops at once, so the bound and the metrics are exact.
+
+``DrainMeter`` measures how fast a queue is served (dispatches in a sliding window), from
+which the estimated wait of a new arrival and the ``Retry-After`` of a refusal are computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import count
+from typing import TYPE_CHECKING
+
+from gateway.policy.model import PriorityClass
+from gateway.types import InferenceRequest
+
+if TYPE_CHECKING:
+    from gateway.endpoints import BackendState
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """A request waiting for a backend; ``future`` receives the backend it was given."""
+
+    request: InferenceRequest
+    tenant: str
+    weight: float
+    cost: int
+    enqueued_at: float
+    future: asyncio.Future[BackendState]
+    start_tag: float = 0.0
+    removed: bool = False
+
+
+@dataclass(slots=True)
+class ClassQueue:
+    """The queue of one model for one priority class: SFQ across tenants, bounded depth."""
+
+    name: str
+    policy: PriorityClass
+    depth: int = 0
+    _virtual_time: float = 0.0
+    _finish_tags: dict[str, float] = field(default_factory=dict)
+    _per_tenant: dict[str, deque[Ticket]] = field(default_factory=dict)
+    _heads: list[tuple[float, int, str]] = field(default_factory=list)
+    _seq: count[int] = field(default_factory=count)
+
+    @property
+    def rank(self) -> int:
+        return self.policy.rank
+
+    def push(self, ticket: Ticket) -> None:
+        start = max(self._virtual_time, self._finish_tags.get(ticket.tenant, 0.0))
+        ticket.start_tag = start
+        self._finish_tags[ticket.tenant] = start + ticket.cost / ticket.weight
+        waiting = self._per_tenant.get(ticket.tenant)
+        if waiting is None:
+            waiting = self._per_tenant[ticket.tenant] = deque()
+        if not waiting:
+            heapq.heappush(self._heads, (start, next(self._seq), ticket.tenant))
+        waiting.append(ticket)
+        self.depth += 1
+
+    def remove(self, ticket: Ticket) -> None:
+        """Take a ticket out (client gone, timed out); it is skipped when it reaches the head."""
+        if not ticket.removed:
+            ticket.removed = True
+            self.depth -= 1
+
+    def peek(self) -> Ticket | None:
+        """The next ticket by start tag, dropping removed ones on the way."""
+        while self._heads:
+            _, _, tenant = self._heads[0]
+            waiting = self._per_tenant[tenant]
+            while waiting and waiting[0].removed:
+                waiting.popleft()
+            if waiting:
+                head = waiting[0]
+                if head.start_tag != self._heads[0][0]:  # the old head left: re-key the tenant
+                    heapq.heapreplace(self._heads, (head.start_tag, next(self._seq), tenant))
+                    continue
+                return head
+            heapq.heappop(self._heads)
+            del self._per_tenant[tenant]
+        return None
+
+    def pop(self, ticket: Ticket) -> None:
+        """Dispatch ``ticket``, which ``peek`` just returned."""
+        _, _, tenant = heapq.heappop(self._heads)
+        waiting = self._per_tenant[tenant]
+        waiting.popleft()
+        ticket.removed = True
+        self.depth -= 1
+        self._virtual_time = ticket.start_tag
+        if waiting:
+            heapq.heappush(self._heads, (waiting[0].start_tag, next(self._seq), tenant))
+        else:
+            del self._per_tenant[tenant]
+        if not self._per_tenant:
+            self._finish_tags.clear()  # idle queue: history no longer matters
+
+
+class DrainMeter:
+    """Dispatches per second over a sliding window, to estimate how long a queue takes to drain."""
+
+    __slots__ = ("_times", "_window_s")
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self._window_s = window_s
+        self._times: deque[float] = deque()
+
+    def record(self, now: float) -> None:
+        self._times.append(now)
+        self._trim(now)
+
+    def rate(self, now: float) -> float | None:
+        """Dispatches per second, or None while there are too few to say."""
+        self._trim(now)
+        if len(self._times) < 4:
+            return None
+        span = max(now - self._times[0], 1e-3)
+        return len(self._times) / span
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self._window_s
+        times = self._times
+        while times and times[0] < horizon:
+            times.popleft()
