@@ -1,0 +1,140 @@
+"""Tenant limits (rpm, tpm, concurrency), their headers and settlement; priority class resolution."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.admission import TenantLimiter, format_duration, resolve_class
+from gateway.errors import InvalidRequest, Overloaded
+from gateway.policy.loader import PolicySnapshot, hash_api_key, parse_policy
+from gateway.policy.model import Tenant
+from gateway.state.memory import MemoryLimitStore
+from gateway.types import Api, InferenceRequest
+from tests.fake_clock import FakeClock
+
+
+def policy(limits: str) -> PolicySnapshot:
+    return parse_policy(
+        f"""
+version: t
+classes:
+  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
+  standard: {{rank: 1, slo: {{ttft_ms: 2000, itl_ms: 100, e2e_ms: 60000}}}}
+  batch: {{rank: 2, slo: {{ttft_ms: 9000, itl_ms: 100, e2e_ms: 60000}}}}
+models: [{{name: m}}]
+backends: [{{name: b, url: "http://127.0.0.1:1", kind: sim, models: [m]}}]
+tenants:
+  - {{name: t, key_hashes: ["{hash_api_key("k")}"], models: ["*"], default_class: standard, limits: {limits}}}
+""",
+        "t.yaml",
+    )
+
+
+def request(prompt: int = 10, max_tokens: int = 90) -> InferenceRequest:
+    return InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, prompt, max_tokens, 0.0)
+
+
+def limiter() -> tuple[TenantLimiter, FakeClock]:
+    clock = FakeClock()
+    return TenantLimiter(MemoryLimitStore(clock)), clock
+
+
+def tenant_of(snapshot: PolicySnapshot) -> Tenant:
+    return snapshot.policy.tenants[0]
+
+
+async def test_requests_per_minute_refuse_with_429_and_a_retry_after_from_the_refill() -> None:
+    tenant = tenant_of(policy("{rpm: 2}"))
+    limits, _ = limiter()
+    for _ in range(2):
+        await limits.admit(tenant, request())
+    with pytest.raises(Overloaded) as refused:
+        await limits.admit(tenant, request())
+    error = refused.value
+    assert (error.status, error.code) == (429, "tenant_rate_limited")
+    assert error.headers["retry-after"] == "30"  # one request refills in 60/2 s
+    assert error.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "2 requests per minute" in error.message
+
+
+async def test_tokens_are_reserved_then_settled_with_real_usage() -> None:
+    tenant = tenant_of(policy("{tpm: 1000}"))
+    limits, _ = limiter()
+    first = await limits.admit(tenant, request(10, 490))
+    assert dict(first.headers)[b"x-ratelimit-remaining-tokens"] == b"500"
+    await limits.settle(first, used_tokens=100)  # 400 unused come back
+    second = await limits.admit(tenant, request(10, 490))
+    assert dict(second.headers)[b"x-ratelimit-remaining-tokens"] == b"400"
+    with pytest.raises(Overloaded) as refused:
+        await limits.admit(tenant, request(10, 490))
+    assert refused.value.code == "tenant_token_limited"
+
+
+async def test_a_request_larger_than_the_minute_is_refused_without_retry() -> None:
+    tenant = tenant_of(policy("{tpm: 100}"))
+    limits, _ = limiter()
+    with pytest.raises(Overloaded) as refused:
+        await limits.admit(tenant, request(10, 500))
+    assert refused.value.headers["x-should-retry"] == "false"
+
+
+async def test_a_request_the_system_refused_gives_everything_back() -> None:
+    tenant = tenant_of(policy("{rpm: 1, tpm: 1000, max_concurrent: 1}"))
+    limits, _ = limiter()
+    admission = await limits.admit(tenant, request())
+    await limits.settle(admission, used_tokens=None)
+    again = await limits.admit(tenant, request())
+    assert dict(again.headers)[b"x-ratelimit-remaining-requests"] == b"0"
+    assert dict(again.headers)[b"x-ratelimit-remaining-tokens"] == b"900"
+
+
+async def test_concurrency_is_limited_and_freed_at_settlement() -> None:
+    tenant = tenant_of(policy("{max_concurrent: 1}"))
+    limits, _ = limiter()
+    held = await limits.admit(tenant, request())
+    with pytest.raises(Overloaded) as refused:
+        await limits.admit(tenant, request())
+    assert refused.value.code == "tenant_concurrency_limited"
+    await limits.settle(held, used_tokens=50)
+    await limits.admit(tenant, request())
+
+
+async def test_the_bucket_refills_with_time() -> None:
+    tenant = tenant_of(policy("{rpm: 60}"))
+    limits, clock = limiter()
+    for _ in range(60):
+        await limits.admit(tenant, request())
+    with pytest.raises(Overloaded):
+        await limits.admit(tenant, request())
+    clock.advance(1.0)
+    await limits.admit(tenant, request())
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        pytest.param(None, "standard", id="no header keeps the tenant default"),
+        pytest.param(b"batch", "batch", id="a client may lower its class"),
+        pytest.param(b"interactive", "standard", id="a client may not raise its class"),
+        pytest.param(b"standard", "standard", id="naming the default changes nothing"),
+    ],
+)
+def test_priority_class_resolution(header: bytes | None, expected: str) -> None:
+    snapshot = policy("{}")
+    assert resolve_class(tenant_of(snapshot), header, snapshot)[0] == expected
+
+
+def test_an_unknown_priority_class_is_a_400() -> None:
+    snapshot = policy("{}")
+    with pytest.raises(InvalidRequest) as refused:
+        resolve_class(tenant_of(snapshot), b"urgent", snapshot)
+    assert refused.value.code == "invalid_priority"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.02, "20ms"), (1.5, "1.5s"), (360, "6m0s"), (0, "0ms")],
+    ids=["milliseconds", "seconds", "minutes", "zero"],
+)
+def test_reset_durations_use_openai_format(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text

@@ -1,0 +1,189 @@
+"""The dispatch rule: fast path, bounded class queues, strict class order, batch share, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.dispatch import Dispatcher, Grant
+from gateway.endpoints import BackendPool
+from gateway.errors import NoHealthyBackend, Overloaded
+from gateway.policy.loader import PolicySnapshot, hash_api_key, parse_policy
+from gateway.routing.least_load import LeastLoadPicker
+from gateway.types import Api, InferenceRequest
+from tests.fake_clock import FakeClock
+
+POLICY = f"""
+version: t
+classes:
+  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}, queue: {{max_depth: 3, max_wait_s: 5}}}}
+  batch: {{rank: 1, slo: {{ttft_ms: 5000, itl_ms: 100, e2e_ms: 60000}}, max_share: 0.5,
+           queue: {{max_depth: 2, max_wait_s: 5}}}}
+models: [{{name: m}}]
+backends:
+  - {{name: b1, url: "http://127.0.0.1:1", kind: sim, models: [m], capacity: {{max_concurrent: 2}}}}
+tenants:
+  - {{name: t, key_hashes: ["{hash_api_key("k")}"], models: ["*"], default_class: interactive}}
+"""
+
+
+def request(tokens: int = 10) -> InferenceRequest:
+    return InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, tokens // 2, tokens - tokens // 2, 0.0)
+
+
+@pytest.fixture
+def snapshot() -> PolicySnapshot:
+    return parse_policy(POLICY, "t.yaml")
+
+
+@pytest.fixture
+def dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
+    return Dispatcher(BackendPool(snapshot), LeastLoadPicker(), FakeClock(), snapshot)
+
+
+async def acquire(dispatcher: Dispatcher, snapshot: PolicySnapshot, class_name: str, tokens: int = 10) -> Grant:
+    tenant = snapshot.policy.tenants[0]
+    klass = snapshot.policy.classes[class_name]
+    return await dispatcher.acquire(request(tokens), tenant, class_name, klass, deadline=1e9)
+
+
+def state(dispatcher: Dispatcher) -> tuple[int, int, int]:
+    backend = next(iter(dispatcher.pool.all()))
+    depth = sum(q.depth for q in dispatcher.queues()["m"].classes)
+    return backend.in_flight, backend.in_flight_tokens, depth
+
+
+async def test_the_fast_path_places_at_once_and_release_returns_every_counter_to_zero(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    grant = await acquire(dispatcher, snapshot, "interactive")
+    assert grant.queued_s == 0
+    assert state(dispatcher) == (1, 10, 0)
+    dispatcher.release("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
+async def test_a_full_backend_queues_and_a_release_hands_the_slot_over(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    waiter = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
+    await asyncio.sleep(0)
+    assert state(dispatcher)[2] == 1 and not waiter.done()
+    dispatcher.release("m", grants[0])
+    third = await asyncio.wait_for(waiter, 1)
+    assert state(dispatcher) == (2, 20, 0)
+    for grant in (grants[1], third):
+        dispatcher.release("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
+async def test_interactive_waiters_go_before_batch_waiters_that_came_first(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    batch = asyncio.create_task(acquire(dispatcher, snapshot, "batch"))
+    await asyncio.sleep(0)
+    interactive = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
+    await asyncio.sleep(0)
+    dispatcher.release("m", grants[0])
+    await asyncio.wait_for(interactive, 1)
+    assert not batch.done()
+    batch.cancel()
+    await asyncio.gather(batch, return_exceptions=True)
+    assert state(dispatcher)[2] == 0
+
+
+async def test_batch_never_takes_more_than_its_share(dispatcher: Dispatcher, snapshot: PolicySnapshot) -> None:
+    first = await acquire(dispatcher, snapshot, "batch")
+    second = asyncio.create_task(acquire(dispatcher, snapshot, "batch"))
+    await asyncio.sleep(0)
+    assert not second.done(), "a second batch request would exceed max_share 0.5 of 2 slots"
+    interactive = await acquire(dispatcher, snapshot, "interactive")
+    assert interactive.state.in_flight == 2
+    dispatcher.release("m", first)
+    granted = await asyncio.wait_for(second, 1)
+    for grant in (granted, interactive):
+        dispatcher.release("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
+async def test_a_full_queue_refuses_at_once_with_retry_after(dispatcher: Dispatcher, snapshot: PolicySnapshot) -> None:
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    waiters = [asyncio.create_task(acquire(dispatcher, snapshot, "interactive")) for _ in range(3)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as refused:
+        await acquire(dispatcher, snapshot, "interactive")
+    assert (refused.value.status, refused.value.code) == (503, "queue_full")
+    assert int(refused.value.headers["retry-after"]) >= 1
+    assert "limit 3" in refused.value.message
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    for grant in grants:
+        dispatcher.release("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
+async def test_an_unmeetable_deadline_is_refused_before_queuing(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    clock = dispatcher.clock
+    assert isinstance(clock, FakeClock)
+    meter = dispatcher.queues()["m"].meter
+    for i in range(4):  # with the two grants below: 6 dispatches in 8 s, one waiter ahead means ~2.7 s
+        meter.record(clock.now() - 8 + 2 * i)
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    waiter = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
+    await asyncio.sleep(0)
+    tenant, klass = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    with pytest.raises(Overloaded) as refused:
+        await dispatcher.acquire(request(), tenant, "interactive", klass, deadline=clock.now() + 1.0)
+    assert refused.value.code == "deadline_unmeetable"
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    for grant in grants:
+        dispatcher.release("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
+async def test_a_wait_past_its_limit_ends_in_queue_timeout(dispatcher: Dispatcher, snapshot: PolicySnapshot) -> None:
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    tenant, klass = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    clock = dispatcher.clock
+    with pytest.raises(Overloaded) as refused:
+        await dispatcher.acquire(request(), tenant, "interactive", klass, deadline=clock.now() + 0.05)
+    assert refused.value.code == "queue_timeout"
+    assert state(dispatcher)[2] == 0
+    for grant in grants:
+        dispatcher.release("m", grant)
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_and_gets_nothing(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    waiter = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    assert state(dispatcher)[2] == 0
+    dispatcher.release("m", grants[0])
+    assert state(dispatcher) == (1, 10, 0)
+    dispatcher.release("m", grants[1])
+    assert state(dispatcher) == (0, 0, 0)
+
+
+async def test_no_healthy_backend_fails_at_once(dispatcher: Dispatcher, snapshot: PolicySnapshot) -> None:
+    for backend in dispatcher.pool.all():
+        backend.healthy = False
+    with pytest.raises(NoHealthyBackend):
+        await acquire(dispatcher, snapshot, "interactive")
+
+
+async def test_draining_refuses_new_requests(dispatcher: Dispatcher, snapshot: PolicySnapshot) -> None:
+    dispatcher.draining = True
+    with pytest.raises(Overloaded) as refused:
+        await acquire(dispatcher, snapshot, "interactive")
+    assert (refused.value.status, refused.value.code) == (503, "draining")

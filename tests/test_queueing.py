@@ -1,0 +1,96 @@
+"""Start-time fair queuing within a class, lazy removal, and the drain meter."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from gateway.policy.model import PriorityClass, Slo
+from gateway.queueing import ClassQueue, DrainMeter, Ticket
+from gateway.types import Api, InferenceRequest
+
+CLASS = PriorityClass(rank=0, slo=Slo(ttft_ms=500, itl_ms=30, e2e_ms=1000))
+
+
+def ticket(tenant: str, cost: int = 100, weight: float = 1.0) -> Ticket:
+    request = InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, 10, cost - 10, 0.0)
+    return Ticket(request, tenant, weight, cost, 0.0, asyncio.get_running_loop().create_future())
+
+
+def drain(queue: ClassQueue, n: int) -> list[str]:
+    order = []
+    for _ in range(n):
+        head = queue.peek()
+        assert head is not None
+        queue.pop(head)
+        order.append(head.tenant)
+    return order
+
+
+async def test_a_heavy_tenant_cannot_starve_a_light_one() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    for _ in range(10):
+        queue.push(ticket("heavy"))
+    queue.push(ticket("light"))
+    queue.push(ticket("light"))
+    order = drain(queue, 4)
+    assert order.count("light") == 2, order
+
+
+async def test_tenants_share_in_proportion_to_their_weights() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    for _ in range(30):
+        queue.push(ticket("gold", weight=2.0))
+        queue.push(ticket("bronze", weight=1.0))
+    served = Counter(drain(queue, 30))
+    assert served["gold"] == pytest.approx(2 * served["bronze"], abs=2)
+
+
+async def test_fairness_is_on_tokens_not_requests() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    for _ in range(20):
+        queue.push(ticket("big", cost=1000))
+        queue.push(ticket("small", cost=100))
+    served = Counter(drain(queue, 22))
+    assert served["small"] >= 9 * served["big"] - 2, served
+
+
+async def test_removed_tickets_leave_the_depth_at_once_and_are_skipped() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    first, second, third = ticket("a"), ticket("a"), ticket("b")
+    for t in (first, second, third):
+        queue.push(t)
+    queue.remove(first)
+    queue.remove(first)  # idempotent
+    assert queue.depth == 2
+    assert drain(queue, 2) == ["b", "a"]  # b's start tag 0 is before a's second ticket's 100
+    assert queue.depth == 0
+    assert queue.peek() is None
+
+
+async def test_an_emptied_queue_forgets_history() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    for _ in range(5):
+        queue.push(ticket("old"))
+    drain(queue, 5)
+    queue.push(ticket("old"))
+    queue.push(ticket("new"))
+    assert drain(queue, 2)[0] == "old"
+
+
+@pytest.mark.parametrize(
+    ("times", "now", "expected"),
+    [
+        pytest.param([], 10.0, None, id="no dispatches means no estimate"),
+        pytest.param([1.0, 2.0, 3.0], 4.0, None, id="too few dispatches means no estimate"),
+        pytest.param([0.0, 1.0, 2.0, 3.0, 4.0], 4.0, 5 / 4, id="five dispatches in four seconds"),
+        pytest.param([0.0, 1.0, 2.0, 3.0, 4.0], 30.0, None, id="old dispatches leave the window"),
+    ],
+)
+def test_drain_rate(times: list[float], now: float, expected: float | None) -> None:
+    meter = DrainMeter(window_s=10.0)
+    for t in times:
+        meter.record(t)
+    assert meter.rate(now) == (pytest.approx(expected) if expected is not None else None)
