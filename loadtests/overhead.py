@@ -105,7 +105,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float = 30.0) 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            raise RuntimeError(f"{proc.args!r} exited: {proc.stderr.read().decode() if proc.stderr else ''}")
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
                 if response.status == 200:
