@@ -24,6 +24,7 @@ go on the wire (the outermost handler in ``app.py`` logs them and answers a gene
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import orjson
@@ -98,8 +99,10 @@ class Overloaded(GatewayError):
     retryable = True
 
     def __init__(self, message: str, *, status: int, code: str, retry_after_s: float) -> None:
-        retry_after = str(max(1, round(retry_after_s + 0.4999)))
-        super().__init__(message, code=code, headers={"retry-after": retry_after})
+        # Retry-After in whole seconds (HTTP), retry-after-ms exact (read first by the OpenAI SDKs).
+        retry_after = str(max(1, math.ceil(retry_after_s)))
+        retry_after_ms = str(max(1, math.ceil(retry_after_s * 1000)))
+        super().__init__(message, code=code, headers={"retry-after": retry_after, "retry-after-ms": retry_after_ms})
         self.status = status
         self.retry_after_s = retry_after_s
         if status >= 500:

@@ -122,9 +122,10 @@ class FakeBackend:
             if self.cut_after is not None and i == self.cut_after:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            if self.gate is not None and i > 0:
-                await asyncio.to_thread(self.gate.wait, 10)
-                self.gate.clear()
+            gate = self.gate
+            if gate is not None and i > 0:
+                await asyncio.to_thread(gate.wait, 10)
+                gate.clear()
             await event(
                 {
                     **base,

@@ -1,0 +1,153 @@
+"""Overload responses end to end: status, code, Retry-After, rate-limit headers, the SDK's retry."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
+from tests.fake_backend import FakeBackend
+from tests.servers import wait_until
+
+ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
+MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture
+def backend_server_url(backend_server: BackendServer) -> str:
+    return backend_server.url
+
+
+def release(backend: FakeBackend, gate: threading.Event) -> None:
+    """Let the held stream run to its end (the fake closes the gate after every chunk)."""
+    backend.gate = None
+    gate.set()
+
+
+def hold_one_stream(url: str, backend: FakeBackend) -> tuple[threading.Thread, threading.Event]:
+    """Start a stream that stays in flight until ``release``."""
+    gate = threading.Event()
+    backend.gate = gate
+    backend.tokens = 3
+    first_chunk = threading.Event()
+
+    def run() -> None:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30) as sdk:
+            for _ in sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+                first_chunk.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert first_chunk.wait(10), "the held stream never started"
+    return thread, gate
+
+
+@pytest.mark.parametrize(
+    ("replacements", "status", "code"),
+    [
+        pytest.param(
+            {ACME_LIMITS: "limits: {max_concurrent: 1}"},
+            429,
+            "tenant_concurrency_limited",
+            id="a tenant over its concurrency limit gets 429 and the SDK retries after Retry-After",
+        ),
+        pytest.param(
+            {
+                "    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:",
+                "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}": "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}\n    queue: {max_depth: 0, max_wait_s: 5}",
+            },
+            503,
+            "queue_full",
+            id="a full queue gets 503 and the SDK retries after Retry-After",
+        ),
+    ],
+)
+def test_the_sdk_honours_retry_after(
+    start_gateway: StartGateway,
+    backend: FakeBackend,
+    backend_server_url: str,
+    replacements: dict[str, str],
+    status: int,
+    code: str,
+) -> None:
+    with start_gateway(policy_text(backend_server_url, **replacements), health_checks=False) as url:
+        held, gate = hold_one_stream(url, backend)
+        raw = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY_ACME}"},
+            json={"model": CHAT_MODEL, "messages": MESSAGES},
+        )
+        assert raw.status_code == status
+        assert raw.json()["error"]["code"] == code
+        assert raw.headers["retry-after"] == "1"
+        assert 0 < int(raw.headers["retry-after-ms"]) <= 1000
+        assert ("concurrency limit" if status == 429 else "queue") in raw.json()["error"]["message"]
+
+        result: dict[str, object] = {}
+
+        def retrying_call() -> None:
+            with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=2, timeout=30) as sdk:
+                start = time.monotonic()
+                reply = sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+            result["content"], result["elapsed"] = reply.choices[0].message.content, time.monotonic() - start
+
+        caller = threading.Thread(target=retrying_call)
+        caller.start()
+        wait_until(lambda: metric(url, "gateway_rejections_total", reason=code) >= 2, what="the SDK's first try")
+        release(backend, gate)
+        caller.join(30)
+        held.join(10)
+        assert result.get("content"), "the SDK's retry did not succeed"
+        assert float(result["elapsed"]) >= 0.9  # type: ignore[arg-type]
+        assert metric(url, "gateway_rejections_total", reason=code, tenant="acme") == 2
+
+
+def test_every_response_carries_the_rate_limit_headers(http: httpx.Client, backend: FakeBackend) -> None:
+    response = http.post("/v1/chat/completions", json={"model": CHAT_MODEL, "messages": MESSAGES})
+    assert response.status_code == 200
+    assert response.headers["x-ratelimit-limit-requests"] == "6000"
+    assert int(response.headers["x-ratelimit-remaining-requests"]) < 6000
+    assert response.headers["x-ratelimit-limit-tokens"] == "20000000"
+    assert response.headers["x-ratelimit-reset-requests"].endswith(("ms", "s"))
+
+
+def test_a_lowered_priority_reaches_an_engine_that_schedules_by_it(
+    start_gateway: StartGateway, backend: FakeBackend, backend_server_url: str
+) -> None:
+    text = policy_text(backend_server_url, **{"    credential_env:": "    engine_priority: true\n    credential_env:"})
+    with start_gateway(text, health_checks=False) as url:
+        headers = {"authorization": f"Bearer {KEY_ACME}"}
+        httpx.post(f"{url}/v1/chat/completions", headers=headers, json={"model": CHAT_MODEL, "messages": MESSAGES})
+        httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={**headers, "x-priority": "batch"},
+            json={"model": CHAT_MODEL, "messages": MESSAGES},
+        )
+        assert [r.body.get("priority") for r in backend.received] == [0, 1]
+        assert metric(url, "gateway_requests_total", **{"class": "batch"}) == 1
+
+
+def test_a_client_that_leaves_the_queue_frees_its_place_at_once(
+    start_gateway: StartGateway, backend: FakeBackend, backend_server_url: str
+) -> None:
+    text = policy_text(
+        backend_server_url, **{"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:"}
+    )
+    with start_gateway(text, health_checks=False) as url:
+        held, gate = hold_one_stream(url, backend)
+        with httpx.Client(timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
+            impatient.post(
+                f"{url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {KEY_ACME}"},
+                json={"model": CHAT_MODEL, "messages": MESSAGES},
+            )
+        wait_until(lambda: metric(url, "gateway_queue_depth") == 0, what="the queue to empty")
+        assert metric(url, "gateway_requests_total", outcome="client_disconnected") == 1
+        release(backend, gate)
+        held.join(10)
+        wait_until(lambda: metric(url, "gateway_backend_in_flight_requests") == 0, what="in-flight back to zero")
+        assert len(backend.received) == 1, "the request that left while queued must never reach the backend"
