@@ -71,6 +71,9 @@ class ModelQueues:
     def waiting_at_or_above(self, rank: int) -> int:
         return sum(q.depth for q in self.classes if q.rank <= rank)
 
+    def waiting_above(self, rank: int) -> int:
+        return sum(q.depth for q in self.classes if q.rank < rank)
+
 
 class Dispatcher:
     """Owns the queues of every model; see the module docstring for the rule."""
@@ -133,16 +136,10 @@ class Dispatcher:
         queue = mq.queue(klass.rank)
         limit = klass.queue
         rate = mq.meter.rate(now)
-        ahead = mq.waiting_at_or_above(klass.rank)
+        ahead = mq.waiting_above(klass.rank) + queue.ahead_of(tenant.name)
         estimate = (ahead + 1) / rate if rate else 0.0
         if queue.depth >= limit.max_depth:
-            raise Overloaded(
-                f"The {class_name} queue for model '{request.model}' is full ({queue.depth} waiting, "
-                f"limit {limit.max_depth}); the backends are saturated.",
-                status=503,
-                code="queue_full",
-                retry_after_s=max(1.0, estimate),
-            )
+            self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
         budget = min(limit.max_wait_s, deadline - now)
         if estimate > budget:
             raise Overloaded(
@@ -174,6 +171,35 @@ class Dispatcher:
                 ) from None
             raise
         return Grant(state, klass.rank, tokens, self.clock.now() - now)
+
+    def _make_room(
+        self,
+        queue: ClassQueue,
+        request: InferenceRequest,
+        tenant: Tenant,
+        class_name: str,
+        max_depth: int,
+        estimate: float,
+    ) -> None:
+        """A full queue takes the arrival only by pushing out the busiest tenant's newest ticket."""
+        victim = queue.push_out(tenant.name) if max_depth > 0 else None
+        if victim is None:
+            raise Overloaded(
+                f"The {class_name} queue for model '{request.model}' is full ({queue.depth} waiting, "
+                f"limit {max_depth}); the backends are saturated.",
+                status=503,
+                code="queue_full",
+                retry_after_s=max(1.0, estimate),
+            )
+        victim.future.set_exception(
+            Overloaded(
+                f"The {class_name} queue for model '{request.model}' is full ({max_depth} waiting) and this "
+                f"tenant holds more of it than any other; its newest request gave way to another tenant's.",
+                status=503,
+                code="queue_full",
+                retry_after_s=max(1.0, estimate),
+            )
+        )
 
     def _place(self, model: str, klass: PriorityClass, tokens: int, now: float) -> BackendState | None:
         candidates = self.pool.for_model(model)

@@ -10,6 +10,10 @@ each tenant gets capacity in proportion to its weight, whatever the others offer
 Removal is lazy: a ticket whose client left or whose wait timed out is marked and skipped
 when it reaches the head, but ``depth`` drops at once, so the bound and the metrics are exact.
 
+The depth bound is shared fairly too: when the queue is full, an arrival from a tenant with
+fewer tickets waiting than the busiest tenant pushes out the busiest tenant's newest ticket
+(``push_out``), so a flooding tenant cannot fill the queue and lock the others out.
+
 ``DrainMeter`` measures how fast a queue is served (dispatches in a sliding window), from
 which the estimated wait of a new arrival and the ``Retry-After`` of a refusal are computed.
 """
@@ -56,6 +60,7 @@ class ClassQueue:
     _per_tenant: dict[str, deque[Ticket]] = field(default_factory=dict)
     _heads: list[tuple[float, int, str]] = field(default_factory=list)
     _seq: count[int] = field(default_factory=count)
+    _live: dict[str, int] = field(default_factory=dict)  # tickets waiting, per tenant
 
     @property
     def rank(self) -> int:
@@ -72,12 +77,41 @@ class ClassQueue:
             heapq.heappush(self._heads, (start, next(self._seq), ticket.tenant))
         waiting.append(ticket)
         self.depth += 1
+        self._live[ticket.tenant] = self._live.get(ticket.tenant, 0) + 1
 
     def remove(self, ticket: Ticket) -> None:
         """Take a ticket out (client gone, timed out); it is skipped when it reaches the head."""
         if not ticket.removed:
             ticket.removed = True
-            self.depth -= 1
+            self._leave(ticket.tenant)
+
+    def _leave(self, tenant: str) -> None:
+        self.depth -= 1
+        left = self._live[tenant] - 1
+        if left:
+            self._live[tenant] = left
+        else:
+            del self._live[tenant]
+
+    def ahead_of(self, tenant: str) -> int:
+        """About how many tickets a new one of ``tenant`` would wait behind under fair order:
+        each tenant gets a turn per round, so a tenant with n waiting puts min(n, mine + 1) ahead."""
+        mine = self._live.get(tenant, 0)
+        return sum(min(n, mine + 1) for n in self._live.values())
+
+    def push_out(self, arriving_tenant: str) -> Ticket | None:
+        """Make room for ``arriving_tenant`` in a full queue by removing the newest ticket of the
+        busiest tenant, when that tenant has at least two more waiting; None when none qualifies."""
+        if not self._live:
+            return None
+        busiest = max(self._live, key=self._live.__getitem__)
+        if self._live[busiest] < self._live.get(arriving_tenant, 0) + 2:
+            return None
+        for ticket in reversed(self._per_tenant[busiest]):
+            if not ticket.removed:
+                self.remove(ticket)
+                return ticket
+        return None  # pragma: no cover - _live says there is one
 
     def peek(self) -> Ticket | None:
         """The next ticket by start tag, dropping removed ones on the way."""
@@ -102,7 +136,7 @@ class ClassQueue:
         waiting = self._per_tenant[tenant]
         waiting.popleft()
         ticket.removed = True
-        self.depth -= 1
+        self._leave(tenant)
         self._virtual_time = ticket.start_tag
         if waiting:
             heapq.heappush(self._heads, (waiting[0].start_tag, next(self._seq), tenant))

@@ -23,14 +23,10 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +34,7 @@ import aiohttp
 import numpy as np
 
 from gateway.policy.loader import hash_api_key
+from loadtests.harness import pin, process
 
 MODEL = "sim-instant"
 API_KEY = "overhead-bench-key"
@@ -79,41 +76,6 @@ tenants:
     default_class: interactive
 health_checks: {{interval_s: 30, timeout_s: 2}}
 """
-
-
-def _pin(cpu: int) -> list[str]:
-    return ["taskset", "-c", str(cpu)] if os.cpu_count() and os.cpu_count() > 1 else []  # type: ignore[operator]
-
-
-@contextmanager
-def _process(argv: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_ready(proc, ready_url)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGINT)  # SIGINT lets a wrapping profiler write its output
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float = 30.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} not ready after {timeout}s")
 
 
 async def _one(
@@ -281,13 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     exe = [sys.executable, "-m", "gateway"]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as policy:
         policy.write(_policy(backend))
-    sim = [*_pin(0), *exe, "sim", "--profile", "instant", "--model", MODEL, "--port", str(args.backend_port)]
-    serve = [*_pin(1), *exe, "serve", "--policy", policy.name, "--port", str(args.gateway_port)]
+    sim = [*pin(0), *exe, "sim", "--profile", "instant", "--model", MODEL, "--port", str(args.backend_port)]
+    serve = [*pin(1), *exe, "serve", "--policy", policy.name, "--port", str(args.gateway_port)]
     if args.gateway_cmd:
-        serve = [*_pin(1), *args.gateway_cmd.split(), "--policy", policy.name, "--port", str(args.gateway_port)]
-    if len(_pin(0)):
+        serve = [*pin(1), *args.gateway_cmd.split(), "--policy", policy.name, "--port", str(args.gateway_port)]
+    if len(pin(0)):
         os.sched_setaffinity(0, {0})
-    with _process(sim, backend + "/health"), _process(serve, gateway + "/healthz"):
+    with process(sim, backend + "/health"), process(serve, gateway + "/healthz"):
         print(f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
               f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating", flush=True)
         report = asyncio.run(_run(args, backend + "/v1/chat/completions", gateway + "/v1/chat/completions"))

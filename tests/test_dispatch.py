@@ -187,3 +187,29 @@ async def test_draining_refuses_new_requests(dispatcher: Dispatcher, snapshot: P
     with pytest.raises(Overloaded) as refused:
         await acquire(dispatcher, snapshot, "interactive")
     assert (refused.value.status, refused.value.code) == (503, "draining")
+
+
+async def test_a_flooding_tenant_gives_way_to_another_in_a_full_queue(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    flood = [asyncio.create_task(acquire(dispatcher, snapshot, "interactive")) for _ in range(3)]
+    await asyncio.sleep(0)
+    other = snapshot.policy.tenants[0].model_copy(update={"name": "other"})
+    klass = snapshot.policy.classes["interactive"]
+    light = asyncio.create_task(dispatcher.acquire(request(), other, "interactive", klass, deadline=1e9))
+    await asyncio.wait([flood[-1]], timeout=1)
+    with pytest.raises(Overloaded) as pushed:
+        flood[-1].result()
+    assert pushed.value.code == "queue_full"
+    dispatcher.release("m", grants[0])
+    dispatcher.release("m", grants[1])
+    await asyncio.wait_for(light, 1)
+    assert not light.cancelled()
+    for task in (*flood[:2], light):
+        if task.done():
+            dispatcher.release("m", task.result())
+        else:
+            task.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)
+    assert state(dispatcher)[2] == 0

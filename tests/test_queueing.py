@@ -94,3 +94,22 @@ def test_drain_rate(times: list[float], now: float, expected: float | None) -> N
     for t in times:
         meter.record(t)
     assert meter.rate(now) == (pytest.approx(expected) if expected is not None else None)
+
+
+async def test_a_full_queue_pushes_out_the_busiest_tenants_newest_ticket() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    heavy = [ticket("heavy") for _ in range(3)]
+    for t in heavy:
+        queue.push(t)
+    victim = queue.push_out("light")
+    assert victim is heavy[-1]
+    assert queue.depth == 2
+    assert queue.ahead_of("light") == 1  # the heavy tenant gets one turn before light's second
+
+
+async def test_no_push_out_when_the_arrival_is_the_busiest_tenant() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    for name in ("a", "a", "b"):
+        queue.push(ticket(name))
+    assert queue.push_out("a") is None
+    assert queue.push_out("b") is None  # a has only one more than b

@@ -1,0 +1,99 @@
+"""Processes for benchmarks: simulated engines and the gateway, each its own OS process.
+
+Benchmarks measure real processes (the gateway's CPU and memory are its own, a killed engine
+is really gone), started here, waited on until they answer, and stopped with SIGINT (which
+lets a wrapping profiler write its output) then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from prometheus_client.parser import text_string_to_metric_families
+
+GATEWAY = [sys.executable, "-m", "gateway"]
+
+
+def pin(cpu: int) -> list[str]:
+    """A ``taskset`` prefix pinning a command to one core (nothing on a one-core machine)."""
+    return ["taskset", "-c", str(cpu)] if (os.cpu_count() or 1) > 1 else []
+
+
+@contextmanager
+def process(argv: list[str], ready_url: str, *, timeout_s: float = 30.0) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` until the block ends; enter once ``ready_url`` answers 200."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_ready(proc, ready_url, log, timeout_s)
+            yield proc
+        finally:
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log: IO[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{proc.args!r} exited {proc.returncode}: {log.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout_s}s")
+
+
+@contextmanager
+def policy_file(text: str) -> Iterator[Path]:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+        fh.write(text)
+    try:
+        yield Path(fh.name)
+    finally:
+        os.unlink(fh.name)
+
+
+def metrics(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus endpoint, keyed by (name, sorted labels)."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def metric_sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process, from /proc."""
+    with open(f"/proc/{pid}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
