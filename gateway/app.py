@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, Router
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admission import TenantLimiter
 from gateway.auth import authenticate
@@ -25,6 +25,7 @@ from gateway.clock import Clock, MonotonicClock
 from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.intake import read_headers
 from gateway.policy.loader import PolicySnapshot, load_policy
 from gateway.proxy import Exchange, InferenceHandler
 from gateway.routing.least_load import LeastLoadPicker
@@ -129,11 +130,22 @@ class Gateway:
         return m.exposition()
 
 
-def error_response(error: GatewayError, request_id: str | None = None) -> Response:
-    headers = dict(error.headers)
-    if request_id:
-        headers["x-request-id"] = request_id
-    return Response(error.body(), status_code=error.status, headers=headers, media_type="application/json")
+def error_response(error: GatewayError) -> Response:
+    return Response(error.body(), status_code=error.status, headers=error.headers, media_type="application/json")
+
+
+def with_request_id(scope: Scope, send: Send) -> Send:
+    """``send`` that adds ``x-request-id`` (the client's valid one, else a new one) to the response."""
+    request_id = read_headers(scope["headers"]).request_id
+    assert request_id is not None
+    header = (b"x-request-id", request_id.encode())
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), header]
+        await send(message)
+
+    return send_with_id
 
 
 class GatewayApp:
@@ -157,13 +169,15 @@ class GatewayApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             handler = self._hot.get(scope["path"])
+            if handler is not None and scope["method"] == "POST":
+                await handler(scope, receive, send)  # sets x-request-id itself
+                return
+            send = with_request_id(scope, send)
             if handler is None:
                 await self._ops(scope, receive, send)
-            elif scope["method"] != "POST":
+            else:
                 error = MethodNotAllowed(f"{scope['path']} accepts POST only.")
                 await error_response(error)(scope, receive, send)
-            else:
-                await handler(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 

@@ -73,9 +73,9 @@ async def read_body(receive: Receive, declared_length: int | None, limit: int) -
         raise InvalidRequest("Content-Length is not a number", code="invalid_header")
     message = await receive()
     body: bytes = message.get("body", b"")
+    if len(body) > limit:
+        raise _too_large(f"exceeded {limit} bytes while being read", limit)
     if not message.get("more_body", False):
-        if len(body) > limit:
-            raise _too_large(f"has {len(body)} bytes", limit)
         return body
     chunks = [body]
     size = len(body)
@@ -102,7 +102,7 @@ def parse_json_object(raw: bytes, max_depth: int) -> dict[str, Any]:
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        if "recursion" in str(exc):
+        if "depth" in str(exc) or "recursion" in str(exc):  # orjson's nesting limit (1024)
             raise _too_deep(max_depth) from exc
         raise InvalidRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(document, dict):

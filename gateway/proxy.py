@@ -88,6 +88,7 @@ class Exchange:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        headers.append((b"content-length", str(len(body)).encode()))
         await self.start(status, headers)
         await self.send({"type": "http.response.body", "body": body})
 

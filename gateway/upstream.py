@@ -37,6 +37,12 @@ def map_upstream_errors(backend: str) -> Iterator[None]:
     try:
         yield
     except httpx.TimeoutException as exc:
+        if exc.__cause__ is not None and not isinstance(exc.__cause__, TimeoutError):
+            # httpx-aiohttp maps every aiohttp.ClientConnectionError (refused, reset) to
+            # ConnectTimeout; only a real timeout underneath is one.
+            raise UpstreamError(
+                f"Backend '{backend}' failed: {type(exc.__cause__).__name__}.", code="upstream_connect_error"
+            ) from exc
         raise UpstreamTimeout(f"Backend '{backend}' timed out ({type(exc).__name__}).") from exc
     except httpx.HTTPError as exc:
         raise UpstreamError(

@@ -45,7 +45,7 @@ def build_request(
             f"The prompt has about {prompt_tokens} tokens (estimated); model '{model_policy.name}' "
             f"accepts at most {model_policy.max_prompt_tokens}.",
             code="prompt_too_long",
-            param="messages" if api is Api.CHAT else "prompt",
+            param={Api.CHAT: "messages", Api.COMPLETIONS: "prompt", Api.EMBEDDINGS: "input"}[api],
         )
     _check_n(body, limits)
     request = InferenceRequest(

@@ -142,7 +142,8 @@ class Backend(Strict):
     """One OpenAI-compatible server (a vLLM engine, an SGLang server, ...)."""
 
     name: Name
-    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(:\d+)?/?$")]
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(:\d+)?(/[^\s]*)?$")]
+    """Base URL of the server, with or without a trailing ``/v1`` (the gateway adds ``/v1/...``)."""
     kind: BackendKind
     models: Annotated[list[Name], Field(min_length=1)]
     capacity: Capacity = Capacity()
@@ -154,7 +155,7 @@ class Backend(Strict):
     @field_validator("url")
     @classmethod
     def _strip_slash(cls, url: str) -> str:
-        return url.rstrip("/")
+        return url.rstrip("/").removesuffix("/v1")
 
 
 class TenantLimits(Strict):

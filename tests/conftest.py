@@ -1,0 +1,169 @@
+"""Fixtures: a fake backend and the gateway in front of it, as real servers on loopback ports.
+
+The fake backend (``tests/fake_backend.py``) and the main gateway are started once per
+session; the ``backend`` fixture resets the backend's knobs and its record of received
+requests before each test, so tests stay independent while sharing the servers. Tests that
+need a gateway with another policy (clamping, a dead backend, ...) start one with
+``start_gateway``, which takes the policy text and returns a context manager.
+
+Keys: ``key-acme`` (tenant acme, every model), ``key-globex`` (tenant globex, ``test/chat``
+only). The policy is ``tests/policies/gateway.yaml`` with the backend URL substituted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import GatewayApp
+from gateway.policy.loader import parse_policy
+from gateway.settings import Settings
+from tests.fake_backend import FakeBackend
+from tests.servers import free_port, serve_in_thread
+
+POLICIES = Path(__file__).parent / "policies"
+POLICY_FILE = POLICIES / "gateway.yaml"
+POLICY_TEMPLATE = POLICY_FILE.read_text()
+TEMPLATE_BACKEND_URL = "http://127.0.0.1:18101"
+
+KEY_ACME = "key-acme"
+KEY_GLOBEX = "key-globex"
+CHAT_MODEL = "test/chat"
+OTHER_MODEL = "test/other"
+BACKEND_TOKEN_ENV = "GATEWAY_TEST_BACKEND_TOKEN"
+BACKEND_TOKEN = "backend-secret-123"
+MAX_BODY_BYTES = 65536
+
+StartGateway = Callable[..., AbstractContextManager[str]]
+
+
+def policy_text(backend_url: str, **replacements: str) -> str:
+    """The test policy pointing at ``backend_url``; each ``old=new`` pair edits the text."""
+    text = POLICY_TEMPLATE.replace(TEMPLATE_BACKEND_URL, backend_url)
+    for old, new in replacements.items():
+        assert old in text, f"{old!r} is not in the test policy"
+        text = text.replace(old, new)
+    return text
+
+
+def closed_port_url() -> str:
+    """A loopback URL where nothing listens (connections are refused)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@contextmanager
+def run_gateway(text: str, *, health_checks: bool = True, name: str = "tests/policies/gateway.yaml") -> Iterator[str]:
+    """Serve a gateway with policy ``text`` on loopback; yield its base URL."""
+    snapshot = parse_policy(text, name)
+    app = GatewayApp(Settings(policy_path=name, health_checks=health_checks), snapshot)
+    with serve_in_thread(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def backend_credential() -> Iterator[str]:
+    """The environment variable the test policy names as the backend's credential."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BACKEND_TOKEN_ENV, BACKEND_TOKEN)
+        yield BACKEND_TOKEN
+
+
+@dataclass
+class BackendServer:
+    fake: FakeBackend
+    url: str
+
+
+@pytest.fixture(scope="session")
+def backend_server() -> Iterator[BackendServer]:
+    fake = FakeBackend()
+    with serve_in_thread(fake) as url:
+        yield BackendServer(fake, url)
+
+
+@pytest.fixture
+def backend(backend_server: BackendServer) -> Iterator[FakeBackend]:
+    """The session's fake backend, with its default behaviour and an empty record."""
+    fake = backend_server.fake
+    defaults = FakeBackend()
+    fake.tokens, fake.status, fake.error_body = defaults.tokens, defaults.status, defaults.error_body
+    fake.cut_after, fake.gate = None, None
+    fake.received.clear()
+    yield fake
+    gate, fake.gate = fake.gate, _OpenGate()
+    if gate is not None:
+        gate.set()  # a stream still blocked on it finishes at once instead of waiting for its timeout
+
+
+class _OpenGate(threading.Event):
+    """A gate that stays open: what a stream still running after its test waits on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set()
+
+    def clear(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def gateway_url(backend_server: BackendServer, backend_credential: str) -> Iterator[str]:
+    with run_gateway(policy_text(backend_server.url)) as url:
+        yield url
+
+
+@pytest.fixture
+def start_gateway(backend_credential: str) -> StartGateway:
+    """``with start_gateway(policy_text(...), health_checks=False) as url:`` another gateway."""
+    return run_gateway
+
+
+@pytest.fixture(scope="session")
+def http(gateway_url: str) -> Iterator[httpx.Client]:
+    """Raw HTTP to the gateway, authenticated as acme (override ``headers`` per request)."""
+    with httpx.Client(base_url=gateway_url, headers={"authorization": f"Bearer {KEY_ACME}"}, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    """The official SDK as tenant acme; no retries, so an error surfaces at once."""
+    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=KEY_ACME, max_retries=0, timeout=10) as sdk:
+        yield sdk
+
+
+@pytest.fixture(scope="session")
+def globex_client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=KEY_GLOBEX, max_retries=0, timeout=10) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+async def async_client(gateway_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=KEY_ACME, max_retries=0, timeout=10) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+def chat_body() -> dict[str, object]:
+    """A valid chat request body (a fresh dict per test, to mutate freely)."""
+    return {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+
+
+def metric(gateway_url: str, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when none)."""
+    text = httpx.get(f"{gateway_url}/metrics").text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total

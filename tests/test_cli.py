@@ -1,0 +1,123 @@
+"""The ``inference-gateway`` command line, run as real subprocesses with deadlines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.policy.loader import hash_api_key
+from tests.conftest import KEY_ACME, POLICIES, policy_text
+from tests.servers import free_port, wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+VALID = "tests/policies/gateway.yaml"
+INVALID = "tests/policies/invalid.yaml"
+DEADLINE_S = 30
+
+
+def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``inference-gateway ARGS`` (as ``python -m gateway``, from the repository root)."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=REPO,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+
+
+def test_validate_accepts_a_valid_policy_with_exit_0() -> None:
+    result = run("policy", "validate", VALID)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{VALID}: valid (version test-1, digest ")
+
+
+def test_validate_prints_every_error_and_exits_1() -> None:
+    result = run("policy", "validate", INVALID)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"{INVALID}: tenants[0].key_hashes: must be 'sha256:' followed by 64 lowercase hex digits "
+        "(make one with `inference-gateway keys hash`); never a raw key",
+        f"{INVALID}: tenants[0].limits.rpm: must be greater than 0",
+    ]
+
+
+def test_validate_checks_every_file_and_fails_if_one_is_invalid() -> None:
+    result = run("policy", "validate", VALID, INVALID, "policies/demo.yaml")
+    assert result.returncode == 1
+    assert f"{VALID}: valid" in result.stdout
+    assert "policies/demo.yaml: valid" in result.stdout
+    assert f"{INVALID}: tenants[0].limits.rpm" in result.stderr
+
+
+def test_validate_reports_a_missing_file() -> None:
+    result = run("policy", "validate", "tests/policies/missing.yaml")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "tests/policies/missing.yaml: cannot read: No such file or directory"
+
+
+def test_keys_hash_reads_the_key_on_stdin_and_prints_the_policy_form() -> None:
+    result = run("keys", "hash", stdin="  key-acme \n")  # surrounding whitespace is not part of the key
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == hash_api_key(KEY_ACME)
+    assert hash_api_key(KEY_ACME) in (POLICIES / "gateway.yaml").read_text()
+
+
+def test_keys_hash_without_a_key_exits_1() -> None:
+    result = run("keys", "hash", stdin="")
+    assert result.returncode == 1
+    assert "no key on stdin" in result.stderr
+
+
+def test_the_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "inference-gateway"
+    result = subprocess.run(
+        [str(script), "keys", "hash"], input="key-acme\n", capture_output=True, text=True, timeout=DEADLINE_S
+    )
+    assert result.stdout.strip() == hash_api_key(KEY_ACME)
+
+
+def test_serve_refuses_an_invalid_policy_with_exit_1() -> None:
+    result = run("serve", "--policy", INVALID, "--port", str(free_port()))
+    assert result.returncode == 1
+    assert f"{INVALID}: tenants[0].limits.rpm: must be greater than 0" in result.stderr
+
+
+@pytest.fixture
+def serving(tmp_path: Path, backend_credential: str) -> Iterator[str]:
+    """``inference-gateway serve`` in a subprocess, in front of a closed port; yields its URL."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text("http://127.0.0.1:9"))
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=DEADLINE_S)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def test_serve_starts_the_gateway_on_the_given_port(serving: str) -> None:
+    def alive() -> bool:
+        try:
+            return httpx.get(serving + "/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(alive, timeout=DEADLINE_S, what="the served gateway to answer /healthz")
+    # Its only backend is at a closed port, so it is alive but not ready.
+    assert httpx.get(serving + "/readyz").status_code == 503
