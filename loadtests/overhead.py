@@ -250,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(pin(0)):
         os.sched_setaffinity(0, {0})
     with process(sim, backend + "/health"), process(serve, gateway + "/healthz"):
-        print(f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
-              f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating", flush=True)
+        print(
+            f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
+            f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating",
+            flush=True,
+        )
         report = asyncio.run(_run(args, backend + "/v1/chat/completions", gateway + "/v1/chat/completions"))
     if args.out:
         Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))

@@ -46,7 +46,7 @@ class FakeBackend:
             await _respond(send, 200, b"")
             return
         if scope["path"] == "/metrics":
-            page = f"vllm:num_requests_waiting{{model_name=\"m\"}} {self.waiting}\n"
+            page = f'vllm:num_requests_waiting{{model_name="m"}} {self.waiting}\n'
             await _respond(send, 200, page.encode())
             return
         body = b""

@@ -70,7 +70,8 @@ async def test_a_full_backend_queues_and_a_release_hands_the_slot_over(
     grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
     waiter = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
     await asyncio.sleep(0)
-    assert state(dispatcher)[2] == 1 and not waiter.done()
+    assert state(dispatcher)[2] == 1
+    assert not waiter.done()
     dispatcher.release("m", grants[0])
     third = await asyncio.wait_for(waiter, 1)
     assert state(dispatcher) == (2, 20, 0)

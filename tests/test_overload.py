@@ -15,6 +15,8 @@ from tests.servers import wait_until
 
 ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
 MESSAGES = [{"role": "user", "content": "Hello"}]
+INTERACTIVE_SLO = "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}"
+NO_QUEUE = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_depth: 0, max_wait_s: 5}"}
 
 
 @pytest.fixture
