@@ -58,10 +58,7 @@ def hold_one_stream(url: str, backend: FakeBackend) -> tuple[threading.Thread, t
             id="a tenant over its concurrency limit gets 429 and the SDK retries after Retry-After",
         ),
         pytest.param(
-            {
-                "    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:",
-                "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}": "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}\n    queue: {max_depth: 0, max_wait_s: 5}",
-            },
+            {"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:", **NO_QUEUE},
             503,
             "queue_full",
             id="a full queue gets 503 and the SDK retries after Retry-After",
