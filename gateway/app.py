@@ -28,7 +28,7 @@ from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.intake import read_headers
 from gateway.policy.loader import PolicySnapshot, load_policy
 from gateway.proxy import Exchange, InferenceHandler
-from gateway.routing.least_load import LeastLoadPicker
+from gateway.routing.least_load import LeastLoadRouter
 from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
 from gateway.state.memory import MemoryLimitStore
@@ -48,10 +48,10 @@ class Gateway:
         self.clock: Clock = clock or MonotonicClock()
         self.metrics = Metrics()
         self.estimator = CharRatioEstimator()
-        self.picker = LeastLoadPicker()
         self.pool = BackendPool(snapshot)
         self.limiter = TenantLimiter(MemoryLimitStore(self.clock))
-        self.dispatcher = Dispatcher(self.pool, self.picker, self.clock, snapshot)
+        router = LeastLoadRouter()
+        self.dispatcher = Dispatcher(self.pool, lambda model: router, self.clock, snapshot)
         backends = {b.name: b for b in snapshot.policy.backends}
         self.upstream = UpstreamClient(backends, max_connections=settings.max_upstream_connections)
         self._snapshot = snapshot

@@ -16,15 +16,14 @@
 
 When no backend of the model is healthy the request fails at once with 503
 ``no_healthy_backend`` rather than waiting for capacity that is not coming.
-Among the backends with room, the ``Picker`` chooses (least load today, prefix affinity later).
+Among the backends with room, the model's ``Router`` chooses (``gateway/routing/``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from gateway.capacity import has_room
 from gateway.clock import Clock
@@ -33,23 +32,22 @@ from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.queueing import ClassQueue, DrainMeter, Ticket
+from gateway.routing.base import Router, RoutingDecision
 from gateway.types import InferenceRequest
-
-
-class Picker(Protocol):
-    """Chooses one backend among candidates that all have room."""
-
-    def pick(self, model: str, candidates: Sequence[BackendState]) -> BackendState: ...
 
 
 @dataclass(slots=True)
 class Grant:
     """A backend slot held by one request until ``Dispatcher.release``."""
 
-    state: BackendState
+    decision: RoutingDecision
     rank: int
     tokens: int
     queued_s: float
+
+    @property
+    def state(self) -> BackendState:
+        return self.decision.state
 
 
 class ModelQueues:
@@ -78,9 +76,11 @@ class ModelQueues:
 class Dispatcher:
     """Owns the queues of every model; see the module docstring for the rule."""
 
-    def __init__(self, pool: BackendPool, picker: Picker, clock: Clock, snapshot: PolicySnapshot) -> None:
+    def __init__(
+        self, pool: BackendPool, routers: Callable[[str], Router], clock: Clock, snapshot: PolicySnapshot
+    ) -> None:
         self.pool = pool
-        self.picker = picker
+        self.router_for = routers
         self.clock = clock
         self.draining = False
         self._queues: dict[str, ModelQueues] = {}
@@ -115,11 +115,11 @@ class Dispatcher:
         tokens = request.prompt_tokens + request.max_tokens
         now = self.clock.now()
         if mq.waiting_at_or_above(klass.rank) == 0:
-            state = self._place(model, klass, tokens, now)
-            if state is not None:
-                state.reserve(klass.rank, tokens)
+            decision = self._place(request, tenant, klass, tokens, now)
+            if decision is not None:
+                self._commit(request, tenant, decision, klass.rank, tokens)
                 mq.meter.record(now)
-                return Grant(state, klass.rank, tokens, 0.0)
+                return Grant(decision, klass.rank, tokens, 0.0)
         return await self._wait(mq, request, tenant, class_name, klass, tokens, deadline, now)
 
     async def _wait(
@@ -149,12 +149,12 @@ class Dispatcher:
                 code="deadline_unmeetable",
                 retry_after_s=max(1.0, estimate),
             )
-        future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
-        ticket = Ticket(request, tenant.name, tenant.weight, tokens, now, future)
+        future: asyncio.Future[RoutingDecision] = asyncio.get_running_loop().create_future()
+        ticket = Ticket(request, tenant, tokens, now, future)
         queue.push(ticket)
         try:
             async with asyncio.timeout(budget):
-                state = await future
+                decision = await future
         except BaseException as exc:
             if future.done() and not future.cancelled() and future.exception() is None:
                 # Granted in the same instant as we leave (timeout, client gone): give it back.
@@ -170,7 +170,7 @@ class Dispatcher:
                     retry_after_s=max(1.0, estimate),
                 ) from None
             raise
-        return Grant(state, klass.rank, tokens, self.clock.now() - now)
+        return Grant(decision, klass.rank, tokens, self.clock.now() - now)
 
     def _make_room(
         self,
@@ -201,16 +201,25 @@ class Dispatcher:
             )
         )
 
-    def _place(self, model: str, klass: PriorityClass, tokens: int, now: float) -> BackendState | None:
+    def _place(
+        self, request: InferenceRequest, tenant: Tenant, klass: PriorityClass, tokens: int, now: float
+    ) -> RoutingDecision | None:
+        model = request.model
         candidates = self.pool.for_model(model)
         roomy = [s for s in candidates if has_room(s, klass.rank, klass.max_share, tokens, now, self._fresh_s)]
         if roomy:
-            return self.picker.pick(model, roomy)
+            return self.router_for(model).pick(request, tenant, roomy)
         if not any(s.healthy for s in candidates):
             raise NoHealthyBackend(
                 f"No healthy backend serves model '{model}' right now.", headers={"retry-after": "1"}
             )
         return None
+
+    def _commit(
+        self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision, rank: int, tokens: int
+    ) -> None:
+        decision.state.reserve(rank, tokens)
+        self.router_for(request.model).on_dispatch(request, tenant, decision)
 
     def release(self, model: str, grant: Grant) -> None:
         """Give the slot back and let waiting requests have it."""
@@ -229,17 +238,17 @@ class Dispatcher:
                     queue.remove(ticket)
                     continue
                 try:
-                    state = self._place(model, queue.policy, ticket.cost, now)
+                    decision = self._place(ticket.request, ticket.tenant, queue.policy, ticket.cost, now)
                 except NoHealthyBackend as error:
                     queue.pop(ticket)
                     ticket.future.set_exception(error)
                     continue
-                if state is None:
+                if decision is None:
                     return
                 queue.pop(ticket)
-                state.reserve(queue.rank, ticket.cost)
+                self._commit(ticket.request, ticket.tenant, decision, queue.rank, ticket.cost)
                 mq.meter.record(now)
-                ticket.future.set_result(state)
+                ticket.future.set_result(decision)
             if queue.depth:
                 return
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import TYPE_CHECKING
 
-from gateway.policy.model import PriorityClass
+from gateway.policy.model import PriorityClass, Tenant
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.endpoints import BackendState
+    from gateway.routing.base import RoutingDecision
 
 
 @dataclass(eq=False, slots=True)
@@ -39,13 +39,16 @@ class Ticket:
     """A request waiting for a backend; ``future`` receives the backend it was given."""
 
     request: InferenceRequest
-    tenant: str
-    weight: float
+    tenant: Tenant
     cost: int
     enqueued_at: float
-    future: asyncio.Future[BackendState]
+    future: asyncio.Future[RoutingDecision]
     start_tag: float = 0.0
     removed: bool = False
+
+    @property
+    def tenant_name(self) -> str:
+        return self.tenant.name
 
 
 @dataclass(slots=True)
@@ -67,23 +70,23 @@ class ClassQueue:
         return self.policy.rank
 
     def push(self, ticket: Ticket) -> None:
-        start = max(self._virtual_time, self._finish_tags.get(ticket.tenant, 0.0))
+        start = max(self._virtual_time, self._finish_tags.get(ticket.tenant_name, 0.0))
         ticket.start_tag = start
-        self._finish_tags[ticket.tenant] = start + ticket.cost / ticket.weight
-        waiting = self._per_tenant.get(ticket.tenant)
+        self._finish_tags[ticket.tenant_name] = start + ticket.cost / ticket.tenant.weight
+        waiting = self._per_tenant.get(ticket.tenant_name)
         if waiting is None:
-            waiting = self._per_tenant[ticket.tenant] = deque()
+            waiting = self._per_tenant[ticket.tenant_name] = deque()
         if not waiting:
-            heapq.heappush(self._heads, (start, next(self._seq), ticket.tenant))
+            heapq.heappush(self._heads, (start, next(self._seq), ticket.tenant_name))
         waiting.append(ticket)
         self.depth += 1
-        self._live[ticket.tenant] = self._live.get(ticket.tenant, 0) + 1
+        self._live[ticket.tenant_name] = self._live.get(ticket.tenant_name, 0) + 1
 
     def remove(self, ticket: Ticket) -> None:
         """Take a ticket out (client gone, timed out); it is skipped when it reaches the head."""
         if not ticket.removed:
             ticket.removed = True
-            self._leave(ticket.tenant)
+            self._leave(ticket.tenant_name)
 
     def _leave(self, tenant: str) -> None:
         self.depth -= 1

@@ -10,7 +10,7 @@ from gateway.dispatch import Dispatcher, Grant
 from gateway.endpoints import BackendPool
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.policy.loader import PolicySnapshot, hash_api_key, parse_policy
-from gateway.routing.least_load import LeastLoadPicker
+from gateway.routing.least_load import LeastLoadRouter
 from gateway.types import Api, InferenceRequest
 from tests.fake_clock import FakeClock
 
@@ -39,7 +39,8 @@ def snapshot() -> PolicySnapshot:
 
 @pytest.fixture
 def dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
-    return Dispatcher(BackendPool(snapshot), LeastLoadPicker(), FakeClock(), snapshot)
+    router = LeastLoadRouter()
+    return Dispatcher(BackendPool(snapshot), lambda model: router, FakeClock(), snapshot)
 
 
 async def acquire(dispatcher: Dispatcher, snapshot: PolicySnapshot, class_name: str, tokens: int = 10) -> Grant:

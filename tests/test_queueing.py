@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.policy.model import PriorityClass, Slo
+from gateway.policy.model import PriorityClass, Slo, Tenant
 from gateway.queueing import ClassQueue, DrainMeter, Ticket
 from gateway.types import Api, InferenceRequest
 
@@ -16,7 +16,8 @@ CLASS = PriorityClass(rank=0, slo=Slo(ttft_ms=500, itl_ms=30, e2e_ms=1000))
 
 def ticket(tenant: str, cost: int = 100, weight: float = 1.0) -> Ticket:
     request = InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, 10, cost - 10, 0.0)
-    return Ticket(request, tenant, weight, cost, 0.0, asyncio.get_running_loop().create_future())
+    owner = Tenant(name=tenant, key_hashes=["sha256:" + "0" * 64], models=["*"], default_class="i", weight=weight)
+    return Ticket(request, owner, cost, 0.0, asyncio.get_running_loop().create_future())
 
 
 def drain(queue: ClassQueue, n: int) -> list[str]:
@@ -25,7 +26,7 @@ def drain(queue: ClassQueue, n: int) -> list[str]:
         head = queue.peek()
         assert head is not None
         queue.pop(head)
-        order.append(head.tenant)
+        order.append(head.tenant_name)
     return order
 
 

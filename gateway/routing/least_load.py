@@ -11,31 +11,34 @@ from collections.abc import Sequence
 from itertools import count
 
 from gateway.endpoints import BackendState
-from gateway.errors import NoHealthyBackend
+from gateway.policy.model import Tenant
+from gateway.routing.base import RoutingDecision
+from gateway.types import InferenceRequest
 
 
-class LeastLoadPicker:
-    """Pick the healthy candidate with the lowest (in_flight, in_flight_tokens)."""
+class LeastLoadRouter:
+    """Pick the candidate with the lowest (in_flight, in_flight_tokens)."""
 
     __slots__ = ("_turn",)
+    strategy = "least_load"
 
     def __init__(self) -> None:
         self._turn = count()
 
-    def pick(self, model: str, candidates: Sequence[BackendState]) -> BackendState:
+    def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
         best: list[BackendState] = []
         best_load = (0, 0)
         for state in candidates:
-            if not state.healthy:
-                continue
             load = (state.in_flight, state.in_flight_tokens)
             if not best or load < best_load:
                 best, best_load = [state], load
             elif load == best_load:
                 best.append(state)
-        if not best:
-            raise NoHealthyBackend(
-                f"No healthy backend serves model '{model}' right now; retry shortly.",
-                headers={"retry-after": "1"},
-            )
-        return best[0] if len(best) == 1 else best[next(self._turn) % len(best)]
+        chosen = best[0] if len(best) == 1 else best[next(self._turn) % len(best)]
+        return RoutingDecision(chosen, self.strategy, "least_loaded" if len(best) == 1 else "tie_rotated")
+
+    def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
+        pass
+
+    def forget_backend(self, backend: str) -> None:
+        pass
