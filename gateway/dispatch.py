@@ -50,6 +50,11 @@ class Grant:
         return self.decision.state
 
 
+def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
+    """A 503 refusal: the system, not the tenant, is out of room; retry after the estimated drain."""
+    return Overloaded(message, status=503, code=code, retry_after_s=max(1.0, retry_after_s))
+
+
 class ModelQueues:
     """The class queues of one model, in rank order, with their drain meters."""
 
@@ -104,11 +109,10 @@ class Dispatcher:
     ) -> Grant:
         """A backend for ``request`` (see the module docstring); raises ``Overloaded``/``NoHealthyBackend``."""
         if self.draining:
-            raise Overloaded(
+            raise system_full(
+                "draining",
                 "The gateway is shutting down and takes no new requests; retry (another replica will answer).",
-                status=503,
-                code="draining",
-                retry_after_s=1.0,
+                1.0,
             )
         model = request.model
         mq = self._queues[model]
@@ -142,12 +146,11 @@ class Dispatcher:
             self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
         budget = min(limit.max_wait_s, deadline - now)
         if estimate > budget:
-            raise Overloaded(
+            raise system_full(
+                "deadline_unmeetable",
                 f"The estimated wait in the {class_name} queue for model '{request.model}' is {estimate:.1f}s "
                 f"({ahead} ahead, served at {rate or 0:.1f}/s), more than this request can wait ({budget:.1f}s).",
-                status=503,
-                code="deadline_unmeetable",
-                retry_after_s=max(1.0, estimate),
+                estimate,
             )
         future: asyncio.Future[RoutingDecision] = asyncio.get_running_loop().create_future()
         ticket = Ticket(request, tenant, tokens, now, future)
@@ -162,12 +165,11 @@ class Dispatcher:
             else:
                 queue.remove(ticket)
             if isinstance(exc, TimeoutError):
-                raise Overloaded(
+                raise system_full(
+                    "queue_timeout",
                     f"Waited {self.clock.now() - now:.1f}s in the {class_name} queue for model "
                     f"'{request.model}' without a free backend (limit {budget:.1f}s).",
-                    status=503,
-                    code="queue_timeout",
-                    retry_after_s=max(1.0, estimate),
+                    estimate,
                 ) from None
             raise
         return Grant(decision, klass.rank, tokens, self.clock.now() - now)
@@ -184,20 +186,18 @@ class Dispatcher:
         """A full queue takes the arrival only by pushing out the busiest tenant's newest ticket."""
         victim = queue.push_out(tenant.name) if max_depth > 0 else None
         if victim is None:
-            raise Overloaded(
+            raise system_full(
+                "queue_full",
                 f"The {class_name} queue for model '{request.model}' is full ({queue.depth} waiting, "
                 f"limit {max_depth}); the backends are saturated.",
-                status=503,
-                code="queue_full",
-                retry_after_s=max(1.0, estimate),
+                estimate,
             )
         victim.future.set_exception(
-            Overloaded(
+            system_full(
+                "queue_full",
                 f"The {class_name} queue for model '{request.model}' is full ({max_depth} waiting) and this "
                 f"tenant holds more of it than any other; its newest request gave way to another tenant's.",
-                status=503,
-                code="queue_full",
-                retry_after_s=max(1.0, estimate),
+                estimate,
             )
         )
 
