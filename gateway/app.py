@@ -28,7 +28,9 @@ from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.intake import read_headers
 from gateway.policy.loader import PolicySnapshot, load_policy
 from gateway.proxy import Exchange, InferenceHandler
-from gateway.routing.least_load import LeastLoadRouter
+from gateway.routing.base import Router as BackendRouter
+from gateway.routing.isolation import CacheSalter
+from gateway.routing.registry import build_routers
 from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
 from gateway.state.memory import MemoryLimitStore
@@ -48,10 +50,11 @@ class Gateway:
         self.clock: Clock = clock or MonotonicClock()
         self.metrics = Metrics()
         self.estimator = CharRatioEstimator()
-        self.pool = BackendPool(snapshot)
+        self.routers: dict[str, BackendRouter] = build_routers(snapshot, self.clock)
+        self.pool = BackendPool(snapshot, on_forget=self.forget_backend)
         self.limiter = TenantLimiter(MemoryLimitStore(self.clock))
-        router = LeastLoadRouter()
-        self.dispatcher = Dispatcher(self.pool, lambda model: router, self.clock, snapshot)
+        self.dispatcher = Dispatcher(self.pool, self.routers.__getitem__, self.clock, snapshot)
+        self.salter = CacheSalter.from_env(snapshot.policy.cache_isolation.secret_env)
         backends = {b.name: b for b in snapshot.policy.backends}
         self.upstream = UpstreamClient(backends, max_connections=settings.max_upstream_connections)
         self._snapshot = snapshot
@@ -61,6 +64,11 @@ class Gateway:
     def policy(self) -> PolicySnapshot:
         """The policy in force; a request reads it once and keeps it to the end."""
         return self._snapshot
+
+    def forget_backend(self, backend: str) -> None:
+        """A backend went down or left: every router drops what it learnt about it."""
+        for router in self.routers.values():
+            router.forget_backend(backend)
 
     async def start(self) -> None:
         policy = self._snapshot.policy
@@ -98,6 +106,13 @@ class Gateway:
             m.rejections.labels(exchange.outcome, klass, exchange.tenant).inc()
         if exchange.backend:
             m.queue_wait.labels(model, klass).observe(exchange.queued_s)
+        decision = exchange.decision
+        if decision is not None:
+            strategy = decision.strategy
+            m.routing_decisions.labels(model, strategy, decision.reason).inc()
+            m.routing_pick.labels(model, strategy).observe(decision.pick_s)
+            if decision.detail is not None:
+                m.matched_blocks.labels(model, strategy).observe(decision.matched_blocks)
         timer = exchange.timer
         if timer is None:
             return

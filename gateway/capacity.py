@@ -7,7 +7,9 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
   ``tokens`` keeps its in-flight tokens within ``max_tokens_in_flight`` (a request bigger
   than the whole budget still goes to an idle backend, or it could never be served);
 * the request's class stays within its ``max_share`` of both budgets (batch leaves room for
-  interactive arrivals: a batch request never takes the last free share);
+  interactive arrivals: a batch request never takes the last free share), and within its
+  ``max_prefilling`` requests still waiting for their first token (batch prefills are paced
+  so that they do not stretch the engine steps interactive requests wait on);
 * the backend's own saturation signals, when freshly scraped, are below the policy's
   thresholds: waiting requests at most ``max_waiting`` and KV cache usage at most
   ``max_kv_usage``. These only tighten; with nothing in flight there a backend is always
@@ -17,14 +19,18 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
 from __future__ import annotations
 
 from gateway.endpoints import BackendState
+from gateway.policy.model import PriorityClass
 
 
-def has_room(state: BackendState, rank: int, share: float, tokens: int, now: float, fresh_s: float) -> bool:
+def has_room(state: BackendState, klass: PriorityClass, tokens: int, now: float, fresh_s: float) -> bool:
     if not state.healthy:
         return False
     capacity = state.backend.capacity
     if state.in_flight == 0:
         return True
+    rank, share = klass.rank, klass.max_share
+    if klass.max_prefilling is not None and state.class_prefilling.get(rank, 0) >= klass.max_prefilling:
+        return False
     if state.in_flight >= capacity.max_concurrent:
         return False
     if state.in_flight_tokens + tokens > capacity.max_tokens_in_flight:

@@ -1,10 +1,11 @@
-"""The gateway's own sub-commands: serve, demo, policy validate, keys hash."""
+"""The gateway's own sub-commands: serve, demo, policy validate, policy explain, keys hash."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import getpass
+import json
 import logging
 import sys
 from pathlib import Path
@@ -43,6 +44,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     validate = policy.add_parser("validate", help="exit 0 when every file is valid, else print errors")
     validate.add_argument("paths", nargs="+")
     validate.set_defaults(func=_validate)
+    explain = policy.add_parser("explain", help="which class, queue and backend a request would get, and why")
+    explain.add_argument("--policy", required=True, help="policy file (YAML)")
+    explain.add_argument("--api-key-file", required=True, help="file holding the tenant's API key")
+    explain.add_argument("--request", required=True, help="request body (JSON): chat, completions or embeddings")
+    explain.add_argument("--backend-state", default=None, help="JSON: per backend, load and recently served bodies")
+    explain.add_argument("--priority", default=None, help="as the x-priority header")
+    explain.add_argument("--session-id", default=None, help="as the x-session-id header")
+    explain.set_defaults(func=_explain)
 
     keys = subparsers.add_parser("keys", help="API key tools").add_subparsers(dest="keys_command", required=True)
     key_hash = keys.add_parser("hash", help="read a key on stdin, print the hash a policy stores")
@@ -99,6 +108,32 @@ def _validate(args: argparse.Namespace) -> int:
         else:
             print(f"{path}: valid (version {snapshot.version}, digest {snapshot.digest})")
     return 0 if ok else 1
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from gateway.errors import GatewayError
+    from gateway.routing.explain import explain
+
+    snapshot = _load_or_report(args.policy)
+    if snapshot is None:
+        return 1
+    try:
+        key = Path(args.api_key_file).read_text()
+        body = json.loads(Path(args.request).read_text())
+        state = json.loads(Path(args.backend_state).read_text()) if args.backend_state else None
+    except (OSError, ValueError) as exc:
+        print(f"cannot read the inputs: {exc}", file=sys.stderr)
+        return 1
+    if not isinstance(body, dict):
+        print(f"{args.request}: the request body must be a JSON object", file=sys.stderr)
+        return 1
+    try:
+        lines = explain(snapshot, key, body, state, priority=args.priority, session_id=args.session_id)
+    except GatewayError as error:
+        print(f"the gateway would answer {error.status} {error.code}: {error.message}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
 
 
 def _hash_key(args: argparse.Namespace) -> int:

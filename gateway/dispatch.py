@@ -44,6 +44,7 @@ class Grant:
     rank: int
     tokens: int
     queued_s: float
+    prefilling: bool = True
 
     @property
     def state(self) -> BackendState:
@@ -206,7 +207,7 @@ class Dispatcher:
     ) -> RoutingDecision | None:
         model = request.model
         candidates = self.pool.for_model(model)
-        roomy = [s for s in candidates if has_room(s, klass.rank, klass.max_share, tokens, now, self._fresh_s)]
+        roomy = [s for s in candidates if has_room(s, klass, tokens, now, self._fresh_s)]
         if roomy:
             return self.router_for(model).pick(request, tenant, roomy)
         if not any(s.healthy for s in candidates):
@@ -221,9 +222,17 @@ class Dispatcher:
         decision.state.reserve(rank, tokens)
         self.router_for(request.model).on_dispatch(request, tenant, decision)
 
+    def first_token(self, model: str, grant: Grant) -> None:
+        """The request's prefill is done: a class paced by ``max_prefilling`` may start another."""
+        if grant.prefilling:
+            grant.prefilling = False
+            grant.state.prefilled(grant.rank)
+            self.pump(model)
+
     def release(self, model: str, grant: Grant) -> None:
         """Give the slot back and let waiting requests have it."""
-        grant.state.release(grant.rank, grant.tokens)
+        grant.state.release(grant.rank, grant.tokens, grant.prefilling)
+        grant.prefilling = False
         self.pump(model)
 
     def pump(self, model: str) -> None:

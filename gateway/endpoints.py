@@ -5,14 +5,17 @@ check passed, how much work the gateway has in flight on it (requests and tokens
 and per priority class) and the saturation signals last scraped from its ``/metrics``. The
 ``BackendPool`` owns one state per backend name and a task that checks ``/health`` of
 every backend on the policy's interval; a connection failure seen by a request marks the
-backend unhealthy at once, and the next passing check brings it back.
+backend unhealthy at once (``mark_down``), and the next passing check brings it back.
+
+Whenever a backend goes down or leaves the policy, ``on_forget(name)`` is called: whatever a
+router learnt about it (which prefixes it caches) is void, since it may come back empty.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import httpx
 
@@ -28,6 +31,7 @@ class BackendState:
     __slots__ = (
         "backend",
         "class_in_flight",
+        "class_prefilling",
         "class_tokens",
         "healthy",
         "in_flight",
@@ -46,6 +50,7 @@ class BackendState:
         self.in_flight_tokens = 0
         self.class_in_flight: dict[int, int] = {}
         self.class_tokens: dict[int, int] = {}
+        self.class_prefilling: dict[int, int] = {}
         self.waiting = 0.0
         self.kv_usage = 0.0
         self.scraped_at = -1e9
@@ -55,12 +60,19 @@ class BackendState:
         self.in_flight_tokens += tokens
         self.class_in_flight[rank] = self.class_in_flight.get(rank, 0) + 1
         self.class_tokens[rank] = self.class_tokens.get(rank, 0) + tokens
+        self.class_prefilling[rank] = self.class_prefilling.get(rank, 0) + 1
 
-    def release(self, rank: int, tokens: int) -> None:
+    def prefilled(self, rank: int) -> None:
+        """The request's first token arrived: its prefill no longer weighs on the engine's steps."""
+        self.class_prefilling[rank] -= 1
+
+    def release(self, rank: int, tokens: int, prefilling: bool) -> None:
         self.in_flight -= 1
         self.in_flight_tokens -= tokens
         self.class_in_flight[rank] -= 1
         self.class_tokens[rank] -= tokens
+        if prefilling:
+            self.class_prefilling[rank] -= 1
 
     def __repr__(self) -> str:
         return f"BackendState({self.name!r}, healthy={self.healthy}, in_flight={self.in_flight})"
@@ -69,9 +81,10 @@ class BackendState:
 class BackendPool:
     """One ``BackendState`` per backend of the current policy, plus the health-check loop."""
 
-    def __init__(self, snapshot: PolicySnapshot) -> None:
+    def __init__(self, snapshot: PolicySnapshot, on_forget: Callable[[str], None] | None = None) -> None:
         self._states: dict[str, BackendState] = {}
         self._by_model: dict[str, tuple[BackendState, ...]] = {}
+        self._on_forget = on_forget or _ignore
         self.apply(snapshot)
 
     def apply(self, snapshot: PolicySnapshot) -> None:
@@ -82,6 +95,9 @@ class BackendPool:
             if state is None or state.backend != backend:
                 state = BackendState(backend)
             states[backend.name] = state
+        for name, old in self._states.items():
+            if states.get(name) is not old:
+                self._on_forget(name)
         self._states = states
         self._by_model = {
             model: tuple(states[b.name] for b in backends) for model, backends in snapshot.backends_by_model.items()
@@ -101,15 +117,28 @@ class BackendPool:
         states = list(self._states.values())
         results = await asyncio.gather(*(_probe(client, s.backend.url, timeout_s) for s in states))
         for state, ok in zip(states, results, strict=True):
-            if ok != state.healthy:
-                log.warning("backend %s is now %s", state.name, "healthy" if ok else "unhealthy")
-            state.healthy = ok
+            if ok and not state.healthy:
+                log.warning("backend %s is now healthy", state.name)
+                state.healthy = True
+            elif not ok:
+                self.mark_down(state)
+
+    def mark_down(self, state: BackendState) -> None:
+        """The backend failed a check or a connection: no new work, and its learnt state is void."""
+        if state.healthy:
+            log.warning("backend %s is now unhealthy", state.name)
+            state.healthy = False
+            self._on_forget(state.name)
 
     async def run_health_checks(self, client: httpx.AsyncClient, interval_s: float, timeout_s: float) -> None:
         """Check every backend every ``interval_s`` until cancelled."""
         while True:
             await self.check_all(client, timeout_s)
             await asyncio.sleep(interval_s)
+
+
+def _ignore(name: str) -> None:
+    pass
 
 
 async def _probe(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import httpx
@@ -28,6 +28,8 @@ from gateway.endpoints import BackendState
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
 from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
 from gateway.policy.model import BackendKind, PriorityClass, Tenant
+from gateway.routing.base import RoutingDecision
+from gateway.routing.isolation import SALTED_KINDS, tenant_scope
 from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import UNKNOWN_LABEL
 from gateway.types import Api, InferenceRequest
@@ -51,9 +53,11 @@ class Exchange:
         "api",
         "arrival",
         "backend",
+        "decision",
         "extra_headers",
         "klass",
         "model",
+        "on_first_token",
         "outcome",
         "queued_s",
         "request_id",
@@ -77,8 +81,10 @@ class Exchange:
         self.timer: TokenTimer | None = None
         self.tenant = UNKNOWN_LABEL
         self.backend = ""
+        self.decision: RoutingDecision | None = None
         self.queued_s = 0.0
         self.extra_headers: list[tuple[bytes, bytes]] = []
+        self.on_first_token: Callable[[], None] | None = None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -157,6 +163,8 @@ class InferenceHandler:
             limits=limits,
             estimator=gateway.estimator,
         )
+        if headers.session_id:
+            request.session_id = headers.session_id.decode(errors="replace")
         deadline = exchange.arrival + request_timeout(headers.request_timeout, klass.deadline_s)
         if request.stream:
             _ask_for_usage(request)
@@ -184,17 +192,25 @@ class InferenceHandler:
         dispatcher = self.gateway.dispatcher
         grant = await dispatcher.acquire(request, tenant, class_name, klass, deadline)
         exchange.queued_s = grant.queued_s
+        exchange.decision = grant.decision
+        exchange.on_first_token = lambda: dispatcher.first_token(request.model, grant)
         try:
-            await self._forward(exchange, request, grant.state, klass.rank)
+            await self._forward(exchange, request, tenant, grant.state, klass.rank)
         finally:
             dispatcher.release(request.model, grant)
 
-    async def _forward(self, exchange: Exchange, request: InferenceRequest, state: BackendState, rank: int) -> None:
+    async def _forward(
+        self, exchange: Exchange, request: InferenceRequest, tenant: Tenant, state: BackendState, rank: int
+    ) -> None:
         gateway = self.gateway
         backend = state.backend
         exchange.backend = state.name
         if backend.engine_priority:
             request.body["priority"] = engine_priority(backend.kind, rank)
+            request.body_modified = True
+        if backend.kind in SALTED_KINDS:
+            # Isolation: the engine's prefix cache is keyed by this; the client's own is overwritten.
+            request.body["cache_salt"] = gateway.salter.salt(tenant_scope(tenant))
             request.body_modified = True
         try:
             response = await gateway.upstream.open(backend, request)
@@ -210,7 +226,7 @@ class InferenceHandler:
                 await response.aclose()
         except GatewayError as error:
             if error.code == "upstream_connect_error":
-                state.healthy = False
+                gateway.pool.mark_down(state)
             raise
 
     async def _pass_through(self, exchange: Exchange, state: BackendState, response: httpx.Response) -> None:
@@ -230,7 +246,7 @@ class InferenceHandler:
     async def _relay(
         self, exchange: Exchange, request: InferenceRequest, state: BackendState, response: httpx.Response
     ) -> None:
-        timer = TokenTimer(exchange.arrival)
+        timer = TokenTimer(exchange.arrival, on_first=exchange.on_first_token)
         exchange.timer = timer
         await exchange.start(200, list(SSE_HEADERS))
         relay = SseRelay(exchange.send, timer, self.gateway.clock, strip_usage=not request.client_wants_usage)

@@ -18,7 +18,7 @@ closes early, an OpenAI-style error event comes first, the way vLLM reports a fa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from enum import Enum
 from typing import Any
 
@@ -42,9 +42,10 @@ class StreamEnd(Enum):
 class TokenTimer:
     """Arrival times of output chunks: TTFT from the request's arrival, then every gap."""
 
-    __slots__ = ("arrival", "finish_reasons", "first_output", "gaps", "last_output", "usage")
+    __slots__ = ("_on_first", "arrival", "finish_reasons", "first_output", "gaps", "last_output", "usage")
 
-    def __init__(self, arrival: float) -> None:
+    def __init__(self, arrival: float, on_first: Callable[[], None] | None = None) -> None:
+        self._on_first = on_first
         self.arrival = arrival
         self.first_output: float | None = None
         self.last_output = 0.0
@@ -55,6 +56,8 @@ class TokenTimer:
     def on_output(self, t: float) -> None:
         if self.first_output is None:
             self.first_output = t
+            if self._on_first is not None:
+                self._on_first()
         else:
             self.gaps.append(t - self.last_output)
         self.last_output = t

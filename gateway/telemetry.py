@@ -54,6 +54,8 @@ ITL_BUCKETS = (
 )
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
+MATCHED_BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
 UNKNOWN_LABEL = "-"
 
 
@@ -131,6 +133,26 @@ class Metrics:
             "gateway_backend_healthy",
             "1 when the backend's last health check passed.",
             ["backend"],
+            registry=r,
+        )
+        self.routing_decisions = Counter(
+            "gateway_routing_decisions",
+            "Backends chosen, by model, routing strategy and reason code (prefix_match, load_bound, ...).",
+            ["model", "strategy", "reason"],
+            registry=r,
+        )
+        self.matched_blocks = Histogram(
+            "gateway_routing_matched_prefix_blocks",
+            "Prompt prefix blocks the chosen backend was expected to hold (prefix-aware strategies).",
+            ["model", "strategy"],
+            buckets=MATCHED_BLOCK_BUCKETS,
+            registry=r,
+        )
+        self.routing_pick = Histogram(
+            "gateway_routing_pick_seconds",
+            "CPU time of choosing a backend (prefix hashing, index lookups, scoring).",
+            ["model", "strategy"],
+            buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01),
             registry=r,
         )
         self.policy_info = Gauge(

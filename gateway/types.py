@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.routing.prefix_keys import PrefixKeys
 
 
 class Api(Enum):
@@ -22,6 +25,9 @@ class InferenceRequest:
     ``body`` is the parsed JSON; ``raw_body`` is forwarded as-is unless ``body_modified``
     says the gateway changed a field (clamped ``max_tokens``, added ``stream_options``, ...),
     which saves a re-serialisation on the common path. Times are ``Clock.now()`` seconds.
+    ``session_id`` is the client's ``x-session-id`` (session-affinity routing); ``prefix_keys``
+    caches the request's prefix block hashes, computed once by the first router that needs them
+    (a queued request may be picked several times).
     """
 
     request_id: str
@@ -35,6 +41,8 @@ class InferenceRequest:
     max_tokens: int
     arrival: float
     body_modified: bool = False
+    session_id: str | None = None
+    prefix_keys: PrefixKeys | None = None
 
     def upstream_body(self) -> bytes:
         if not self.body_modified:

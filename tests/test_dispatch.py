@@ -215,3 +215,23 @@ async def test_a_flooding_tenant_gives_way_to_another_in_a_full_queue(
             task.cancel()
     await asyncio.gather(*flood, return_exceptions=True)
     assert state(dispatcher)[2] == 0
+
+
+async def test_a_paced_class_starts_its_next_request_only_after_a_first_token(snapshot: PolicySnapshot) -> None:
+    text = POLICY.replace("max_share: 0.5,", "max_share: 1.0, max_prefilling: 1,").replace(
+        "max_concurrent: 2", "max_concurrent: 8"
+    )
+    paced = parse_policy(text, "t.yaml")
+    router = LeastLoadRouter()
+    dispatcher = Dispatcher(BackendPool(paced), lambda model: router, FakeClock(), paced)
+    first = await acquire(dispatcher, paced, "batch")
+    second = asyncio.create_task(acquire(dispatcher, paced, "batch"))
+    await asyncio.sleep(0)
+    assert not second.done(), "a second batch prefill must wait for the first one's first token"
+    interactive = await acquire(dispatcher, paced, "interactive")  # other classes are not paced
+    dispatcher.first_token("m", first)
+    granted = await asyncio.wait_for(second, 1)
+    for grant in (first, granted, interactive):
+        dispatcher.release("m", grant)
+    backend = next(iter(dispatcher.pool.all()))
+    assert (backend.in_flight, sum(backend.class_prefilling.values())) == (0, 0)

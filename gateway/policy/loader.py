@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
+from gateway.routing.registry import routing_problems
 
 
 class PolicyError(Exception):
@@ -132,6 +133,8 @@ def _cross_check(policy: Policy) -> Iterable[str]:
         default = model_policy.default_max_tokens
         if default is not None and default > model_policy.max_output_tokens:
             yield f"models[{i}].default_max_tokens: must not exceed max_output_tokens"
+        for problem in routing_problems(model_policy.routing):
+            yield f"models[{i}].routing.{problem}"
     owners: dict[str, str] = {}
     for i, tenant in enumerate(policy.tenants):
         if tenant.default_class not in policy.classes:
@@ -139,6 +142,9 @@ def _cross_check(policy: Policy) -> Iterable[str]:
         for j, model in enumerate(tenant.models):
             if model != "*" and model not in model_names:
                 yield f"tenants[{i}].models[{j}]: unknown model '{model}'"
+        if tenant.cache_scope is not None and tenant.cache_scope not in policy.cache_scopes:
+            scope = tenant.cache_scope
+            yield f"tenants[{i}].cache_scope: unknown cache scope '{scope}' (declare it under cache_scopes)"
         for j, key_hash in enumerate(tenant.key_hashes):
             if owners.setdefault(key_hash, tenant.name) != tenant.name:
                 yield f"tenants[{i}].key_hashes[{j}]: already a key of tenant '{owners[key_hash]}'"

@@ -24,6 +24,9 @@ Example::
         models: ["*"]
         default_class: interactive
         limits: {rpm: 600, tpm: 2000000, max_concurrent: 32}
+
+A model may choose its routing strategy (``routing``, see ``Routing``); tenants may opt into
+a named shared prefix-cache scope declared under ``cache_scopes`` (see ``CacheScope``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")]
+Weight = Annotated[float, Field(ge=0, le=1000)]
 
 
 class Strict(BaseModel):
@@ -104,16 +109,67 @@ class PriorityClass(Strict):
     queue: QueuePolicy = QueuePolicy()
     max_share: Annotated[float, Field(gt=0, le=1)] = 1.0
     deadline_s: PositiveFloat = 600.0
+    max_prefilling: PositiveInt | None = None
+    """At most this many requests of the class per backend still waiting for their first token.
+
+    Prefill is compute-bound and an engine step runs it together with every decode: a burst of
+    long batch prefills stretches the steps that interactive requests wait on. Pacing the
+    class's prefills keeps those steps short; decodes, which cost little, are not limited."""
+
+
+class PrefixIndexPolicy(Strict):
+    """Bounds of the per-backend index of recently served prefix blocks.
+
+    ``max_blocks`` per backend defaults to the backend's ``capacity.kv_cache_tokens`` (else its
+    ``max_tokens_in_flight``) divided by the routing ``block_tokens``; an entry older than
+    ``ttl_s`` no longer counts as cached.
+    """
+
+    max_blocks: PositiveInt | None = None
+    ttl_s: PositiveFloat = 600.0
+
+
+class Routing(Strict):
+    """How a model's requests choose among its backends with room (``gateway/routing/``).
+
+    Usage::
+
+        routing:
+          strategy: prefix_affinity     # or round_robin, least_load, session_affinity
+          weights: {prefix-affinity-scorer: 3, in-flight-scorer: 1, queue-depth-scorer: 1, kv-usage-scorer: 0.5}
+          block_tokens: 64              # prefix block size, in (estimated) tokens
+          epsilon: 0.25                 # bounded load: nobody above (1 + epsilon) x the average
+          tokenizer: estimate           # or words: real token ids of a word tokenizer
+          index: {ttl_s: 600}
+
+    ``weights`` name scorers of the registry (``gateway/routing/registry.py``); a scorer left out
+    does not run. Weights apply to the scored strategies (``prefix_affinity``).
+    """
+
+    strategy: Name = "prefix_affinity"
+    weights: dict[Name, Weight] | None = None
+    block_tokens: Annotated[int, Field(ge=4, le=4096)] = 64
+    epsilon: Annotated[float, Field(ge=0, le=10)] = 0.25
+    tokenizer: Literal["estimate", "words"] = "estimate"
+    index: PrefixIndexPolicy = PrefixIndexPolicy()
+
+    @field_validator("weights")
+    @classmethod
+    def _some_weight(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is not None and not any(w > 0 for w in weights.values()):
+            raise ValueError("at least one weight must be greater than 0")
+        return weights
 
 
 class ModelPolicy(Strict):
-    """A model clients may ask for, with its per-request limits."""
+    """A model clients may ask for, with its per-request limits and its routing."""
 
     name: Name
     max_prompt_tokens: PositiveInt = 32_768
     max_output_tokens: PositiveInt = 4_096
     default_max_tokens: PositiveInt | None = None
     upstream_name: Name | None = None
+    routing: Routing = Routing()
 
 
 class Capacity(Strict):
@@ -128,6 +184,8 @@ class Capacity(Strict):
     max_tokens_in_flight: PositiveInt = 1_000_000
     max_waiting: Annotated[int, Field(ge=0)] = 8
     max_kv_usage: Annotated[float, Field(gt=0, le=1)] = 0.97
+    kv_cache_tokens: PositiveInt | None = None
+    """The engine's KV-cache size in tokens (vLLM logs it at start); sizes the routing prefix index."""
 
 
 class Timeouts(Strict):
@@ -147,7 +205,7 @@ class Backend(Strict):
     kind: BackendKind
     models: Annotated[list[Name], Field(min_length=1)]
     capacity: Capacity = Capacity()
-    credential_env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None
+    credential_env: EnvName | None = None
     timeouts: Timeouts = Timeouts()
     engine_priority: bool = False
     """Pass the class on as the request's ``priority`` (vLLM needs ``--scheduling-policy priority``)."""
@@ -175,6 +233,8 @@ class Tenant(Strict):
     default_class: Name
     limits: TenantLimits = TenantLimits()
     weight: PositiveFloat = 1.0
+    cache_scope: Name | None = None
+    """Opt into a shared prefix-cache scope declared under ``cache_scopes``; else private."""
 
     @field_validator("key_hashes")
     @classmethod
@@ -202,6 +262,29 @@ class Scrape(Strict):
     timeout_s: PositiveFloat = 1.0
 
 
+class CacheScope(Strict):
+    """A named prefix-cache scope that tenants may opt into (``tenants[i].cache_scope``).
+
+    Every tenant's prompts are hashed (routing keys) and salted (the engine's ``cache_salt``)
+    with its own name, so no tenant's cached blocks ever serve another. Tenants that name the
+    same scope share one seed and one salt instead: a prompt one of them sent warms the cache
+    for all of them (a public system prompt, say), and each can time whether the others sent
+    a given text. That is why sharing is opt-in, per tenant, and nothing else is shared.
+    """
+
+    description: Annotated[str, Field(max_length=200)] = ""
+
+
+class CacheIsolation(Strict):
+    """Where the secret that keys every ``cache_salt`` comes from (HMAC-SHA256 of the scope).
+
+    Replicas that share the secret share engine caches; without it each process draws a
+    random secret (and logs a warning).
+    """
+
+    secret_env: EnvName = "GATEWAY_CACHE_SALT_SECRET"
+
+
 class Policy(Strict):
     """The whole policy file."""
 
@@ -213,4 +296,6 @@ class Policy(Strict):
     tenants: Annotated[list[Tenant], Field(min_length=1)]
     health_checks: HealthChecks = HealthChecks()
     scrape: Scrape = Scrape()
+    cache_scopes: dict[Name, CacheScope] = {}
+    cache_isolation: CacheIsolation = CacheIsolation()
     kind: Literal["gateway-policy"] = "gateway-policy"

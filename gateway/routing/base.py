@@ -21,14 +21,33 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteDetail:
+    """Everything a scored pick weighed, in candidate order (``policy explain`` prints it)."""
+
+    backends: tuple[str, ...]
+    matched: Sequence[int]
+    """Leading prefix blocks each candidate is expected to hold."""
+    prompt_blocks: int
+    by_scorer: Mapping[str, Sequence[float]]
+    totals: Sequence[float]
+    load_bound: int
+    """Most requests a candidate may hold after this one (bounded load); 0 when not applied."""
+
+
+@dataclass(frozen=True, slots=True)
 class RoutingDecision:
-    """The chosen backend and why: the strategy, a reason code, matched prefix blocks, scores."""
+    """The chosen backend and why: the strategy, a reason code, matched prefix blocks, scores.
+
+    ``pick_s`` is the time ``pick`` took (seconds), for the routing-cost figures.
+    """
 
     state: BackendState
     strategy: str
     reason: str
     matched_blocks: int = 0
     scores: Mapping[str, float] = field(default_factory=dict)
+    pick_s: float = 0.0
+    detail: RouteDetail | None = None
 
 
 class Router(Protocol):

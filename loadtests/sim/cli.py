@@ -10,7 +10,8 @@ from typing import Any
 
 import uvloop
 
-from loadtests.sim.profiles import profile_names
+from loadtests.sim.faults import Fault, FaultMode
+from loadtests.sim.profiles import ProfileKind, get_profile, profile_names
 from loadtests.sim.serve import serve_engines
 
 
@@ -25,6 +26,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--model", default=None, help="served model name (default: the profile's model)")
     parser.add_argument("--ttft-ms", type=float, default=None, help="fixed profile: time to first token")
     parser.add_argument("--itl-ms", type=float, default=None, help="fixed profile: inter-token delay")
+    faults = parser.add_argument_group(
+        "fault injection", "as POST /admin/fault on each engine; see loadtests/sim/faults.py"
+    )
+    faults.add_argument("--fault", choices=[m.value for m in FaultMode], default="none", help="the fault to inject")
+    faults.add_argument("--fault-after-tokens", type=int, default=0, metavar="N", help="stall or close after N tokens")
+    faults.add_argument(
+        "--fault-engine",
+        type=int,
+        action="append",
+        metavar="I",
+        help="inject only into engine I (0 = the first port; repeatable; default: every engine)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -33,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--count must be >= 1 and --time-scale > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ports = [args.port + i for i in range(args.count)]
+    faults = _faults(args)
     main = serve_engines(
         args.profile,
         host=args.host,
@@ -41,7 +55,20 @@ def run(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         ttft_ms=args.ttft_ms,
         itl_ms=args.itl_ms,
+        faults=faults,
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, contextlib.suppress(KeyboardInterrupt):
         runner.run(main)
     return 0
+
+
+def _faults(args: argparse.Namespace) -> dict[int, Fault]:
+    if args.fault_after_tokens < 0:
+        raise SystemExit("--fault-after-tokens must be >= 0")
+    indices = args.fault_engine if args.fault_engine is not None else range(args.count)
+    if any(not 0 <= i < args.count for i in indices):
+        raise SystemExit(f"--fault-engine must be between 0 and {args.count - 1}")
+    fault = Fault(FaultMode(args.fault), args.fault_after_tokens)
+    if fault.needs_engine and get_profile(args.profile).kind is ProfileKind.INSTANT:
+        raise SystemExit(f"--fault {fault.mode.value} needs an engine; the {args.profile} profile has none")
+    return {} if fault.mode is FaultMode.NONE else dict.fromkeys(indices, fault)

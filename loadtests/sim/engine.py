@@ -10,6 +10,9 @@ throughput; the lateness of each wake-up is recorded in ``sim:step_lag_seconds``
 next ones every `itl`, with no batching effects; it still does prefix-cache accounting so that
 the gateway's cache-aware routing sees hits. Both engines multiply every simulated duration by
 `time_scale`.
+
+An ``EngineRequest`` with ``stall_at`` (an injected fault, see ``faults.py``) stops producing
+tokens after that many and keeps its slot and blocks until it is aborted.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class EngineRequest:
     max_tokens: int
     priority: int = 0
     cache_salt: str | None = None
+    stall_at: int | None = None  # injected stall: stop after this many tokens, keep the slot
 
 
 class Engine(Protocol):
@@ -158,7 +162,7 @@ class BatchingEngine(_EngineBase):
         self.busy_seconds = 0.0  # simulated GPU time, scaled
 
     def _num_running(self) -> float:
-        return float(len(self.scheduler.running))
+        return float(len(self.scheduler.running) + self.scheduler.num_parked)
 
     def _num_waiting(self) -> float:
         return float(self.scheduler.num_waiting)
@@ -168,6 +172,7 @@ class BatchingEngine(_EngineBase):
         seq = Sequence(
             f"r{id(stream):x}", list(request.token_ids), request.max_tokens, request.priority, request.cache_salt
         )
+        seq.stall_at = request.stall_at
         seq.user = _Timing(stream, self.clock.now())
         self._by_stream[stream] = seq
         self.scheduler.add(seq)
@@ -227,12 +232,13 @@ class BatchingEngine(_EngineBase):
 
 
 class _FixedRequest:
-    __slots__ = ("blocks", "hashes", "max_tokens", "prompt_tokens", "timing")
+    __slots__ = ("blocks", "hashes", "max_tokens", "prompt_tokens", "stall_at", "timing")
 
-    def __init__(self, timing: _Timing, max_tokens: int, prompt_tokens: int) -> None:
+    def __init__(self, timing: _Timing, max_tokens: int, prompt_tokens: int, stall_at: int | None = None) -> None:
         self.timing = timing
         self.max_tokens = max_tokens
         self.prompt_tokens = prompt_tokens
+        self.stall_at = stall_at
         self.blocks: list[int] = []
         self.hashes: list[int] = []
 
@@ -262,7 +268,7 @@ class FixedEngine(_EngineBase):
     def submit(self, request: EngineRequest) -> TokenStream:
         now = self.clock.now()
         stream = TokenStream(len(request.token_ids))
-        req = _FixedRequest(_Timing(stream, now), request.max_tokens, len(request.token_ids))
+        req = _FixedRequest(_Timing(stream, now), request.max_tokens, len(request.token_ids), request.stall_at)
         self._cache_prompt(req, request)
         stream.cached_tokens = len(req.blocks) * BLOCK_SIZE
         self._active[stream] = req
@@ -293,6 +299,8 @@ class FixedEngine(_EngineBase):
 
     def _step(self, req: _FixedRequest, deadline: float) -> None:
         stream = req.timing.stream
+        if req.stall_at is not None and stream.num_tokens >= req.stall_at:
+            return  # stalled: stays active with its blocks until aborted
         if req.max_tokens:
             self._emit(req.timing, stream.num_tokens, self.clock.now())
         if stream.num_tokens >= req.max_tokens:

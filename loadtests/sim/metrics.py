@@ -5,7 +5,8 @@ Several engines share a process, so nothing goes to the global registry. Labels 
 
 Beyond vLLM's set: ``sim:requests_aborted_total`` counts aborts (client disconnects) — vLLM V1
 also counts them as ``vllm:request_success_total{finished_reason="abort"}``, which is kept too —
-and ``sim:step_lag_seconds`` records how late each step ran against its roofline deadline.
+``sim:step_lag_seconds`` records how late each step ran against its roofline deadline, and
+``sim:faults_injected_total{mode}`` counts requests hit by an injected fault (``faults.py``).
 Histograms measure wall-clock seconds as a client sees them (already multiplied by the time scale).
 """
 
@@ -63,6 +64,7 @@ ITL_BUCKETS = (
 )
 LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 FINISH_REASONS = ("length", "stop", "abort")
+FAULT_MODES = ("fail_503", "stall", "close_mid_stream")
 
 
 class EngineMetrics:
@@ -107,6 +109,8 @@ class EngineMetrics:
             "vllm:request_success", "Finished requests by reason.", [*names, "finished_reason"], registry=reg
         )
         self.success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        faults = Counter("sim:faults_injected", "Requests hit by an injected fault.", [*names, "mode"], registry=reg)
+        self.faults = {mode: faults.labels(*values, mode) for mode in FAULT_MODES}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -39,9 +39,12 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> bytes:
-        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed"}.get(
-            self.status, "InternalServerError"
-        )
+        kind = {
+            400: "BadRequestError",
+            404: "NotFoundError",
+            405: "MethodNotAllowed",
+            503: "ServiceUnavailableError",
+        }.get(self.status, "InternalServerError")
         error = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
         return orjson.dumps({"error": error})
 

@@ -11,6 +11,10 @@ When a running sequence needs a block and none is free, the lowest-priority runn
 waiting queue to be recomputed (vLLM V1's only preemption mode). No waiting sequence is admitted
 in a step that preempted.
 
+A sequence with ``stall_at`` (an injected fault, ``faults.py``) is parked once it has produced
+that many tokens: it leaves the running list but keeps its blocks and its seat among the
+``max_num_seqs``, and gets no further steps until it is aborted.
+
 `complete()` applies a finished step: it advances the computed tokens, publishes full blocks to
 the prefix cache and samples one token for every sequence whose tokens are all computed.
 """
@@ -31,6 +35,7 @@ from loadtests.sim.tokenizer import output_token_id
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    PARKED = "parked"  # stalled by an injected fault: keeps its blocks, gets no more steps
     FINISHED = "finished"
 
 
@@ -53,6 +58,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     num_committed: int = 0  # blocks published to the prefix cache
     user: object = None  # the engine's per-request handle
+    stall_at: int | None = None  # injected stall: park once this many tokens are out
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -82,6 +88,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._num_waiting = 0
+        self.num_parked = 0
         self._arrivals = itertools.count()
 
     @property
@@ -101,6 +108,8 @@ class Scheduler:
         """Remove `seq` wherever it is and free its blocks at once."""
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
+        elif seq.status is Status.PARKED:
+            self.num_parked -= 1
         elif seq.status is Status.WAITING:
             self._num_waiting -= 1  # lazily dropped from the heap
         self._finish(seq)
@@ -122,7 +131,7 @@ class Scheduler:
                 budget -= n
         queries = hits = 0
         if not preempted:
-            while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            while self._waiting and budget > 0 and len(self.running) + self.num_parked < self.max_num_seqs:
                 admitted = self._admit(budget)
                 if admitted is None:
                     break
@@ -147,6 +156,9 @@ class Scheduler:
                 self._commit(seq, full)
             if seq.num_computed < len(seq.token_ids):
                 continue  # still prefilling
+            if seq.stall_at is not None and seq.num_output >= seq.stall_at:
+                self._park(seq)
+                continue
             if seq.num_output < seq.max_tokens:
                 seq.token_ids.append(output_token_id(seq.num_output))
                 seq.num_output += 1
@@ -161,6 +173,11 @@ class Scheduler:
         seq.status = Status.WAITING
         heapq.heappush(self._waiting, (seq.priority, seq.arrival, seq))
         self._num_waiting += 1
+
+    def _park(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        seq.status = Status.PARKED
+        self.num_parked += 1
 
     def _finish(self, seq: Sequence) -> None:
         seq.status = Status.FINISHED

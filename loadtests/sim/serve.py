@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import uvicorn
 
+from loadtests.sim.faults import Fault
 from loadtests.sim.server import EngineApp, build_engine_app
 
 log = logging.getLogger("loadtests.sim")
@@ -40,12 +41,18 @@ async def serve_engines(
     time_scale: float = 1.0,
     ttft_ms: float | None = None,
     itl_ms: float | None = None,
+    faults: Mapping[int, Fault] | None = None,
 ) -> None:
-    """Serve one engine per port in the running loop until cancelled (or signalled)."""
+    """Serve one engine per port in the running loop until cancelled (or signalled).
+
+    ``faults`` maps an engine's index (0 for the first port) to the fault it injects from the start.
+    """
     apps = [
         build_engine_app(profile, model=model, time_scale=time_scale, ttft_ms=ttft_ms, itl_ms=itl_ms, index=i)
         for i in range(len(ports))
     ]
+    for index, fault in (faults or {}).items():
+        apps[index].set_fault(fault)
     servers = build_servers(apps, host=host, ports=ports)
     tasks = [
         asyncio.create_task(server.serve(), name=f"sim-engine-{port}")

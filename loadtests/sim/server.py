@@ -10,6 +10,15 @@ frees its KV blocks at once.
 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``; ``GET /health``
 (200, empty body), ``/metrics``, ``/v1/models``, ``/version``.
+
+Fault injection (not in vLLM): ``POST /admin/fault`` with ``{"mode", "after_tokens"}`` sets
+the fault injected into later requests, ``GET /admin/fault`` shows it (see ``faults.py``).
+
+Debug (not in vLLM): ``POST /debug/prefix_cache`` takes a chat or completions request body
+(``messages`` makes it chat) and answers ``{"prompt_tokens": n, "cached_tokens": m}``: how many
+of its prompt tokens the engine's prefix cache holds right now, under the body's
+``cache_salt``, exactly as admission would count them, with no side effect. The routing
+benchmark's oracle router reads it.
 """
 
 from __future__ import annotations
@@ -22,8 +31,12 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import orjson
+
 from loadtests.sim.clock import Clock
 from loadtests.sim.engine import Engine, EngineRequest, build_engine
+from loadtests.sim.faults import Fault, FaultMode, drop_connection, unavailable
+from loadtests.sim.kvcache import KVCache, chain_hashes, salt_root
 from loadtests.sim.metrics import EngineMetrics
 from loadtests.sim.profiles import Profile, ProfileKind, get_profile
 from loadtests.sim.protocol import (
@@ -75,6 +88,13 @@ class EngineApp:
         self._id_base = os.urandom(6).hex()
         self._task: asyncio.Task[None] | None = None
         self._texts: dict[int, str] = {}
+        self.fault = Fault()
+
+    def set_fault(self, fault: Fault) -> None:
+        """Inject ``fault`` into the requests that arrive from now on (see ``faults.py``)."""
+        if fault.needs_engine and self.engine is None:
+            raise ValueError(f"fault {fault.mode.value} needs an engine; the {self.profile.name} profile has none")
+        self.fault = fault
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -110,7 +130,13 @@ class EngineApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         endpoint = _POST_ROUTES.get(path)
-        if endpoint is not None:
+        if path == "/admin/fault":
+            await self._admin_fault(method, receive, send)
+        elif path == "/debug/prefix_cache" and method == "POST":
+            body = await _read_body(receive)
+            if body is not None:
+                await _respond(send, 200, self._cached_prefix(body))
+        elif endpoint is not None:
             if method != "POST":
                 raise ApiError(405, "Method Not Allowed")
             body = await _read_body(receive)
@@ -129,7 +155,35 @@ class EngineApp:
         else:
             await _respond(send, 404, b'{"detail":"Not Found"}')
 
+    def _cached_prefix(self, body: bytes) -> bytes:
+        endpoint = Endpoint.CHAT if b'"messages"' in body else Endpoint.COMPLETION
+        req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=1)
+        kv = getattr(self.engine, "kv", None)
+        cached = 0
+        if isinstance(kv, KVCache):
+            bs = kv.block_size
+            hashes = chain_hashes(salt_root(req.cache_salt), req.token_ids, 0, (len(req.token_ids) - 1) // bs, bs)
+            cached = len(kv.lookup(hashes)) * bs
+        return orjson.dumps({"prompt_tokens": len(req.token_ids), "cached_tokens": cached})
+
+    async def _admin_fault(self, method: str, receive: Receive, send: Send) -> None:
+        if method == "POST":
+            body = await _read_body(receive)
+            if body is None:
+                return
+            try:
+                self.set_fault(Fault.parse(body))
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from exc
+        elif method != "GET":
+            raise ApiError(405, "Method Not Allowed")
+        await _respond(send, 200, self.fault.to_json())
+
     async def _generate(self, endpoint: Endpoint, body: bytes, receive: Receive, send: Send) -> None:
+        fault = self.fault
+        if fault.mode is FaultMode.FAIL_503:
+            self.metrics.faults[fault.mode.value].inc()
+            raise unavailable()
         req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=self.profile.default_max_tokens)
         if len(req.token_ids) + req.max_tokens > self.max_model_len:
             raise ApiError(
@@ -142,12 +196,19 @@ class EngineApp:
             await self._instant(req, req_id, send)
             return
         engine = self.engine
-        stream = engine.submit(EngineRequest(req.token_ids, req.max_tokens, req.priority, req.cache_salt))
+        stall_at, close_at = fault.stall_at(req.max_tokens), fault.close_at(req.max_tokens)
+        if stall_at is not None:
+            self.metrics.faults[fault.mode.value].inc()
+        stream = engine.submit(EngineRequest(req.token_ids, req.max_tokens, req.priority, req.cache_salt, stall_at))
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
         try:
             if req.stream and endpoint is not Endpoint.EMBEDDING:
-                await self._stream(req, req_id, stream, send)
+                await self._stream(req, req_id, stream, send, close_at)
             else:
+                while close_at is not None and stream.num_tokens < close_at and await stream.drain():
+                    pass
+                if close_at is not None:
+                    await drop_connection(send, stream)
                 await stream.wait_finished()
                 if stream.finish_reason is not FinishReason.ABORT:
                     await _respond(send, 200, self._unary_body(req, req_id, stream))
@@ -156,18 +217,25 @@ class EngineApp:
             if stream.finish_reason is None:  # cancelled from outside: do not leak the request
                 engine.abort(stream)
 
-    async def _stream(self, req: ParsedRequest, req_id: str, stream: TokenStream, send: Send) -> None:
+    async def _stream(
+        self, req: ParsedRequest, req_id: str, stream: TokenStream, send: Send, close_at: int | None = None
+    ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage)
         last = req.max_tokens - 1
         first = True
-        while batch := await stream.drain():
+        sent = 0
+        while sent != close_at and (batch := await stream.drain()):
             parts = [renderer.role_chunk()] if first and renderer.chat else []
             first = False
             for i in batch:
                 text = output_text(i)
                 parts.append(renderer.final(text, "length") if i == last else renderer.content(text))
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+            sent += len(batch)
+        if sent == close_at:
+            await drop_connection(send, stream)
+            return
         if stream.finish_reason is FinishReason.ABORT:
             return
         tail = renderer.usage_chunk(stream.prompt_tokens, stream.num_tokens, stream.cached_tokens) + DONE

@@ -157,3 +157,18 @@ def test_abort_frees_blocks_immediately() -> None:
     sched.abort(seq)
     assert sched.kv.usage() == 0.0
     assert not sched.has_work()
+
+
+def test_a_stalled_sequence_is_parked_with_its_blocks_and_seat_until_aborted() -> None:
+    sched = make(64, seqs=1)
+    stalled = Sequence("stalled", prompt(40), 10)
+    stalled.stall_at = 2
+    sched.add(stalled)
+    assert run_to_end(sched) == ["stalled"]
+    assert (stalled.status, stalled.num_output, sched.num_parked) == (Status.PARKED, 2, 1)
+    assert sched.kv.usage() > 0  # it keeps its blocks
+    sched.add(Sequence("next", prompt(8, 1000), 1))
+    assert sched.schedule().scheduled == []  # and its seat among max_num_seqs
+    sched.abort(stalled)
+    assert (stalled.status, sched.num_parked) == (Status.FINISHED, 0)
+    assert run_to_end(sched) == ["next"]

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from loadtests.sim.server import EngineApp
+from loadtests.sim.tokenizer import count_tokens, render_chat
 from tests.loadtests.conftest import metric
 from tests.servers import wait_until
 
@@ -125,6 +126,43 @@ def test_continue_final_message_puts_the_partial_answer_in_the_prompt(sim_engine
     # "Hi there, my friend" adds 5 tokens plus the role marker, and drops the generation prompt
     assert ok.json()["usage"]["prompt_tokens"] > fresh.json()["usage"]["prompt_tokens"] + 4
     assert bad.status_code == 400
+
+
+@pytest.mark.parametrize("profile", ["llama-3.1-8b-h100", "instant"], ids=["on an engine", "on the instant profile"])
+def test_continue_final_message_streams_with_usage_counting_the_continued_prompt(
+    sim_engine: Engine, profile: str
+) -> None:
+    messages = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there, my friend"}]
+    continued = render_chat(messages, add_generation_prompt=False, continue_final_message=True)
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 3,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with sim_engine(profile, time_scale=0.1, model=MODEL) as (url, _):
+        events = sse_events(url, "/v1/chat/completions", body)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=3,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"continue_final_message": True, "add_generation_prompt": False},
+            )
+        )
+    role, *content, usage = events
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == " the engine answers"
+    assert usage["usage"]["prompt_tokens"] == count_tokens(continued) == 23
+    assert usage["usage"]["completion_tokens"] == 3
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == 23
 
 
 def test_prefix_hits_are_counted_in_tokens_and_isolated_by_cache_salt(sim_engine: Engine) -> None:

@@ -1,0 +1,252 @@
+"""Bounded retries: what may be retried, how long to wait, and the budget that caps them.
+
+The rule (issue 6): a failed attempt is retried only if nothing of it can have been processed
+and nothing of the response has reached the client, at most ``max_retries`` times, after a
+full-jitter backoff, never past the request's deadline, and only while the retry budget allows.
+
+What says "nothing was processed" (``is_retryable``):
+
+* the connection was refused, reset or closed before the response headers: through the
+  httpx-aiohttp transport, ``map_upstream_errors`` turns each into ``UpstreamError`` with code
+  ``upstream_connect_error`` (``httpx.ConnectTimeout`` caused by aiohttp's
+  ``ClientConnectorError`` / ``ClientOSError`` / ``ServerDisconnectedError``; the transport maps
+  every ``ClientConnectionError`` to ``ConnectTimeout``, even a refusal). A real connect timeout
+  (``UpstreamTimeout`` caused by ``httpx.ConnectTimeout``) never sent the request: retryable.
+* the backend answered 502 or 503 (``retryable_statuses``), or 429 *with* ``Retry-After``.
+
+Never retried: any 4xx but such a 429; 500 and 504 (the backend may have done the work);
+any failure after the response headers (the same ``upstream_connect_error`` code comes out of
+a body read cut mid-stream, so the caller says which phase failed); any failure once a byte
+reached the client. A read timeout before the headers (``UpstreamTimeout`` caused by
+``httpx.ReadTimeout``) is **not** retried: the backend accepted the request and may still be
+generating it, so a retry would double the load on a backend that is already too slow.
+
+Backoff is tenacity's ``wait_random_exponential`` (AWS "full jitter"): the delay before the
+k-th retry is uniform in ``[0, min(backoff_cap_s, backoff_base_s * 2**(k-1))]``, and
+``clamp_to_deadline`` shortens it to the time left, or says there is none (``None``).
+
+The budget (``RetryBudget``) follows Envoy's retry budget and the Google SRE book ("Handling
+Overload"): retries may be at most ``budget_ratio`` of the requests of the last
+``budget_window_s`` seconds, except that ``budget_min_per_s`` retries per second are always
+allowed so that a quiet gateway can still retry. A refused retry is counted.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Annotated
+
+import httpx
+from pydantic import Field, field_validator
+from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
+
+from gateway.clock import Clock
+from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.policy.model import PositiveFloat, Strict
+from gateway.window import SlidingCounter
+
+RETRYABLE_STATUSES = frozenset({429, 502, 503})
+
+
+class RetryPolicy(Strict):
+    """How a failed attempt is retried (see the module docstring).
+
+    Usage in a policy file::
+
+        retry: {max_retries: 2, backoff_base_s: 0.025, backoff_cap_s: 0.25,
+                retryable_statuses: [429, 502, 503],
+                budget_ratio: 0.2, budget_min_per_s: 3, budget_window_s: 10}
+    """
+
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+    backoff_base_s: PositiveFloat = 0.025
+    backoff_cap_s: PositiveFloat = 0.25
+    retryable_statuses: frozenset[int] = RETRYABLE_STATUSES
+    budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
+    budget_min_per_s: Annotated[float, Field(ge=0)] = 3.0
+    budget_window_s: PositiveFloat = 10.0
+
+    @field_validator("retryable_statuses")
+    @classmethod
+    def _no_client_errors(cls, statuses: frozenset[int]) -> frozenset[int]:
+        for status in sorted(statuses):
+            if status != 429 and not 500 <= status <= 599:
+                raise ValueError(f"{status}: only 429 and 5xx statuses may be retried")
+        return statuses
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt as the caller saw it.
+
+    ``error`` is what ``UpstreamClient`` raised (``headers_received`` says whether the status
+    line had arrived); ``status`` and ``retry_after_s`` describe a non-2xx answer;
+    ``client_bytes_sent`` says whether any byte of the response reached the client.
+    """
+
+    error: BaseException | None = None
+    status: int | None = None
+    retry_after_s: float | None = None
+    headers_received: bool = False
+    client_bytes_sent: bool = False
+
+    @classmethod
+    def from_status(cls, status: int, headers: Mapping[str, str], *, client_bytes_sent: bool = False) -> Failure:
+        """A non-2xx answer; ``headers`` keyed in lower case (httpx's are)."""
+        retry_after = parse_retry_after(headers)
+        return cls(status=status, retry_after_s=retry_after, headers_received=True, client_bytes_sent=client_bytes_sent)
+
+
+def parse_retry_after(headers: Mapping[str, str], *, wall_now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms``, else ``Retry-After`` (seconds or HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(0.0, float(raw_ms) / 1000)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if wall_now is None else wall_now))
+
+
+def is_retryable(failure: Failure, *, statuses: Collection[int] = RETRYABLE_STATUSES) -> bool:
+    """Whether ``failure`` says nothing was processed and nothing reached the client."""
+    if failure.client_bytes_sent:
+        return False
+    if failure.status is not None:
+        if failure.status == 429:
+            return 429 in statuses and failure.retry_after_s is not None
+        return failure.status >= 500 and failure.status in statuses
+    if failure.error is None or failure.headers_received:
+        return False
+    return _nothing_sent_or_refused(failure.error)
+
+
+def _nothing_sent_or_refused(error: BaseException) -> bool:
+    cause = error.__cause__
+    if isinstance(error, UpstreamTimeout):
+        return isinstance(cause, httpx.ConnectTimeout | httpx.PoolTimeout)
+    if isinstance(error, UpstreamError):
+        return error.code == "upstream_connect_error" or isinstance(
+            cause, ConnectionRefusedError | ConnectionResetError
+        )
+    return False
+
+
+def backoff_delay(retry: int, *, base_s: float, cap_s: float) -> float:
+    """The full-jitter delay before the ``retry``-th retry (1-based), from tenacity."""
+    if retry < 1:
+        raise ValueError("retry counts from 1")
+    state = RetryCallState(AsyncRetrying(), None, (), {})
+    state.attempt_number = retry
+    return float(wait_random_exponential(multiplier=base_s, max=cap_s)(state))
+
+
+def backoff_delays(policy: RetryPolicy) -> list[float]:
+    """One delay for each of the policy's ``max_retries`` retries, in order."""
+    return [
+        backoff_delay(k, base_s=policy.backoff_base_s, cap_s=policy.backoff_cap_s)
+        for k in range(1, policy.max_retries + 1)
+    ]
+
+
+def clamp_to_deadline(delay_s: float, *, now: float, deadline: float | None, reserve_s: float = 0.0) -> float | None:
+    """``delay_s`` shortened so that the retry starts ``reserve_s`` before the deadline.
+
+    ``None`` when that moment has passed: do not retry. ``now`` and ``deadline`` are on the
+    same monotonic scale; ``deadline=None`` means the request has none.
+    """
+    if deadline is None:
+        return delay_s
+    left = deadline - now - reserve_s
+    if left <= 0:
+        return None
+    return min(delay_s, left)
+
+
+def retry_delay(
+    policy: RetryPolicy, retry: int, failure: Failure, *, now: float, deadline: float | None, same_backend: bool
+) -> float | None:
+    """The wait before the ``retry``-th retry, or ``None`` if it would end past the deadline.
+
+    A retry on the same backend that answered 429 waits at least its ``Retry-After``; that wait
+    is never shortened, so a Retry-After beyond the deadline means no retry.
+    """
+    delay = backoff_delay(retry, base_s=policy.backoff_base_s, cap_s=policy.backoff_cap_s)
+    floor = failure.retry_after_s if same_backend and failure.retry_after_s is not None else 0.0
+    if deadline is not None and now + floor >= deadline:
+        return None
+    return clamp_to_deadline(max(delay, floor), now=now, deadline=deadline)
+
+
+class RetryBudget:
+    """Caps retries at a share of recent requests, with a floor per second (module docstring).
+
+    Call ``record_request()`` once per client request (not per attempt) and ``try_spend()``
+    before each retry. ``now`` defaults to the clock's reading. The counters ``requests``,
+    ``spent`` and ``refused`` are totals since start, for telemetry.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_last_second",
+        "_requests",
+        "_retries",
+        "min_per_s",
+        "ratio",
+        "refused",
+        "requests",
+        "spent",
+    )
+
+    def __init__(self, clock: Clock, *, ratio: float = 0.2, min_per_s: float = 3.0, window_s: float = 10.0) -> None:
+        if not 0 <= ratio <= 1 or min_per_s < 0:
+            raise ValueError("ratio must be in [0, 1] and min_per_s non-negative")
+        self._clock = clock
+        self.ratio = ratio
+        self.min_per_s = min_per_s
+        self._requests = SlidingCounter(window_s)
+        self._retries = SlidingCounter(window_s)
+        self._last_second = SlidingCounter(1.0)
+        self.requests = 0
+        self.spent = 0
+        self.refused = 0
+
+    @classmethod
+    def from_policy(cls, policy: RetryPolicy, clock: Clock) -> RetryBudget:
+        return cls(clock, ratio=policy.budget_ratio, min_per_s=policy.budget_min_per_s, window_s=policy.budget_window_s)
+
+    def record_request(self, now: float | None = None) -> None:
+        self._requests.add(self._clock.now() if now is None else now)
+        self.requests += 1
+
+    def try_spend(self, now: float | None = None) -> bool:
+        """Take one retry from the budget; ``False`` (and counted) when it is spent."""
+        t = self._clock.now() if now is None else now
+        within_ratio = self._retries.total(t) < self.ratio * self._requests.total(t)
+        if not within_ratio and self._last_second.total(t) >= self.min_per_s:
+            self.refused += 1
+            return False
+        self._retries.add(t)
+        self._last_second.add(t)
+        self.spent += 1
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"RetryBudget(ratio={self.ratio}, min_per_s={self.min_per_s}, "
+            f"window_s={self._requests.window_s}, spent={self.spent}, refused={self.refused})"
+        )

@@ -1,0 +1,172 @@
+"""``policy explain``: what the gateway would do with a request, and why, without sending it.
+
+It runs the request path's own functions (authentication, validation, class resolution, the
+room rule, the model's router) against a policy and an optional picture of the backends, and
+prints the tenant and its cache scope, the class and queue, every backend's room, scores and
+matched prefix blocks, and the backend chosen with its reason code.
+
+The backend-state file (JSON) gives, per backend name, any of ``healthy``, ``in_flight``,
+``in_flight_tokens``, ``waiting``, ``kv_usage`` (taken as freshly scraped) and ``served``: a
+list of request bodies (same tenant) the backend served recently, which teach the router as
+dispatches would::
+
+    {"sim-a": {"in_flight": 3, "served": [{"model": "m", "messages": [...]}]}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.admission import resolve_class
+from gateway.auth import authenticate, authorize_model
+from gateway.capacity import has_room
+from gateway.clock import MonotonicClock
+from gateway.endpoints import BackendPool, BackendState
+from gateway.errors import InvalidRequest, NotFound
+from gateway.policy.loader import PolicySnapshot
+from gateway.policy.model import Tenant
+from gateway.routing.base import Router, RoutingDecision
+from gateway.routing.isolation import SALTED_KINDS, tenant_scope
+from gateway.routing.registry import build_routers
+from gateway.tokens import CharRatioEstimator
+from gateway.types import Api, InferenceRequest
+from gateway.validation import build_request, require_model
+
+_STATE_FIELDS = {"healthy": bool, "in_flight": int, "in_flight_tokens": int, "waiting": float, "kv_usage": float}
+
+
+def api_of(body: Mapping[str, Any]) -> Api:
+    if "messages" in body:
+        return Api.CHAT
+    return Api.EMBEDDINGS if "input" in body else Api.COMPLETIONS
+
+
+def explain(
+    snapshot: PolicySnapshot,
+    api_key: str,
+    body: dict[str, Any],
+    backend_state: Mapping[str, Any] | None = None,
+    *,
+    priority: str | None = None,
+    session_id: str | None = None,
+) -> list[str]:
+    """The explanation, line by line; raises ``GatewayError`` where the gateway would refuse."""
+    clock = MonotonicClock()
+    tenant = authenticate(b"Bearer " + api_key.strip().encode(), snapshot)
+    request = _request(snapshot, tenant, body, session_id)
+    model = request.model
+    class_name, klass = resolve_class(tenant, priority.encode() if priority else None, snapshot)
+    router = build_routers(snapshot, clock)[model]
+    pool = BackendPool(snapshot)
+    now = clock.now()
+    _apply_state(pool, router, snapshot, tenant, backend_state or {}, now, session_id)
+    fresh_s = max(3 * snapshot.policy.scrape.interval_s, 1.0)
+    tokens = request.prompt_tokens + request.max_tokens
+    states = pool.for_model(model)
+    roomy = [s for s in states if has_room(s, klass, tokens, now, fresh_s)]
+    routing = snapshot.models[model].routing
+    lines = [
+        f"tenant:  {tenant.name} (cache scope {tenant_scope(tenant)})",
+        f"request: {request.api.name.lower()} for model '{model}', about {request.prompt_tokens} prompt tokens "
+        f"(estimated), max_tokens {request.max_tokens}",
+        f"class:   {class_name} (rank {klass.rank}); queue: model '{model}' class '{class_name}' "
+        f"(max depth {klass.queue.max_depth}, max wait {klass.queue.max_wait_s:g}s)",
+        f"routing: {routing.strategy} (block {routing.block_tokens} tokens, epsilon {routing.epsilon:g})",
+    ]
+    if not roomy:
+        verdict = "wait in its queue" if any(s.healthy for s in states) else "be refused: 503 no_healthy_backend"
+        return [*lines, f"no backend has room: the request would {verdict}", *_room_lines(states, roomy)]
+    decision = router.pick(request, tenant, roomy)
+    lines.append("dispatch: at once (fast path: an empty gateway queues nothing)")
+    lines += _score_lines(states, roomy, decision)
+    chosen = decision.state
+    lines.append(f"chosen:  {chosen.name} ({decision.reason}; {decision.matched_blocks} prefix blocks expected cached)")
+    if chosen.backend.kind in SALTED_KINDS:
+        lines.append(
+            f"cache_salt: set to HMAC-SHA256(secret, '{tenant_scope(tenant)}') for this {chosen.backend.kind.value} "
+            "backend; a client's own cache_salt is overwritten"
+        )
+    else:
+        lines.append(f"cache_salt: not set ({chosen.backend.kind.value} backends do not read it)")
+    return lines
+
+
+def _request(
+    snapshot: PolicySnapshot, tenant: Tenant, body: dict[str, Any], session_id: str | None
+) -> InferenceRequest:
+    model = require_model(body)
+    model_policy = snapshot.models.get(model)
+    if model_policy is None:
+        raise NotFound(f"The model '{model}' does not exist.", code="model_not_found", param="model")
+    authorize_model(tenant, model, snapshot)
+    request = build_request(
+        api=api_of(body),
+        body=body,
+        raw_body=b"",
+        request_id="explain",
+        arrival=0.0,
+        model_policy=model_policy,
+        limits=snapshot.policy.limits,
+        estimator=CharRatioEstimator(),
+    )
+    request.session_id = session_id
+    return request
+
+
+def _apply_state(
+    pool: BackendPool,
+    router: Router,
+    snapshot: PolicySnapshot,
+    tenant: Tenant,
+    given: Mapping[str, Any],
+    now: float,
+    session_id: str | None,
+) -> None:
+    states = {s.name: s for s in pool.all()}
+    for name, fields in given.items():
+        state = states.get(name)
+        if state is None or not isinstance(fields, dict):
+            raise InvalidRequest(f"backend state: '{name}' is not a backend of the policy, or not an object")
+        for key, value in fields.items():
+            if key == "served":
+                for body in value:
+                    served = _request(snapshot, tenant, dict(body), session_id)
+                    router.on_dispatch(served, tenant, router.pick(served, tenant, [state]))
+            elif key in _STATE_FIELDS:
+                setattr(state, key, _STATE_FIELDS[key](value))
+            else:
+                raise InvalidRequest(f"backend state: {name}.{key}: unknown field")
+        state.scraped_at = now
+
+
+def _room_lines(states: tuple[BackendState, ...], roomy: list[BackendState]) -> list[str]:
+    return [f"  {s.name}: {_room(s, roomy)}" for s in states]
+
+
+def _room(state: BackendState, roomy: list[BackendState]) -> str:
+    if state in roomy:
+        return "room"
+    return "unhealthy" if not state.healthy else "full"
+
+
+def _score_lines(states: tuple[BackendState, ...], roomy: list[BackendState], decision: RoutingDecision) -> list[str]:
+    detail = decision.detail
+    scorers = list(detail.by_scorer) if detail is not None else []
+    header = ["backend", "room", "in_flight", "matched", *scorers, "total"]
+    rows = [header]
+    for state in states:
+        row = [state.name, _room(state, roomy), str(state.in_flight)]
+        if detail is not None and state.name in detail.backends:
+            i = detail.backends.index(state.name)
+            row.append(f"{detail.matched[i]}/{detail.prompt_blocks}")
+            row += [f"{detail.by_scorer[name][i]:.3f}" for name in scorers]
+            row.append(f"{detail.totals[i]:.3f}")
+        else:
+            row += ["-"] * (len(header) - len(row))
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    table = ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if detail is not None and detail.load_bound:
+        table.append(f"  bounded load: at most {detail.load_bound} requests in flight per backend after this one")
+    return table

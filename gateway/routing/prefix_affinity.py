@@ -1,0 +1,123 @@
+"""Prefix-affinity routing: send a request where its prompt prefix is cached, within a load bound.
+
+The rule, per request, among the candidates (healthy, serving the model, with room):
+
+1. Keys: the prompt's chained block hashes, seeded with the tenant's scope and the model
+   (``prefix_keys.py``), computed once per request.
+2. Affinity: ``matched_b``, the leading blocks backend b served within the index TTL
+   (``prefix_index.py``); the prefix scorer rates it ``matched_b / blocks``.
+3. Load: the in-flight, queue-depth and KV-usage scorers rate each backend's headroom.
+4. Total: the weighted mean of the scores (weights from the policy; default prefix 3,
+   in-flight 1, queue depth 1, KV usage 0.5). With the defaults a full prefix match outweighs
+   any load difference short of the bound, and with no match anywhere the load alone decides.
+5. Bounded load: a candidate that would hold more than ``ceil((1 + epsilon) × (L + 1) / n)``
+   requests is out (``framework.load_bound``), whatever its affinity. The least loaded
+   candidate always passes, so a hot prefix spills to the next best backend, which then
+   caches it too (hot prefixes replicate instead of queueing behind one engine).
+6. The highest total wins; an exact tie (an idle pool, a first request) goes to the
+   rendezvous-hash favourite of the tenant's scope, so tenants spread across an idle pool
+   and each keeps coming back to the same backend.
+
+Reason codes: ``prefix_match`` (the winner holds the longest match), ``load_bound`` (a longer
+match was over the bound), ``load_over_prefix`` (a longer match lost on load), ``no_prefix``
+(no candidate holds any block: chosen on load).
+
+Learning happens in ``on_dispatch`` only: the request's chain goes into the chosen backend's
+index. ``forget_backend`` drops a backend's index when it restarts or leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+from gateway.clock import Clock
+from gateway.policy.model import Routing, Tenant
+from gateway.routing.base import RouteDetail, RoutingDecision
+from gateway.routing.framework import Cycle, Profile, load_bound, rendezvous
+from gateway.routing.prefix_index import BackendIndexes
+from gateway.routing.prefix_keys import Splitter, prefix_keys
+from gateway.types import InferenceRequest
+
+if TYPE_CHECKING:
+    from gateway.endpoints import BackendState
+
+
+class PrefixAffinityRouter:
+    """Scored prefix affinity with bounded load (see the module docstring for the rule)."""
+
+    __slots__ = ("_clock", "_fresh_s", "_indexes", "_tokenizer", "profile", "routing")
+    strategy = "prefix_affinity"
+
+    def __init__(
+        self, routing: Routing, profile: Profile, clock: Clock, *, fresh_s: float, tokenizer: Splitter | None = None
+    ) -> None:
+        self.routing = routing
+        self.profile = profile
+        self._clock = clock
+        self._fresh_s = fresh_s
+        self._tokenizer = tokenizer
+        self._indexes = BackendIndexes(routing.index.ttl_s)
+
+    def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
+        start = perf_counter()
+        now = self._clock.now()
+        keys = prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer)
+        matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
+        cycle = Cycle(now, self._fresh_s, keys, matched, request.prompt_tokens + request.max_tokens)
+        scored = self.profile.run(request, candidates, cycle)
+        bound = load_bound(candidates, self.routing.epsilon)
+        totals = scored.totals
+        best = -1
+        best_key = (-1.0, -1)
+        for i, state in enumerate(candidates):
+            if state.in_flight + 1 > bound:
+                continue
+            key = (totals[i], rendezvous(keys.root, state.name))
+            if key > best_key:
+                best, best_key = i, key
+        chosen = candidates[best]
+        names = tuple(s.name for s in candidates)
+        detail = RouteDetail(names, matched, len(keys.blocks), scored.by_scorer, totals, bound)
+        return RoutingDecision(
+            chosen,
+            self.strategy,
+            _reason(candidates, matched, best, bound),
+            matched_blocks=matched[best],
+            scores=dict(zip(names, totals, strict=True)),
+            pick_s=perf_counter() - start,
+            detail=detail,
+        )
+
+    def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
+        keys = request.prefix_keys
+        if keys is None or not keys.blocks:
+            return
+        state = decision.state
+        self._indexes.insert(state.name, self.index_blocks(state), keys.blocks, self._clock.now())
+
+    def forget_backend(self, backend: str) -> None:
+        self._indexes.forget(backend)
+
+    def index_blocks(self, state: BackendState) -> int:
+        """The index bound of a backend: the policy's, else its KV capacity in blocks."""
+        index = self.routing.index
+        if index.max_blocks is not None:
+            return index.max_blocks
+        capacity = state.backend.capacity
+        tokens = capacity.kv_cache_tokens or capacity.max_tokens_in_flight
+        return max(1, tokens // self.routing.block_tokens)
+
+    def indexed_blocks(self, backend: str) -> int:
+        return self._indexes.size(backend)
+
+
+def _reason(candidates: Sequence[BackendState], matched: Sequence[int], best: int, bound: int) -> str:
+    top = max(matched)
+    if top == 0:
+        return "no_prefix"
+    if matched[best] == top:
+        return "prefix_match"
+    over = any(m == top and s.in_flight + 1 > bound for s, m in zip(candidates, matched, strict=True))
+    return "load_bound" if over else "load_over_prefix"

@@ -1,0 +1,405 @@
+"""Prefix-aware routing proven on load: cache hits, TTFT and goodput per strategy; a hot prompt's spread.
+
+Usage::
+
+    python -m loadtests.routing_bench [--strategies round_robin,least_load,prefix_affinity,oracle]
+                                      [--time-scale 3] [--phase-s 120] [--hot] [--out loadtests/results/routing]
+
+Four simulated Llama-3.1-8B H100 engines (``inference-gateway sim --count 4``, one process) sit
+behind the gateway (another process), both restarted for every phase so that each strategy
+starts from cold caches. Loads are open-loop (``loadtests/loadgen``) in simulated seconds: with
+``--time-scale K`` every simulated duration, SLO and rate is scaled by K so that this 2-core
+machine keeps up; the report states K and the engines' step lag.
+
+* capacity: the workload (``loadtests/workloads/routing.yaml``: eight tenants, long system
+  prompts, multi-turn chats) as a flood under ``least_load``, the gateway's routing before
+  this work; completions per simulated second are the capacity C.
+* strategies: the workload at 0.7 C under each strategy. Figures are taken over the window
+  after ``--warmup`` (a share of the phase in which chats open and caches fill): the prefix
+  cache hit rate as the engines count it (deltas of ``vllm:prefix_cache_hits_total`` over
+  ``vllm:prefix_cache_queries_total``), mean and P99 TTFT, goodput (requests meeting their
+  class's SLO per simulated second), and the gateway's own routing cost per request.
+* hot: one tenant's hot prompt (``routing-hot.yaml``) at twice one engine's capacity (C/2)
+  under ``prefix_affinity``: the requests each engine served, its hit rate and TTFT.
+
+The oracle is a router written here that knows every engine's cache: for each candidate it
+asks the engine (``POST /debug/prefix_cache``, the simulator's debug endpoint) how many prompt
+tokens its prefix cache holds for this very request under the salt the gateway will set, then
+weighs that exactly as ``prefix_affinity`` weighs its estimate (same load scorers, weights and
+bounded-load rule). It is the ceiling of what a better index could reach; the calls block the
+gateway's loop for about a millisecond per candidate, which only the oracle pays. The gateway
+runs it through ``python -m loadtests.routing_bench --serve-oracle``, which registers the
+strategy and then runs ``inference-gateway serve``.
+
+Goals (issue 5): hit rate >= 0.9 x the oracle's and >= 2 x round-robin's; mean TTFT at least 2 x
+better than round-robin's; P99 TTFT no worse than least_load's; goodput >= 1.5 x round-robin's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from gateway.policy.loader import hash_api_key
+from gateway.policy.model import Tenant
+from gateway.routing.base import RoutingDecision
+from gateway.routing.framework import Cycle, Profile, Weighted, load_bound, rendezvous
+from gateway.routing.isolation import CacheSalter, tenant_scope
+from gateway.routing.prefix_keys import scope_root
+from gateway.routing.registry import RouterSpec, register_strategy
+from gateway.routing.scorers.in_flight import InFlightScorer
+from gateway.routing.scorers.kv_usage import KvUsageScorer
+from gateway.routing.scorers.queue_depth import QueueDepthScorer
+from gateway.types import InferenceRequest
+from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process
+from loadtests.loadgen.records import RequestRecord
+from loadtests.loadgen.runner import RunConfig, run_sync, run_workload
+from loadtests.loadgen.stats import percentile
+from loadtests.loadgen.workload import Workload, load_workload
+
+if TYPE_CHECKING:
+    from gateway.endpoints import BackendState
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+PROFILE = "llama-3.1-8b-h100"
+ENGINES = 4
+ENGINE_PORT = 18711
+GATEWAY_PORT = 18710
+KV_CACHE_TOKENS = 411_520  # the profile's KV cache: 25,720 blocks of 16 tokens
+SECRET_ENV = "GATEWAY_CACHE_SALT_SECRET"
+BENCH_SECRET = "routing-bench-secret"
+WORKLOADS = Path(__file__).parent / "workloads"
+STRATEGIES = ("round_robin", "least_load", "prefix_affinity", "oracle")
+PREFIX_WEIGHT, LOAD_WEIGHTS = 3.0, (1.0, 1.0, 0.5)  # the prefix_affinity defaults (registry.DEFAULT_WEIGHTS)
+
+
+# -- the oracle --------------------------------------------------------------------------------
+
+
+class OracleRouter:
+    """``prefix_affinity`` with the engines' true cached prefix in place of the index estimate."""
+
+    strategy = "oracle"
+
+    def __init__(self, spec: RouterSpec, salter: CacheSalter) -> None:
+        self._spec = spec
+        self._salter = salter
+        self._conns: dict[str, http.client.HTTPConnection] = {}
+        in_flight, queue, kv = LOAD_WEIGHTS
+        self._load = Profile(
+            [Weighted(InFlightScorer(), in_flight), Weighted(QueueDepthScorer(), queue), Weighted(KvUsageScorer(), kv)]
+        )
+
+    def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
+        start = time.perf_counter()
+        payload = orjson.dumps({**request.body, "cache_salt": self._salter.salt(tenant_scope(tenant))})
+        cached = [self._cached_tokens(state, payload) for state in candidates]
+        prompt = max(1, max(p for _, p in cached))
+        cycle = Cycle(
+            self._spec.clock.now(),
+            self._spec.fresh_s,
+            None,
+            [0] * len(candidates),
+            request.prompt_tokens + request.max_tokens,
+        )
+        load = self._load.run(request, candidates, cycle).totals
+        share = sum(LOAD_WEIGHTS)
+        totals = [
+            (PREFIX_WEIGHT * c / prompt + share * lo) / (PREFIX_WEIGHT + share)
+            for (c, _), lo in zip(cached, load, strict=True)
+        ]
+        bound = load_bound(candidates, self._spec.routing.epsilon)
+        root = scope_root(tenant_scope(tenant), request.model)
+        best = max(
+            (i for i, s in enumerate(candidates) if s.in_flight + 1 <= bound),
+            key=lambda i: (totals[i], rendezvous(root, candidates[i].name)),
+        )
+        top = max(c for c, _ in cached)
+        reason = "no_prefix" if top == 0 else "prefix_match" if cached[best][0] == top else "load_over_prefix"
+        return RoutingDecision(
+            candidates[best], self.strategy, reason, cached[best][0] // 16, pick_s=time.perf_counter() - start
+        )
+
+    def _cached_tokens(self, state: BackendState, payload: bytes) -> tuple[int, int]:
+        conn = self._conns.get(state.name)
+        if conn is None:
+            url = urlsplit(state.backend.url)
+            conn = self._conns[state.name] = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+        try:
+            conn.request("POST", "/debug/prefix_cache", payload, {"content-type": "application/json"})
+            answer = orjson.loads(conn.getresponse().read())
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            del self._conns[state.name]
+            return 0, 1
+        return int(answer["cached_tokens"]), int(answer["prompt_tokens"])
+
+    def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
+        pass
+
+    def forget_backend(self, backend: str) -> None:
+        pass
+
+
+def serve_oracle_gateway(policy: str, port: int) -> int:
+    """``inference-gateway serve`` with the oracle strategy registered (the bench's gateway process)."""
+    from gateway.cli import main as gateway_main
+
+    salter = CacheSalter.from_env(SECRET_ENV)
+    register_strategy("oracle", lambda spec: OracleRouter(spec, salter))
+    return gateway_main(["serve", "--policy", policy, "--port", str(port)])
+
+
+# -- the system under test ---------------------------------------------------------------------
+
+
+def gateway_policy(k: float, strategy: str) -> str:
+    backends = "\n".join(
+        f"""  - {{name: engine-{i}, url: "http://127.0.0.1:{ENGINE_PORT + i}", kind: sim, models: [{MODEL}],
+      engine_priority: true,
+      capacity: {{max_concurrent: 96, max_tokens_in_flight: 100000000, kv_cache_tokens: {KV_CACHE_TOKENS}}}}}"""
+        for i in range(ENGINES)
+    )
+    tenants = "\n".join(
+        f"""  - {{name: t{i}, key_hashes: ["{hash_api_key(f"routing-key-t{i}")}"], models: ["*"],
+      default_class: interactive}}"""
+        for i in range(1, 9)
+    )
+    return f"""
+version: routing-bench-{strategy}
+classes:
+  interactive:
+    rank: 0
+    slo: {{ttft_ms: {500 * k}, itl_ms: {30 * k}, e2e_ms: {120_000 * k}}}
+    queue: {{max_depth: 512, max_wait_s: {10 * k}}}
+  batch:
+    rank: 1
+    slo: {{ttft_ms: {2000 * k}, itl_ms: {100 * k}, e2e_ms: {600_000 * k}}}
+    max_share: 0.5
+    queue: {{max_depth: 1024, max_wait_s: {60 * k}}}
+models:
+  - name: {MODEL}
+    max_prompt_tokens: 65536
+    max_output_tokens: 2048
+    routing: {{strategy: {strategy}, index: {{ttl_s: {600 * k}}}}}
+backends:
+{backends}
+tenants:
+{tenants}
+health_checks: {{interval_s: 2, timeout_s: 2}}
+scrape: {{interval_s: 0.5, timeout_s: 1}}
+"""
+
+
+@contextmanager
+def system(k: float, strategy: str) -> Iterator[None]:
+    """Fresh engines (cold caches) and a gateway routing with ``strategy``."""
+    sim = [*GATEWAY, "sim", "--profile", PROFILE, "--port", str(ENGINE_PORT), "--count", str(ENGINES)]
+    with ExitStack() as stack:
+        stack.enter_context(process([*sim, "--time-scale", str(k)], f"http://127.0.0.1:{ENGINE_PORT + 3}/health"))
+        path = stack.enter_context(policy_file(gateway_policy(k, strategy)))
+        if strategy == "oracle":
+            serve = [sys.executable, "-m", "loadtests.routing_bench", "--serve-oracle", str(path)]
+        else:
+            serve = [*GATEWAY, "serve", "--policy", str(path)]
+        stack.enter_context(process([*serve, "--port", str(GATEWAY_PORT)], f"http://127.0.0.1:{GATEWAY_PORT}/readyz"))
+        yield
+
+
+def engine_counters() -> list[dict[str, float]]:
+    out = []
+    for i in range(ENGINES):
+        samples = metrics(f"http://127.0.0.1:{ENGINE_PORT + i}")
+        out.append(
+            {
+                "queries": metric_sum(samples, "vllm:prefix_cache_queries_total"),
+                "hits": metric_sum(samples, "vllm:prefix_cache_hits_total"),
+                "finished": metric_sum(samples, "vllm:request_success_total"),
+                "steps": metric_sum(samples, "sim:step_lag_seconds_count"),
+                "steps_late": metric_sum(samples, "sim:step_lag_seconds_count")
+                - metric_sum(samples, "sim:step_lag_seconds_bucket", le="0.01"),
+            }
+        )
+    return out
+
+
+def gateway_routing() -> dict[str, Any]:
+    samples = metrics(f"http://127.0.0.1:{GATEWAY_PORT}")
+    count = metric_sum(samples, "gateway_routing_pick_seconds_count")
+    reasons = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in samples.items()
+        if name == "gateway_routing_decisions_total"
+    }
+    return {
+        "pick_us_mean": 1e6 * metric_sum(samples, "gateway_routing_pick_seconds_sum") / count if count else None,
+        "decisions_by_reason": reasons,
+    }
+
+
+# -- phases ------------------------------------------------------------------------------------
+
+
+def run_phase(
+    name: str, strategy: str, workload: Workload, rate: float, args: argparse.Namespace, warmup: float
+) -> dict[str, Any]:
+    """One phase: fresh system, the load for ``--phase-s`` wall seconds, figures over the window."""
+    k, phase_s = args.time_scale, args.phase_s
+    with system(k, strategy):
+        start_epoch = time.time()
+        marks: list[list[dict[str, float]]] = [engine_counters()]
+        timer = threading.Timer(warmup * phase_s, lambda: marks.append(engine_counters()))
+        timer.start()
+        config = RunConfig(
+            target=f"http://127.0.0.1:{GATEWAY_PORT}",
+            rate=rate,
+            duration_s=phase_s,
+            out_dir=args.out / name,
+            seed=args.seed,
+            time_scale=k,
+            drain_timeout_s=60 * k,
+        )
+        result = run_sync(lambda: run_workload(workload, config, base_dir=WORKLOADS))
+        timer.join()
+        marks.append(engine_counters())
+        routing = gateway_routing()
+    window_start = start_epoch + warmup * phase_s
+    window = [r for r in result.records if r.t_send >= window_start]
+    report = {
+        "phase": name,
+        "strategy": strategy,
+        "rate_per_s": rate,
+        "window_simulated_s": (1 - warmup) * phase_s / k,
+        **figures(window, (1 - warmup) * phase_s / k, k),
+        **cache_figures(marks[1], marks[2]),
+        "hit_rate_whole_phase": hit_rate(marks[0], marks[2]),
+        "routing": routing,
+        "engine_steps_later_than_10ms": [
+            round((b["steps_late"] - a["steps_late"]) / max(1.0, b["steps"] - a["steps"]), 4)
+            for a, b in zip(marks[0], marks[2], strict=True)
+        ],
+    }
+    print(json.dumps(report, indent=1), flush=True)
+    return report
+
+
+def hit_rate(before: list[dict[str, float]], after: list[dict[str, float]]) -> float | None:
+    queries = sum(b["queries"] - a["queries"] for a, b in zip(before, after, strict=True))
+    hits = sum(b["hits"] - a["hits"] for a, b in zip(before, after, strict=True))
+    return hits / queries if queries else None
+
+
+def cache_figures(before: list[dict[str, float]], after: list[dict[str, float]]) -> dict[str, Any]:
+    finished = [b["finished"] - a["finished"] for a, b in zip(before, after, strict=True)]
+    per_engine = [
+        (b["hits"] - a["hits"]) / (b["queries"] - a["queries"]) if b["queries"] > a["queries"] else None
+        for a, b in zip(before, after, strict=True)
+    ]
+    return {
+        "hit_rate": hit_rate(before, after),
+        "hit_rate_per_engine": per_engine,
+        "requests_per_engine": finished,
+        "request_share_per_engine": [round(f / max(1.0, sum(finished)), 3) for f in finished],
+    }
+
+
+def figures(records: list[RequestRecord], simulated_s: float, k: float) -> dict[str, Any]:
+    """Client-side figures in simulated units (the records' wall times divided by K)."""
+    ok = [r for r in records if r.ok]
+    ttft = sorted(r.ttft_s / k * 1000 for r in ok if r.ttft_s is not None)
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.ok:
+            errors[r.error or f"http_{r.status}"] = errors.get(r.error or f"http_{r.status}", 0) + 1
+    return {
+        "sent": len(records),
+        "ok": len(ok),
+        "errors": errors,
+        "ttft_mean_ms": sum(ttft) / len(ttft) if ttft else None,
+        "ttft_p50_ms": percentile(ttft, 50) if ttft else None,
+        "ttft_p99_ms": percentile(ttft, 99) if ttft else None,
+        "goodput_per_s": sum(r.slo_met for r in records) / simulated_s,
+        "slo_attainment": sum(r.slo_met for r in records) / len(records) if records else None,
+        "completed_per_s": len(ok) / simulated_s,
+    }
+
+
+def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    rr, ll, pa, oracle = (results.get(s) for s in STRATEGIES)
+    out: dict[str, Any] = {}
+    if pa is None:
+        return out
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    if oracle is not None:
+        value = ratio(pa["hit_rate"], oracle["hit_rate"])
+        out["hit_rate_vs_oracle"] = {"value": value, "goal": ">= 0.9", "met": value is not None and value >= 0.9}
+    if rr is not None:
+        value = ratio(pa["hit_rate"], rr["hit_rate"])
+        out["hit_rate_vs_round_robin"] = {"value": value, "goal": ">= 2", "met": value is not None and value >= 2}
+        value = ratio(rr["ttft_mean_ms"], pa["ttft_mean_ms"])
+        out["mean_ttft_gain_vs_round_robin"] = {"value": value, "goal": ">= 2", "met": value is not None and value >= 2}
+        value = ratio(pa["goodput_per_s"], rr["goodput_per_s"])
+        out["goodput_vs_round_robin"] = {"value": value, "goal": ">= 1.5", "met": value is not None and value >= 1.5}
+    if ll is not None:
+        value = ratio(pa["ttft_p99_ms"], ll["ttft_p99_ms"])
+        out["p99_ttft_vs_least_load"] = {"value": value, "goal": "<= 1", "met": value is not None and value <= 1}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--serve-oracle", metavar="POLICY", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=GATEWAY_PORT, help=argparse.SUPPRESS)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--time-scale", type=float, default=3.0)
+    parser.add_argument("--phase-s", type=float, default=120.0, help="wall seconds of load per phase")
+    parser.add_argument("--warmup", type=float, default=0.35, help="share of each phase before the window")
+    parser.add_argument("--load", type=float, default=0.7, help="offered load as a share of capacity")
+    parser.add_argument("--capacity", type=float, default=None, help="skip measuring: C in simulated req/s")
+    parser.add_argument("--hot", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("loadtests/results/routing"))
+    args = parser.parse_args(argv)
+    if args.serve_oracle:
+        return serve_oracle_gateway(args.serve_oracle, args.port)
+    os.environ.setdefault(SECRET_ENV, BENCH_SECRET)
+    workload = load_workload(WORKLOADS / "routing.yaml")
+    report: dict[str, Any] = {"time_scale": args.time_scale, "phase_s": args.phase_s, "warmup": args.warmup}
+    capacity = args.capacity
+    if capacity is None:
+        flood = run_phase("capacity", "least_load", workload, 150.0, args, args.warmup)
+        capacity = flood["completed_per_s"]
+        report["capacity_phase"] = flood
+    report["C"] = capacity
+    print(f"capacity C = {capacity:.2f} simulated requests/s; offered {args.load:g} C", flush=True)
+    results = {
+        s: run_phase(s, s, workload, args.load * capacity, args, args.warmup) for s in args.strategies.split(",")
+    }
+    report["strategies"] = results
+    report["goals"] = goals(results)
+    if args.hot:
+        hot = load_workload(WORKLOADS / "routing-hot.yaml")
+        report["hot_prompt"] = run_phase("hot-prompt", "prefix_affinity", hot, capacity / 2, args, 0.2)
+    print(json.dumps({"C": capacity, "goals": report["goals"]}, indent=1), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "routing.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""``inference-gateway policy explain``: class, queue, per-backend scores, matched blocks, the choice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from tests.routing.conftest import MODEL, SYSTEM, policy_text
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    body = {
+        "model": MODEL,
+        "max_tokens": 16,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is my order?"}],
+    }
+    served = {**body, "messages": [*body["messages"][:1], {"role": "user", "content": "Hello"}]}
+    paths = {
+        "policy": tmp_path / "p.yaml",
+        "key": tmp_path / "key",
+        "request": tmp_path / "req.json",
+        "state": tmp_path / "state.json",
+    }
+    paths["policy"].write_text(policy_text())
+    paths["key"].write_text("key-acme\n")
+    paths["request"].write_text(json.dumps(body))
+    paths["state"].write_text(json.dumps({"b2": {"in_flight": 1, "served": [served]}, "b0": {"healthy": False}}))
+    return paths
+
+
+def run(files: dict[str, Path], *extra: str) -> int:
+    args = ["policy", "explain", "--policy", str(files["policy"]), "--api-key-file", str(files["key"])]
+    return main([*args, "--request", str(files["request"]), *extra])
+
+
+def test_explain_shows_the_class_queue_scores_and_the_backend_holding_the_prefix(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(files, "--backend-state", str(files["state"])) == 0
+    out = capsys.readouterr().out
+    assert "tenant:  acme (cache scope tenant:acme)" in out
+    assert "class:   interactive (rank 0); queue: model 'm' class 'interactive'" in out
+    assert "prefix-affinity-scorer" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  b")}
+    assert lines["b0"].split()[1] == "unhealthy"
+    assert lines["b1"].split()[3] == "0/6"
+    assert lines["b2"].split()[3] == "6/6"  # the full blocks all lie in the shared system prompt
+    assert "chosen:  b2 (prefix_match;" in out
+    assert "cache_salt: set to HMAC-SHA256(secret, 'tenant:acme')" in out
+
+
+def test_explain_without_state_chooses_on_load(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(files) == 0
+    assert "(no_prefix; 0 prefix blocks expected cached)" in capsys.readouterr().out
+
+
+def test_explain_reports_what_the_gateway_would_refuse(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    files["key"].write_text("wrong-key")
+    assert run(files) == 1
+    assert "the gateway would answer 401 invalid_api_key" in capsys.readouterr().err
+
+
+def test_explain_rejects_an_unknown_backend_in_the_state_file(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    files["state"].write_text(json.dumps({"b9": {"in_flight": 1}}))
+    assert run(files, "--backend-state", str(files["state"])) == 1
+    assert "'b9' is not a backend of the policy" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""Policy validation of the routing section, cache scopes and cache isolation, with paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.policy.loader import PolicyError, parse_policy
+from tests.routing.conftest import policy_text
+
+
+@pytest.mark.parametrize(
+    ("routing", "extra", "problem"),
+    [
+        pytest.param(
+            "routing: {strategy: random}",
+            "",
+            "models[0].routing.strategy: unknown strategy 'random' (known: least_load, prefix_affinity, "
+            "round_robin, session_affinity)",
+            id="an unknown strategy is refused with the known ones",
+        ),
+        pytest.param(
+            "routing: {weights: {prefix: 1}}",
+            "",
+            "models[0].routing.weights.prefix: unknown scorer",
+            id="an unknown scorer in the weights is refused",
+        ),
+        pytest.param(
+            "routing: {weights: {in-flight-scorer: 0}}",
+            "",
+            "models[0].routing.weights: at least one weight must be greater than 0",
+            id="weights that are all zero are refused",
+        ),
+        pytest.param(
+            "routing: {epsilon: -1}",
+            "",
+            "models[0].routing.epsilon: must be greater than or equal to 0",
+            id="a negative epsilon is refused",
+        ),
+        pytest.param(
+            "routing: {block_tokens: 1}",
+            "",
+            "models[0].routing.block_tokens: must be greater than or equal to 4",
+            id="a tiny block is refused",
+        ),
+        pytest.param(
+            "routing: {index: {ttl_s: 0}}",
+            "",
+            "models[0].routing.index.ttl_s: must be greater than 0",
+            id="a zero index ttl is refused",
+        ),
+        pytest.param(
+            "routing: {strategy: prefix_affinity, sticky: true}",
+            "",
+            "models[0].routing.sticky: unknown key",
+            id="an unknown routing key is refused",
+        ),
+        pytest.param(
+            "routing: {tokenizer: llama}",
+            "",
+            "models[0].routing.tokenizer: must be 'estimate' or 'words'",
+            id="an unknown tokenizer is refused",
+        ),
+        pytest.param(
+            "",
+            "cache_isolation: {secret_env: lower-case}",
+            "cache_isolation.secret_env: must match pattern",
+            id="a malformed secret variable name is refused",
+        ),
+    ],
+)
+def test_invalid_routing_policies_fail_with_their_path(routing: str, extra: str, problem: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(policy_text(routing, extra=extra), "p.yaml")
+    assert any(p.startswith(problem) for p in caught.value.problems), caught.value.problems
+
+
+def test_a_tenant_naming_an_undeclared_cache_scope_is_refused() -> None:
+    text = policy_text().replace("cache_scope: public-bot}", "cache_scope: public-bott}", 1)
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, "p.yaml")
+    assert caught.value.problems == [
+        "tenants[2].cache_scope: unknown cache scope 'public-bott' (declare it under cache_scopes)"
+    ]
+
+
+def test_a_cache_scope_with_an_unknown_key_is_refused() -> None:
+    text = policy_text().replace("{description: the public help bot's system prompt}", "{members: [acme]}")
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, "p.yaml")
+    assert caught.value.problems == ["cache_scopes.public-bot.members: unknown key"]
+
+
+def test_the_routing_defaults_are_prefix_affinity_with_bounded_load() -> None:
+    routing = parse_policy(policy_text(), "p.yaml").models["m"].routing
+    assert (routing.strategy, routing.block_tokens, routing.epsilon, routing.tokenizer) == (
+        "prefix_affinity",
+        64,
+        0.25,
+        "estimate",
+    )

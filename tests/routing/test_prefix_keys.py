@@ -1,0 +1,101 @@
+"""Prefix keys: tenant scoping, shared scopes, conversation chains, rendering, the cache on the request."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.policy.loader import PolicySnapshot
+from gateway.routing.prefix_keys import TOKENIZERS, prefix_keys, render
+from gateway.types import Api
+from tests.routing.conftest import chat_request, tenant
+
+BLOCK = 16  # tokens: 64 bytes per block
+
+
+def keys_of(snapshot: PolicySnapshot, who: str, *turns: str) -> tuple[int, ...]:
+    return prefix_keys(chat_request(snapshot, *turns), tenant(snapshot, who), BLOCK).blocks
+
+
+def test_the_same_prompt_under_two_tenants_gives_unrelated_keys(snapshot: PolicySnapshot) -> None:
+    acme, globex = keys_of(snapshot, "acme", "Hello"), keys_of(snapshot, "globex", "Hello")
+    assert len(acme) == len(globex) > 10
+    assert not set(acme) & set(globex)
+
+
+def test_tenants_of_one_shared_scope_get_the_same_keys(snapshot: PolicySnapshot) -> None:
+    assert keys_of(snapshot, "shared-a", "Hello") == keys_of(snapshot, "shared-b", "Hello")
+
+
+def test_a_shared_scope_shares_nothing_with_a_private_tenant(snapshot: PolicySnapshot) -> None:
+    assert not set(keys_of(snapshot, "shared-a", "Hello")) & set(keys_of(snapshot, "acme", "Hello"))
+
+
+def test_a_conversations_next_turn_extends_the_previous_chain(snapshot: PolicySnapshot) -> None:
+    first = keys_of(snapshot, "acme", "What is the capital of France? " * 4)
+    second = keys_of(snapshot, "acme", "What is the capital of France? " * 4, "Paris. " * 20, "And of Spain?")
+    assert len(second) > len(first)
+    assert second[: len(first)] == first
+
+
+def test_a_different_system_prompt_changes_every_block(snapshot: PolicySnapshot) -> None:
+    one = prefix_keys(chat_request(snapshot, "Hi"), tenant(snapshot, "acme"), BLOCK).blocks
+    other = prefix_keys(chat_request(snapshot, "Hi", system="X" + "y" * 2000), tenant(snapshot, "acme"), BLOCK)
+    assert not set(one) & set(other.blocks)
+
+
+def test_only_full_blocks_are_keyed(snapshot: PolicySnapshot) -> None:
+    request = chat_request(snapshot, "Hi")
+    rendered = render(Api.CHAT, request.body)
+    assert isinstance(rendered, str)
+    assert len(prefix_keys(request, tenant(snapshot, "acme"), BLOCK).blocks) == len(rendered.encode()) // (4 * BLOCK)
+
+
+def test_keys_are_computed_once_and_cached_on_the_request(snapshot: PolicySnapshot) -> None:
+    request = chat_request(snapshot, "Hi")
+    first = prefix_keys(request, tenant(snapshot, "acme"), BLOCK)
+    assert request.prefix_keys is first
+    assert prefix_keys(request, tenant(snapshot, "acme"), BLOCK) is first
+    assert prefix_keys(request, tenant(snapshot, "acme"), BLOCK * 2) is not first
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(
+            {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]},
+            "\x1esystem\x1fS\x1euser\x1fU",
+            id="messages render with their roles in order",
+        ),
+        pytest.param(
+            {"tools": [{"b": 1, "a": 2}], "messages": [{"role": "user", "content": "U"}]},
+            '\x1etools\x1f[{"a":2,"b":1}]\x1euser\x1fU',
+            id="tools come first with sorted keys",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}]},
+            "\x1euser\x1fAB",
+            id="text parts are joined",
+        ),
+    ],
+)
+def test_chat_rendering_is_canonical(body: dict[str, object], expected: str) -> None:
+    assert render(Api.CHAT, body) == expected
+
+
+def test_completions_text_is_rendered_as_is() -> None:
+    assert render(Api.COMPLETIONS, {"prompt": "Once upon a time"}) == "Once upon a time"
+
+
+def test_completions_token_ids_are_keyed_as_ids() -> None:
+    rendered = render(Api.COMPLETIONS, {"prompt": [1, 2, 3]})
+    assert not isinstance(rendered, str)
+    assert list(rendered) == [1, 2, 3]
+
+
+def test_a_tokenizer_keys_blocks_of_real_tokens(snapshot: PolicySnapshot) -> None:
+    request = chat_request(snapshot, "Hi")
+    words = TOKENIZERS["words"]
+    rendered = render(Api.CHAT, request.body)
+    assert isinstance(rendered, str)
+    keys = prefix_keys(request, tenant(snapshot, "acme"), BLOCK, words)
+    assert len(keys.blocks) == len(words(rendered)) // BLOCK
