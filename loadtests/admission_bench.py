@@ -62,6 +62,7 @@ class Knobs:
 
     max_concurrent: int = 48  # per engine
     batch_share: float = 0.5
+    batch_prefilling: int | None = None  # batch requests per engine still waiting for their first token
     interactive_depth: int = 256
     batch_depth: int = 512
 
@@ -92,6 +93,7 @@ classes:
     rank: 1
     slo: {{ttft_ms: {10_000 * k}, itl_ms: {100 * k}, e2e_ms: {600_000 * k}}}
     max_share: {share}
+    max_prefilling: {knobs.batch_prefilling if admission and knobs.batch_prefilling else "null"}
     queue: {{max_depth: {knobs.batch_depth}, max_wait_s: {60 * k}}}
 models:
   - {{name: {MODEL}, max_prompt_tokens: 8192, max_output_tokens: 2048}}
@@ -274,16 +276,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=float, default=None, help="skip measuring: C in simulated req/s")
     parser.add_argument("--batch-share", type=float, default=Knobs().batch_share)
     parser.add_argument("--max-concurrent", type=int, default=Knobs().max_concurrent)
+    parser.add_argument("--batch-prefilling", type=int, default=None, help="max_prefilling of the batch class")
     parser.add_argument("--out", type=Path, default=Path("loadtests/results/admission"))
     args = parser.parse_args(argv)
-    knobs = Knobs(max_concurrent=args.max_concurrent, batch_share=args.batch_share)
+    knobs = Knobs(
+        max_concurrent=args.max_concurrent, batch_share=args.batch_share, batch_prefilling=args.batch_prefilling
+    )
     scenarios = args.scenarios.split(",")
     results: dict[str, Any] = {"time_scale": args.time_scale, "phase_s": args.phase_s, "knobs": knobs.__dict__}
     interactive = workload("interactive", "acme", "interactive")
     batch = workload("batch", "globex", "batch")
     capacity = args.capacity
     if capacity is None or "capacity" in scenarios:
-        flood = phase("capacity", [Flow(batch, 200.0)], args, True, Knobs(knobs.max_concurrent, 1.0))
+        flood = phase("capacity", [Flow(batch, 200.0)], args, True, Knobs(knobs.max_concurrent, 1.0, None))
         capacity = next(iter(flood["flows"].values()))["completed_per_s"]
         results["capacity"] = flood
     results["C"] = capacity
