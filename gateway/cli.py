@@ -13,13 +13,14 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway import commands
+    from gateway import commands, report_cli
     from loadtests.loadgen import cli as loadgen_cli
     from loadtests.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(prog="inference-gateway", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     commands.register(subparsers)
+    report_cli.register(subparsers)
     sim_cli.register(subparsers)
     loadgen_cli.register(subparsers)
     return parser

@@ -16,6 +16,7 @@ import uvicorn
 
 from gateway.app import GatewayApp
 from gateway.policy.loader import PolicyError, PolicySnapshot, hash_api_key, load_policy
+from gateway.policy.timescale import scale_policy_time
 from gateway.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -152,6 +153,7 @@ def _demo(args: argparse.Namespace) -> int:
     snapshot = _load_or_report(args.policy)
     if snapshot is None:
         return 1
+    snapshot = scale_policy_time(snapshot, args.time_scale)
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ports = [urlsplit(b.url).port or 80 for b in snapshot.policy.backends]
     settings = Settings.from_env(policy_path=args.policy, port=args.port)

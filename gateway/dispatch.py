@@ -7,7 +7,8 @@
 2. Otherwise it must wait, and is refused immediately (503, with ``Retry-After``) when
    - the class's queue already holds ``queue.max_depth`` requests (``queue_full``), or
    - its estimated wait (requests ahead of it over the measured drain rate) exceeds the
-     class's ``max_wait_s`` or what is left of its deadline (``deadline_unmeetable``).
+     class's ``max_wait_s`` (by default its TTFT objective) or what is left of its deadline,
+     with a 25% margin (``deadline_unmeetable``).
 3. A queued request waits at most ``min(max_wait_s, deadline)`` (then ``queue_timeout``);
    a client that disconnects cancels the wait and leaves the queue at once.
 4. Whenever capacity frees up (a request ends, a scrape or health check changes a backend),
@@ -49,6 +50,11 @@ class Grant:
     @property
     def state(self) -> BackendState:
         return self.decision.state
+
+
+ESTIMATE_MARGIN = 1.25
+"""Refuse when the estimated wait is within 25% of what the request may wait: a request that
+would likely time out in the queue is better refused at once, while its client can still retry."""
 
 
 def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
@@ -145,8 +151,8 @@ class Dispatcher:
         estimate = (ahead + 1) / rate if rate else 0.0
         if queue.depth >= limit.max_depth:
             self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
-        budget = min(limit.max_wait_s, deadline - now)
-        if estimate > budget:
+        budget = min(klass.max_wait_s, deadline - now)
+        if estimate * ESTIMATE_MARGIN > budget:
             raise system_full(
                 "deadline_unmeetable",
                 f"The estimated wait in the {class_name} queue for model '{request.model}' is {estimate:.1f}s "

@@ -133,9 +133,9 @@ def test_a_lowered_priority_reaches_an_engine_that_schedules_by_it(
 def test_a_client_that_leaves_the_queue_frees_its_place_at_once(
     start_gateway: StartGateway, backend: FakeBackend, backend_server_url: str
 ) -> None:
-    text = policy_text(
-        backend_server_url, **{"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:"}
-    )
+    long_wait = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_wait_s: 30}"}
+    one_slot = {"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:"}
+    text = policy_text(backend_server_url, **one_slot, **long_wait)
     with start_gateway(text, health_checks=False) as url:
         held, gate = hold_one_stream(url, backend)
         with httpx.Client(timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):

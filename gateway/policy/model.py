@@ -89,10 +89,15 @@ class Slo(Strict):
 
 
 class QueuePolicy(Strict):
-    """Bounds of one class's queue (per model): how many may wait, and for how long."""
+    """Bounds of one class's queue (per model): how many may wait, and for how long.
+
+    ``max_wait_s`` defaults to the class's TTFT objective: a request that cannot start within
+    it would miss its SLO anyway, so it is refused at once (and retried elsewhere or later)
+    rather than served late and counted against goodput.
+    """
 
     max_depth: Annotated[int, Field(ge=0)] = 256
-    max_wait_s: PositiveFloat = 30.0
+    max_wait_s: PositiveFloat | None = None
 
 
 class PriorityClass(Strict):
@@ -115,6 +120,11 @@ class PriorityClass(Strict):
     Prefill is compute-bound and an engine step runs it together with every decode: a burst of
     long batch prefills stretches the steps that interactive requests wait on. Pacing the
     class's prefills keeps those steps short; decodes, which cost little, are not limited."""
+
+    @property
+    def max_wait_s(self) -> float:
+        """How long a request of this class may wait for a backend (see ``QueuePolicy``)."""
+        return self.queue.max_wait_s if self.queue.max_wait_s is not None else self.slo.ttft_ms / 1000
 
 
 class PrefixIndexPolicy(Strict):

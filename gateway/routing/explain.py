@@ -71,7 +71,7 @@ def explain(
         f"request: {request.api.name.lower()} for model '{model}', about {request.prompt_tokens} prompt tokens "
         f"(estimated), max_tokens {request.max_tokens}",
         f"class:   {class_name} (rank {klass.rank}); queue: model '{model}' class '{class_name}' "
-        f"(max depth {klass.queue.max_depth}, max wait {klass.queue.max_wait_s:g}s)",
+        f"(max depth {klass.queue.max_depth}, max wait {klass.max_wait_s:g}s)",
         f"routing: {routing.strategy} (block {routing.block_tokens} tokens, epsilon {routing.epsilon:g})",
     ]
     if not roomy:

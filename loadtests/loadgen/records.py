@@ -60,6 +60,14 @@ class RequestRecord:
             return None
         return (self.e2e_s - self.ttft_s) / (self.tokens_out - 1)
 
+    @property
+    def itl_values(self) -> tuple[float, ...]:
+        """Every inter-token gap; for a gateway trace line, which keeps only a summary, its median gap."""
+        if self.itl_s:
+            return self.itl_s
+        median = self.extra.get("itl_p50_s")
+        return (float(median),) if isinstance(median, int | float) else ()
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.extra)
         for name in _FIELDS:

@@ -135,7 +135,7 @@ def _decorate(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    if ax.has_data():
+    if ax.get_legend_handles_labels()[0]:  # bar charts have nothing to list
         ax.legend(fontsize="small")
 
 

@@ -2,6 +2,8 @@
 
 Throughputs divide by the run's elapsed time, from the first send to the last response
 (``elapsed_s``), so a run whose responses trail long after the last send is not flattered.
+ITL is the distribution of every gap; a gateway trace line keeps only a summary of its gaps,
+so for those the distribution is of each request's median gap (``RequestRecord.itl_values``).
 
 The generator checks itself: its CPU seconds per request give a ceiling of 1/cpu requests/s on
 one core, and its send lateness (actual minus scheduled send time) shows it falling behind
@@ -14,7 +16,7 @@ beyond that, latencies measure the generator as much as the system under test.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,7 @@ def summarise_class(records: Sequence[RequestRecord], elapsed_s: float, slo: Slo
         input_token_throughput=sum(r.tokens_in or 0 for r in ok) * per_s,
         output_token_throughput=sum(r.tokens_out or 0 for r in ok) * per_s,
         ttft_s=Distribution.of(r.ttft_s for r in ok if r.ttft_s is not None),
-        itl_s=Distribution.of(gap for r in ok for gap in r.itl_s),
+        itl_s=Distribution.of(gap for r in ok for gap in r.itl_values),
         tpot_s=Distribution.of(t for r in ok if (t := r.tpot_s) is not None),
         e2e_s=Distribution.of(r.e2e_s for r in ok if r.e2e_s is not None),
         errors_by_status=_count(str(r.status) for r in errors),
@@ -101,6 +103,14 @@ def summarise_class(records: Sequence[RequestRecord], elapsed_s: float, slo: Slo
         cached_tokens=sum(r.cached_tokens or 0 for r in ok),
         slo=None if slo is None else slo.model_dump(),
     )
+
+
+def group_by(records: Sequence[RequestRecord], key: Callable[[RequestRecord], str]) -> dict[str, list[RequestRecord]]:
+    """Records per key value, keys in order of first appearance."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for record in records:
+        groups.setdefault(key(record), []).append(record)
+    return groups
 
 
 def elapsed(records: Sequence[RequestRecord]) -> float:

@@ -1,0 +1,34 @@
+"""Scale a policy's objectives and waits for simulated engines running ``--time-scale K``.
+
+A simulator run with time scale K makes every duration K times longer, so the policy the
+gateway runs with must stretch its SLOs, queue waits and deadlines by the same K, or every
+request would miss its objectives by construction. Intervals that are about the gateway's
+own work (health checks, scrapes, connect timeouts) stay as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from gateway.policy.loader import PolicySnapshot, parse_policy
+
+
+def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
+    """``snapshot`` with every class's SLOs, ``max_wait_s`` and ``deadline_s``, and every backend's
+    first-byte and between-chunk timeouts, multiplied by ``k``."""
+    if k == 1:
+        return snapshot
+    data: dict[str, Any] = snapshot.policy.model_dump(mode="json", exclude_none=True)
+    for klass in data["classes"].values():
+        klass["slo"] = {name: value * k for name, value in klass["slo"].items()}
+        if "max_wait_s" in klass.get("queue", {}):
+            klass["queue"]["max_wait_s"] *= k
+        klass["deadline_s"] = klass.get("deadline_s", 600.0) * k
+    for backend in data["backends"]:
+        timeouts = backend.setdefault("timeouts", {})
+        for name in ("first_byte_s", "between_chunks_s"):
+            if name in timeouts:
+                timeouts[name] *= k
+    return parse_policy(yaml.safe_dump(data), f"{snapshot.source} (time scale {k:g})")

@@ -1,0 +1,22 @@
+"""Paths of the deploy files and the Prometheus binaries (Debian's ``prometheus`` package)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
+ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yaml"
+DASHBOARD = DEPLOY / "grafana" / "inference-gateway.json"
+METRICS_DOC = DEPLOY / "metrics.md"
+
+
+def binary(name: str) -> str:
+    """The binary's path; skips (with the install hint) where it is missing. CI installs it."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} not installed (apt-get install prometheus; .ci/run does)")
+    return path

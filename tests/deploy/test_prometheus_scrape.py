@@ -1,0 +1,125 @@
+"""A real Prometheus server scrapes a running gateway and answers TTFT P99 per class.
+
+Prometheus (Debian's package) runs on a loopback port with a temporary config and data
+directory, scraping the session's gateway every second (its minimum). The test sends one
+streamed request per class (acme is interactive, globex batch) and waits until Prometheus has
+scraped their histograms, sends more, then polls the PromQL query until both classes have a
+value, with a deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import CHAT_MODEL
+from tests.deploy.conftest import binary
+from tests.servers import free_port, wait_until
+
+TTFT_P99_BY_CLASS = (
+    'histogram_quantile(0.99, sum by (class, le) (rate(gateway_ttft_seconds_bucket{job="gateway"}[1m])))'
+)
+
+
+class Prometheus:
+    def __init__(self, url: str, log: Path) -> None:
+        self.url = url
+        self.log = log
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        try:
+            response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
+        except httpx.TransportError:
+            return []  # still starting
+        if response.status_code != 200:
+            return []
+        result: list[dict[str, Any]] = response.json()["data"]["result"]
+        return result
+
+
+@pytest.fixture
+def prometheus(gateway_url: str, tmp_path: Path) -> Iterator[Prometheus]:
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - {{job_name: gateway, static_configs: [{{targets: ['{urlsplit(gateway_url).netloc}']}}]}}\n"
+    )
+    port = free_port()
+    log = tmp_path / "prometheus.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                binary("prometheus"),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield Prometheus(f"http://127.0.0.1:{port}", log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def stream(sdk: openai.OpenAI) -> None:
+    chunks = sdk.chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True
+    )
+    for _ in chunks:
+        pass
+
+
+def p99_by_class(prometheus: Prometheus) -> dict[str, float]:
+    return {
+        sample["metric"].get("class", ""): float(sample["value"][1]) for sample in prometheus.query(TTFT_P99_BY_CLASS)
+    }
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_the_gateway_and_answers_ttft_p99_per_class(
+    prometheus: Prometheus, client: openai.OpenAI, globex_client: openai.OpenAI, backend: object
+) -> None:
+    # A histogram series appears on /metrics with its first observation, and rate() needs a sample
+    # before the increase: one request per class first, scraped, then the ones the query measures.
+    stream(client)  # interactive
+    stream(globex_client)  # batch
+
+    def scraped() -> bool:
+        return {s["metric"].get("class") for s in prometheus.query('gateway_ttft_seconds_count{job="gateway"}')} >= {
+            "interactive",
+            "batch",
+        }
+
+    wait_until(scraped, timeout=30, what=f"Prometheus to scrape TTFT of both classes (log: {prometheus.log})")
+    for _ in range(3):
+        stream(client)
+        stream(globex_client)
+
+    def both_classes() -> bool:
+        values = p99_by_class(prometheus)
+        return all(not math.isnan(values.get(name, math.nan)) for name in ("interactive", "batch"))
+
+    try:
+        wait_until(both_classes, timeout=30, what="a TTFT P99 for both classes")
+    except AssertionError:
+        raw = prometheus.query('gateway_ttft_seconds_count{job="gateway"}')
+        raise AssertionError(f"{p99_by_class(prometheus)}; counts: {raw}") from None
+    values = p99_by_class(prometheus)
+    assert all(0 < values[name] <= 60 for name in ("interactive", "batch")), values

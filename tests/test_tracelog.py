@@ -1,0 +1,176 @@
+"""The request trace log: its record format, SLO judgement, the writer thread and rotation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.policy.model import Slo
+from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, meets_slo, rotated_files, trace_record
+from loadtests.loadgen.records import RequestRecord, iter_records
+from tests.servers import wait_until
+
+SLO = Slo(ttft_ms=500, itl_ms=30, e2e_ms=10_000)
+EPOCH = 1_700_000_000.0
+
+
+def record(request_id: str = "r1", **overrides: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "request_id": request_id,
+        "epoch_offset": EPOCH,
+        "t_arrival": 10.0,
+        "t_admit": 10.001,
+        "t_dispatch": 10.25,
+        "t_first_token": 10.5,
+        "t_end": 11.5,
+        "class_name": "interactive",
+        "tenant": "acme",
+        "model": "test/chat",
+        "stream": True,
+        "status": 200,
+        "outcome": "completed",
+        "backend": "b1",
+        "queue_s": 0.249,
+        "itl": ItlSummary.of([0.25, 0.5, 0.25]),
+        "tokens_in": 12,
+        "tokens_out": 4,
+        "cached_tokens": 8,
+        "slo_met": True,
+    }
+    values.update(overrides)
+    return trace_record(**values)
+
+
+def test_a_trace_record_is_a_request_record_with_the_gateways_extras() -> None:
+    parsed = RequestRecord.from_dict(record())
+    assert parsed.t_send == EPOCH + 10.0
+    assert parsed.ttft_s == pytest.approx(0.5)
+    assert parsed.e2e_s == pytest.approx(1.5)
+    assert (parsed.status, parsed.error, parsed.ok, parsed.slo_met) == (200, None, True, True)
+    assert (parsed.tokens_in, parsed.tokens_out, parsed.cached_tokens) == (12, 4, 8)
+    assert parsed.itl_s == ()
+    extra = parsed.extra
+    assert extra["t_dispatch"] == pytest.approx(EPOCH + 10.25)
+    assert extra["t_end"] == pytest.approx(EPOCH + 11.5)
+    assert (extra["backend"], extra["outcome"], extra["reason"], extra["queue_s"]) == ("b1", "completed", None, 0.249)
+    assert (extra["itl_count"], extra["itl_p50_s"], extra["itl_max_s"]) == (3, 0.25, 0.5)
+    assert RequestRecord.from_json(parsed.to_json()) == parsed
+
+
+def test_a_rejected_request_carries_its_reason_code_and_no_timings_it_never_had() -> None:
+    line = record(
+        outcome="queue_full", status=503, backend="", t_dispatch=None, t_first_token=None, itl=None, slo_met=False
+    )
+    parsed = RequestRecord.from_dict(line)
+    assert (parsed.error, parsed.ok, parsed.ttft_s) == ("queue_full", False, None)
+    assert (line["reason"], line["backend"], line["t_dispatch"], line["itl_p99_s"]) == ("queue_full", None, None, None)
+
+
+def test_no_field_of_a_record_can_hold_prompt_or_completion_text() -> None:
+    text_fields = {k for k, v in record().items() if isinstance(v, str)}
+    assert text_fields == {"request_id", "class_name", "tenant", "model", "backend", "outcome"}
+
+
+@pytest.mark.parametrize(
+    ("gaps", "expected"),
+    [
+        ([0.1], ItlSummary(1, 0.1, 0.1, 0.1, 0.1)),
+        ([0.25, 0.5, 0.25, 1.0], ItlSummary(4, 0.5, 0.25, 1.0, 1.0)),
+        (list(range(1, 101)), ItlSummary(100, 50.5, 50, 99, 100)),
+    ],
+    ids=["one gap is every statistic", "four gaps take nearest ranks", "P99 of 1..100 is the 99th value"],
+)
+def test_itl_summary_on_known_gaps(gaps: list[float], expected: ItlSummary) -> None:
+    assert ItlSummary.of(gaps) == expected
+
+
+def test_no_gaps_have_no_summary() -> None:
+    assert ItlSummary.of([]) is None
+
+
+@pytest.mark.parametrize(
+    ("ok", "ttft_s", "itl_mean_s", "e2e_s", "met"),
+    [
+        (True, 0.4, 0.02, 5.0, True),
+        (False, 0.4, 0.02, 5.0, False),
+        (True, 0.6, 0.02, 5.0, False),
+        (True, 0.4, 0.031, 5.0, False),
+        (True, 0.4, 0.02, 11.0, False),
+        (True, 0.4, None, 5.0, True),
+        (True, None, None, 5.0, True),
+        (True, 0.5, 0.03, 10.0, True),
+    ],
+    ids=[
+        "a fast success meets its SLO",
+        "a failure never meets its SLO",
+        "a slow first token misses",
+        "a slow mean gap misses",
+        "a slow end misses",
+        "a single-chunk answer is judged without ITL",
+        "a non-streamed answer is judged on E2E alone",
+        "values exactly at the objectives meet them",
+    ],
+)
+def test_meets_slo(ok: bool, ttft_s: float | None, itl_mean_s: float | None, e2e_s: float, met: bool) -> None:
+    assert meets_slo(ok=ok, ttft_s=ttft_s, itl_mean_s=itl_mean_s, e2e_s=e2e_s, slo=SLO) is met
+
+
+def test_records_are_flushed_by_the_writer_thread_and_read_back_by_the_load_generators_reader(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    log = TraceLog(TraceLogConfig(path=path, batch=10, flush_interval_s=60))
+    log.start()
+    try:
+        for i in range(10):
+            assert log.write(record(f"r{i}"))
+        wait_until(lambda: log.written == 10, what="a full batch to be written without waiting for the interval")
+    finally:
+        log.close()
+    assert [r.request_id for r in iter_records(path)] == [f"r{i}" for i in range(10)]
+
+
+def test_close_drains_what_is_still_buffered(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    log = TraceLog(TraceLogConfig(path=path, flush_interval_s=60))
+    log.start()
+    log.write(record("last"))
+    log.close()
+    assert [r.request_id for r in iter_records(path)] == ["last"]
+
+
+def test_a_full_buffer_drops_and_counts_instead_of_blocking(tmp_path: Path) -> None:
+    log = TraceLog(TraceLogConfig(path=tmp_path / "trace.jsonl", buffer_records=3, batch=100))
+    results = [log.write(record(f"r{i}")) for i in range(5)]  # no writer thread: nothing drains
+    assert results == [True, True, True, False, False]
+    assert log.dropped == 2
+
+
+def test_the_log_rotates_at_its_size_bound_and_keeps_n_old_files(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    line_bytes = len(TraceLog.serialise(record("r000")))
+    log = TraceLog(TraceLogConfig(path=path, max_bytes=line_bytes * 3, keep=2, batch=2, flush_interval_s=60))
+    log.start()
+    for i in range(20):
+        log.write(record(f"r{i:03d}"))
+    log.close()
+    files = rotated_files(path)
+    assert [p.name for p in files] == ["trace.jsonl.2", "trace.jsonl.1", "trace.jsonl"]
+    assert all(p.stat().st_size <= line_bytes * 3 for p in files)
+    kept = [r.request_id for p in files for r in iter_records(p)]
+    assert kept == [f"r{i:03d}" for i in range(20 - len(kept), 20)]
+    assert len(kept) == 8  # three full files less the newest one's partial fill: 3 + 3 + 2
+
+
+def test_a_log_reopened_after_a_restart_appends_and_counts_the_existing_size(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    line_bytes = len(TraceLog.serialise(record("r0")))
+    for i in range(2):
+        log = TraceLog(TraceLogConfig(path=path, max_bytes=line_bytes + 1, keep=1))
+        log.start()
+        log.write(record(f"r{i}"))
+        log.close()
+    assert [r.request_id for p in rotated_files(path) for r in iter_records(p)] == ["r0", "r1"]
+    assert path.with_name("trace.jsonl.1").exists()

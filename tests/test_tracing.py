@@ -1,0 +1,187 @@
+"""OpenTelemetry spans of a request: shape, GenAI attributes, propagation, sampling, and the off switch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gateway import tracing as t
+from gateway.tracelog import ItlSummary
+from gateway.tracing import Tracing, TracingConfig
+from gateway.types import Api
+
+EPOCH = 1_700_000_000.0
+CLIENT_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    yield exporter
+    exporter.shutdown()
+
+
+def traced(exporter: InMemorySpanExporter, **config: object) -> Tracing:
+    return Tracing(TracingConfig(enabled=True, **config), epoch_offset=EPOCH, exporter=exporter)  # type: ignore[arg-type]
+
+
+def run_request(tracing: Tracing, traceparent: str | None = None) -> dict[str, str]:
+    """One streamed request through every recorder; returns the headers sent upstream."""
+    span = tracing.start_request(t=10.0, request_id="req-1", api=Api.CHAT, traceparent=traceparent)
+    span.describe(model="test/chat", tenant="acme", class_name="interactive", max_tokens=16, stream=True)
+    span.queue(start=10.001, end=10.25, class_name="interactive")
+    span.route(
+        start=10.25, end=10.2501, backend="b1", strategy="prefix", reason="prefix_match", matched_blocks=3,
+        scores={"b1": 0.9, "b2": 0.4},
+    )  # fmt: skip
+    failed = span.attempt(backend="b2", number=1, t=10.26)
+    failed.end(t=10.27, error="upstream_connect_error")
+    attempt = span.attempt(backend="b1", number=2, t=10.28)
+    headers: dict[str, str] = {}
+    attempt.inject(headers)
+    span.first_token(t=10.5)
+    attempt.end(t=11.5, status=200)
+    span.content(input_messages='[{"role": "user"}]', output_messages='[{"role": "assistant"}]')
+    span.finish(
+        t=11.5, status=200, outcome="completed", input_tokens=12, output_tokens=5, finish_reasons=["stop"],
+        ttft_s=0.5, itl=ItlSummary(4, 0.25, 0.2, 0.4, 0.4),
+    )  # fmt: skip
+    return headers
+
+
+def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in exporter.get_finished_spans()}
+
+
+def test_a_request_is_a_server_span_with_queue_route_and_attempt_children(exporter: InMemorySpanExporter) -> None:
+    run_request(traced(exporter))
+    spans = by_name(exporter)
+    assert set(spans) == {"chat test/chat", "queue", "route", "upstream b1", "upstream b2"}
+    server = spans["chat test/chat"]
+    assert server.kind is SpanKind.SERVER
+    assert server.context is not None
+    for name in ("queue", "route", "upstream b1", "upstream b2"):
+        assert spans[name].parent is not None
+        assert spans[name].parent.span_id == server.context.span_id, name
+    assert spans["upstream b1"].kind is SpanKind.CLIENT
+    assert server.start_time == int((EPOCH + 10.0) * 1e9)
+    assert server.end_time == int((EPOCH + 11.5) * 1e9)
+    assert spans["queue"].attributes is not None
+    assert spans["queue"].attributes[t.QUEUE_S] == pytest.approx(0.249)
+
+
+def test_the_server_span_carries_genai_attributes_and_latency_percentiles(exporter: InMemorySpanExporter) -> None:
+    run_request(traced(exporter))
+    attributes = dict(by_name(exporter)["chat test/chat"].attributes or {})
+    assert attributes[t.GEN_AI_OPERATION_NAME] == "chat"
+    assert attributes[t.GEN_AI_REQUEST_MODEL] == "test/chat"
+    assert attributes[t.GEN_AI_REQUEST_MAX_TOKENS] == 16
+    assert attributes[t.GEN_AI_USAGE_INPUT_TOKENS] == 12
+    assert attributes[t.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
+    assert attributes[t.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert (attributes[t.TTFT_S], attributes[t.ITL_P50_S], attributes[t.ITL_P99_S]) == (0.5, 0.2, 0.4)
+    assert (attributes[t.TENANT], attributes[t.CLASS], attributes[t.BACKEND]) == ("acme", "interactive", "b1")
+
+
+def test_the_route_span_names_the_backend_and_every_candidates_score(exporter: InMemorySpanExporter) -> None:
+    run_request(traced(exporter))
+    attributes = dict(by_name(exporter)["route"].attributes or {})
+    assert attributes[t.ROUTING_REASON] == "prefix_match"
+    assert attributes[t.ROUTING_MATCHED_BLOCKS] == 3
+    assert attributes[t.ROUTING_CANDIDATES] == ("b1", "b2")
+    assert attributes[t.ROUTING_SCORES] == (0.9, 0.4)
+
+
+def test_the_first_token_is_an_event_and_a_failed_attempt_is_an_error(exporter: InMemorySpanExporter) -> None:
+    run_request(traced(exporter))
+    spans = by_name(exporter)
+    (event,) = spans["chat test/chat"].events
+    assert (event.name, event.timestamp) == (t.FIRST_TOKEN_EVENT, int((EPOCH + 10.5) * 1e9))
+    failed = spans["upstream b2"]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert (failed.attributes or {})[t.ERROR_TYPE] == "upstream_connect_error"
+
+
+def test_the_upstream_traceparent_names_the_attempt_in_the_clients_trace(exporter: InMemorySpanExporter) -> None:
+    headers = run_request(traced(exporter), traceparent=CLIENT_TRACEPARENT)
+    attempt = by_name(exporter)["upstream b1"]
+    assert attempt.context is not None
+    assert headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-{attempt.context.span_id:016x}-01"
+    server = by_name(exporter)["chat test/chat"]
+    assert server.parent is not None
+    assert server.parent.span_id == 0xB7AD6B7169203331
+
+
+@pytest.mark.parametrize(
+    ("capture", "recorded"),
+    [(False, False), (True, True)],
+    ids=["prompt and completion are never recorded by default", "the capture flag opts in to recording them"],
+)
+def test_content_capture(exporter: InMemorySpanExporter, capture: bool, recorded: bool) -> None:
+    run_request(traced(exporter, capture_content=capture))
+    attributes = by_name(exporter)["chat test/chat"].attributes or {}
+    assert (t.GEN_AI_INPUT_MESSAGES in attributes) is recorded
+    assert (t.GEN_AI_OUTPUT_MESSAGES in attributes) is recorded
+
+
+def test_a_zero_sampling_ratio_exports_nothing_but_still_propagates(exporter: InMemorySpanExporter) -> None:
+    headers = run_request(traced(exporter, sampling_ratio=0.0))
+    assert exporter.get_finished_spans() == ()
+    flags = int(headers["traceparent"].rsplit("-", 1)[1], 16)
+    assert flags & 1 == 0  # not sampled: the backend should not sample either
+
+
+def test_disabled_tracing_creates_no_spans_and_shares_one_inert_recorder(exporter: InMemorySpanExporter) -> None:
+    tracing = Tracing(TracingConfig(enabled=False), epoch_offset=EPOCH, exporter=exporter)
+    first = tracing.start_request(t=1.0, request_id="a", api=Api.CHAT)
+    second = tracing.start_request(t=1.0, request_id="b", api=Api.EMBEDDINGS)
+    assert first is second
+    assert not first.recording
+    assert run_request(tracing) == {}
+    assert exporter.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, TracingConfig(enabled=False, endpoint=None)),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+            TracingConfig(enabled=True, sampling_ratio=0.25, endpoint="http://collector:4318/v1/traces"),
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces", "OTEL_SERVICE_NAME": "gw-eu"},
+            TracingConfig(enabled=True, endpoint="http://c:4318/v1/traces", service_name="gw-eu"),
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"},
+            TracingConfig(enabled=False, endpoint="http://c:4318/v1/traces"),
+        ),
+    ],
+    ids=[
+        "no endpoint means no tracing",
+        "the generic endpoint gets the traces path and the sampler argument is the ratio",
+        "the traces endpoint is used as is with the service name",
+        "the SDK switch turns tracing off",
+    ],
+)
+def test_config_from_the_standard_environment(env: dict[str, str], expected: TracingConfig) -> None:
+    assert TracingConfig.from_env(env) == expected
+
+
+def test_the_otlp_exporter_is_built_when_no_exporter_is_given() -> None:
+    tracing = Tracing(TracingConfig(enabled=True, endpoint="http://127.0.0.1:1/v1/traces"), epoch_offset=EPOCH)
+    tracing.shutdown()  # nothing was recorded, so nothing is sent
+
+
+def test_the_fast_path_sets_the_queue_time_without_a_queue_span(exporter: InMemorySpanExporter) -> None:
+    tracing = traced(exporter)
+    span = tracing.start_request(t=10.0, request_id="req-1", api=Api.CHAT)
+    span.queue(start=10.0001, end=10.0002, class_name="interactive")
+    span.finish(t=10.5, status=200, outcome="completed")
+    (server,) = exporter.get_finished_spans()
+    assert (server.attributes or {})[t.QUEUE_S] == pytest.approx(0.0001)
