@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.admin import admin_routes
 from gateway.admission import TenantLimiter
 from gateway.auth import authenticate
 from gateway.clock import Clock, MonotonicClock
@@ -26,7 +27,9 @@ from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.intake import read_headers
+from gateway.lifecycle import Drainable
 from gateway.policy.loader import PolicySnapshot, load_policy
+from gateway.policy.watch import PolicySource
 from gateway.proxy import Exchange, InferenceHandler
 from gateway.routing.base import Router as BackendRouter
 from gateway.routing.isolation import CacheSalter
@@ -57,13 +60,71 @@ class Gateway:
         self.salter = CacheSalter.from_env(snapshot.policy.cache_isolation.secret_env)
         backends = {b.name: b for b in snapshot.policy.backends}
         self.upstream = UpstreamClient(backends, max_connections=settings.max_upstream_connections)
-        self._snapshot = snapshot
+        self.source = PolicySource(settings.policy_path, initial=snapshot)
+        self.source.subscribe(self._apply)
         self._tasks: set[asyncio.Task[None]] = set()
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
+        self.draining = False
+        self.active = 0
+        self._idle = asyncio.Event()
 
     def policy(self) -> PolicySnapshot:
         """The policy in force; a request reads it once and keeps it to the end."""
-        return self._snapshot
+        return self.source.current()
+
+    def _apply(self, snapshot: PolicySnapshot) -> None:
+        """A reloaded policy: every component follows it; requests in flight keep their own.
+
+        Backends the new policy removes are drained, not cut: their requests in flight hold
+        their ``BackendState`` and finish on it; only new requests see the new pool.
+        """
+        old_routing = {m.name: m.routing for m in self.policy().policy.models}
+        self.pool.apply(snapshot)
+        fresh = build_routers(snapshot, self.clock)
+        for model, router in fresh.items():
+            unchanged = old_routing.get(model) == snapshot.models[model].routing and model in self.routers
+            self.routers[model] = self.routers[model] if unchanged else router
+        for model in set(self.routers) - set(fresh):
+            del self.routers[model]
+        self.dispatcher.apply(snapshot)
+        self.upstream.configure({b.name: b for b in snapshot.policy.backends})
+        self.metrics.policy_info.clear()
+        self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
+        self.dispatcher.pump_all()
+        log.warning("policy %s (digest %s) is now in force", snapshot.version, snapshot.digest)
+
+    def policy_status(self) -> dict[str, object]:
+        snapshot, source = self.policy(), self.source
+        return {
+            "version": snapshot.version,
+            "digest": snapshot.digest,
+            "source": snapshot.source,
+            "reloads": {"ok": source.reloads_ok, "invalid": source.reloads_invalid},
+            "last_error": source.last_error,
+        }
+
+    def enter(self) -> None:
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.draining and self.active == 0:
+            self._idle.set()
+
+    def begin_drain(self) -> None:
+        """Stop taking work: readiness fails, new requests get 503 ``draining``."""
+        self.draining = True
+        self.dispatcher.draining = True
+        if self.active == 0:
+            self._idle.set()
+
+    def drainable(self) -> Drainable:
+        return Drainable(
+            start=self.begin_drain,
+            in_flight=lambda: self.active,
+            idle=self._idle.wait,
+            timeout_s=lambda: self.policy().policy.lifecycle.drain_timeout_s,
+        )
 
     def forget_backend(self, backend: str) -> None:
         """A backend went down or left: every router drops what it learnt about it."""
@@ -71,7 +132,13 @@ class Gateway:
             router.forget_backend(backend)
 
     async def start(self) -> None:
-        policy = self._snapshot.policy
+        policy = self.policy().policy
+        if policy.lifecycle.watch_interval_s > 0:
+            self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))
+        try:
+            self.source.install_sighup(asyncio.get_running_loop())
+        except (RuntimeError, ValueError):  # not the main thread (tests): no signal handlers there
+            log.debug("SIGHUP reload not installed: not in the main thread")
         checks = policy.health_checks
         if self.settings.health_checks:
             await self.pool.check_all(self.upstream.http, checks.timeout_s)
@@ -131,7 +198,7 @@ class Gateway:
 
     def export_metrics(self) -> bytes:
         m = self.metrics
-        classes = self._snapshot.policy.classes
+        classes = self.policy().policy.classes
         rank_names = {c.rank: name for name, c in classes.items()}
         for state in self.pool.all():
             m.in_flight.labels(state.name).set(state.in_flight)
@@ -142,6 +209,9 @@ class Gateway:
         for model, queues in self.dispatcher.queues().items():
             for queue in queues.classes:
                 m.queue_depth.labels(model, queue.name).set(queue.depth)
+        source = self.source
+        for result, count in (("ok", source.reloads_ok), ("invalid", source.reloads_invalid)):
+            m.policy_reloads.labels(result).set(count)
         return m.exposition()
 
 
@@ -171,12 +241,15 @@ class GatewayApp:
         self._snapshot = snapshot
         self.gateway: Gateway | None = None
         self._hot: dict[str, InferenceHandler] = {}
+        admin = admin_routes(lambda: self.gateway, error_response)
         self._ops = Router(
             routes=[
                 Route("/healthz", self._healthz),
                 Route("/readyz", self._readyz),
                 Route("/metrics", self._metrics),
                 Route("/v1/models", self._models),
+                Route("/admin/reload", admin["/admin/reload"], methods=["POST"]),
+                Route("/admin/policy", admin["/admin/policy"]),
             ],
             default=self._not_found,
         )
@@ -220,6 +293,8 @@ class GatewayApp:
         gateway = self.gateway
         if gateway is None:
             return JSONResponse({"ready": False, "reason": "starting"}, status_code=503)
+        if gateway.draining:
+            return JSONResponse({"ready": False, "reason": "draining"}, status_code=503)
         unready = gateway.pool.unready_models()
         if unready:
             return JSONResponse({"ready": False, "models_without_healthy_backend": unready}, status_code=503)

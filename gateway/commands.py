@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import uvicorn
 
 from gateway.app import GatewayApp
+from gateway.lifecycle import DrainingServer
 from gateway.policy.loader import PolicyError, PolicySnapshot, hash_api_key, load_policy
 from gateway.policy.timescale import scale_policy_time
 from gateway.settings import Settings
@@ -95,7 +96,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings.from_env(policy_path=args.policy, host=args.host, port=args.port, log_level=args.log_level)
-    server = uvicorn.Server(_uvicorn_config(GatewayApp(settings, snapshot), args.host, args.port, args.log_level))
+    app = GatewayApp(settings, snapshot)
+    config = _uvicorn_config(app, args.host, args.port, args.log_level)
+    server = DrainingServer(config, lambda: app.gateway.drainable() if app.gateway else None)
     server.run()
     return 0 if server.started else 1
 

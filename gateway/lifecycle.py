@@ -34,7 +34,7 @@ class Drainable:
         self,
         start: Callable[[], None],
         in_flight: Callable[[], int],
-        idle: Callable[[], Awaitable[None]],
+        idle: Callable[[], Awaitable[object]],
         timeout_s: Callable[[], float],
     ) -> None:
         self.start = start

@@ -120,6 +120,7 @@ class InferenceHandler:
         headers = read_headers(scope["headers"])
         assert headers.request_id is not None
         exchange = Exchange(send, self.api, headers.request_id, arrival)
+        gateway.enter()
         try:
             await self._handle(exchange, headers, receive)
         except ClientDisconnected:
@@ -135,6 +136,7 @@ class InferenceHandler:
             if not exchange.started:
                 await exchange.fail(InternalError("The gateway failed to handle this request."))
         finally:
+            gateway.leave()
             gateway.record(exchange)
 
     async def _handle(self, exchange: Exchange, headers: RequestHeaders, receive: Receive) -> None:

@@ -155,6 +155,12 @@ class Metrics:
             buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01),
             registry=r,
         )
+        self.policy_reloads = Gauge(
+            "gateway_policy_reloads",
+            "Policy reloads since start, by result (ok: swapped in; invalid: rejected, old one kept).",
+            ["result"],
+            registry=r,
+        )
         self.policy_info = Gauge(
             "gateway_policy_info", "The policy version in force (value 1).", ["version", "digest"], registry=r
         )

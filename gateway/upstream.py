@@ -83,7 +83,11 @@ class UpstreamClient:
             timeouts[name] = {"connect": t.connect_s, "read": t.first_byte_s, "write": t.connect_s, "pool": None}
             for api in Api:
                 urls[(name, api)] = httpx.URL(backend.url + api.value)
-        self._headers, self._timeouts, self._urls = headers, timeouts, urls
+        # Merged, not replaced: a request granted a backend that a reload just removed still
+        # finds its credential and URL (removed backends are drained, not cut).
+        self._headers = {**self._headers, **headers}
+        self._timeouts = {**self._timeouts, **timeouts}
+        self._urls = {**self._urls, **urls}
 
     @property
     def http(self) -> httpx.AsyncClient:

@@ -12,6 +12,7 @@ only). The policy is ``tests/policies/gateway.yaml`` with the backend URL substi
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -60,12 +61,15 @@ def closed_port_url() -> str:
 
 
 @contextmanager
-def run_gateway(text: str, *, health_checks: bool = True, name: str = "tests/policies/gateway.yaml") -> Iterator[str]:
-    """Serve a gateway with policy ``text`` on loopback; yield its base URL."""
-    snapshot = parse_policy(text, name)
-    app = GatewayApp(Settings(policy_path=name, health_checks=health_checks), snapshot)
-    with serve_in_thread(app) as url:
-        yield url
+def run_gateway(text: str, *, health_checks: bool = True) -> Iterator[str]:
+    """Serve a gateway with policy ``text`` (written to a file it watches) on loopback; yield its URL."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "policy.yaml"
+        path.write_text(text)
+        snapshot = parse_policy(text, str(path))
+        app = GatewayApp(Settings(policy_path=str(path), health_checks=health_checks), snapshot)
+        with serve_in_thread(app) as url:
+            yield url
 
 
 @pytest.fixture(scope="session", autouse=True)

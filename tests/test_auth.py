@@ -128,7 +128,7 @@ def test_the_backend_gets_its_own_credential_never_the_clients(
         "cookie": f"session={KEY_ACME}",
     }
     response = httpx.post(gateway_url + path, json=body, headers=client_headers)
-    assert response.status_code == 200
+    assert response.status_code == 200, response.text
     received = backend.received[-1]
     assert received.headers["authorization"] == f"Bearer {BACKEND_TOKEN}"
     assert not any(KEY_ACME in value for value in received.headers.values()), received.headers
@@ -140,7 +140,7 @@ def test_a_backend_without_a_credential_gets_no_authorization_header(
     text = policy_text(backend_server.url, **{"    credential_env: GATEWAY_TEST_BACKEND_TOKEN\n": ""})
     with start_gateway(text) as url:
         response = httpx.post(url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {KEY_ACME}"})
-    assert response.status_code == 200
+    assert response.status_code == 200, response.text
     assert "authorization" not in backend.received[-1].headers
 
 

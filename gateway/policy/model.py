@@ -47,6 +47,17 @@ EnvName = Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")]
 Weight = Annotated[float, Field(ge=0, le=1000)]
 
 
+def check_key_hashes(hashes: list[str]) -> list[str]:
+    """Keys are stored as ``sha256:<hex>`` digests only; anything else is refused at load."""
+    for value in hashes:
+        if not KEY_HASH_PATTERN.match(value):
+            raise ValueError(
+                "must be 'sha256:' followed by 64 lowercase hex digits "
+                "(make one with `inference-gateway keys hash`); never a raw key"
+            )
+    return hashes
+
+
 class Strict(BaseModel):
     """Base for every policy section: frozen, unknown keys rejected."""
 
@@ -249,13 +260,7 @@ class Tenant(Strict):
     @field_validator("key_hashes")
     @classmethod
     def _hashes_not_keys(cls, hashes: list[str]) -> list[str]:
-        for value in hashes:
-            if not KEY_HASH_PATTERN.match(value):
-                raise ValueError(
-                    "must be 'sha256:' followed by 64 lowercase hex digits "
-                    "(make one with `inference-gateway keys hash`); never a raw key"
-                )
-        return hashes
+        return check_key_hashes(hashes)
 
 
 class HealthChecks(Strict):
@@ -295,6 +300,26 @@ class CacheIsolation(Strict):
     secret_env: EnvName = "GATEWAY_CACHE_SALT_SECRET"
 
 
+class Admin(Strict):
+    """Who may call ``/admin/*`` (reload, policy in force): SHA-256 hashes of admin keys.
+
+    With no key the admin endpoints answer 403; tenants' keys never open them."""
+
+    key_hashes: list[str] = []
+
+    @field_validator("key_hashes")
+    @classmethod
+    def _hashes_not_keys(cls, hashes: list[str]) -> list[str]:
+        return check_key_hashes(hashes)
+
+
+class Lifecycle(Strict):
+    """Drain and reload: how long SIGTERM waits for requests in flight, how often the file is polled."""
+
+    drain_timeout_s: PositiveFloat = 30.0
+    watch_interval_s: Annotated[float, Field(ge=0)] = 1.0
+
+
 class Policy(Strict):
     """The whole policy file."""
 
@@ -308,4 +333,6 @@ class Policy(Strict):
     scrape: Scrape = Scrape()
     cache_scopes: dict[Name, CacheScope] = {}
     cache_isolation: CacheIsolation = CacheIsolation()
+    admin: Admin = Admin()
+    lifecycle: Lifecycle = Lifecycle()
     kind: Literal["gateway-policy"] = "gateway-policy"

@@ -1,0 +1,63 @@
+"""Operator endpoints: ``POST /admin/reload`` and ``GET /admin/policy``, behind an admin key.
+
+Admin keys are separate from tenant keys (``admin.key_hashes`` in the policy, SHA-256 like
+tenants'); with none configured the endpoints answer 403, so a default install exposes no
+control surface. ``/admin/policy`` tells an SRE which policy is in force (version, digest,
+source) and how the last reload went; ``/admin/reload`` re-reads the file now, validates it
+first and keeps the old policy if the new one is invalid (answering 422 with the errors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import AuthenticationFailed, GatewayError, ModelNotAllowed
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+def _authorize(request: Request, gateway: Gateway) -> None:
+    allowed = gateway.policy().policy.admin.key_hashes
+    if not allowed:
+        raise ModelNotAllowed("Admin endpoints are disabled: the policy lists no admin key.", code="admin_disabled")
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <admin key>'.")
+    if "sha256:" + hashlib.sha256(key.strip().encode()).hexdigest() not in allowed:
+        raise ModelNotAllowed("This key may not use the admin endpoints.", code="not_admin")
+
+
+def admin_routes(
+    gateway: Callable[[], Gateway | None], render: Callable[[GatewayError], Response]
+) -> dict[str, Callable[[Request], Awaitable[Response]]]:
+    """The handlers by path, for the app's router."""
+
+    async def reload(request: Request) -> Response:
+        current = gateway()
+        if current is None:
+            return JSONResponse({"error": "starting"}, status_code=503)
+        try:
+            _authorize(request, current)
+        except GatewayError as error:
+            return render(error)
+        result = current.source.reload("admin")
+        status = 422 if result.error else 200
+        return JSONResponse(current.policy_status(), status_code=status)
+
+    async def policy(request: Request) -> Response:
+        current = gateway()
+        if current is None:
+            return JSONResponse({"error": "starting"}, status_code=503)
+        try:
+            _authorize(request, current)
+        except GatewayError as error:
+            return render(error)
+        return JSONResponse(current.policy_status())
+
+    return {"/admin/reload": reload, "/admin/policy": policy}

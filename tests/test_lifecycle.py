@@ -1,0 +1,131 @@
+"""Hot reload (file change, admin endpoint) and graceful drain on SIGTERM, with real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from gateway.policy.loader import hash_api_key
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, policy_text
+from tests.fake_backend import FakeBackend
+from tests.servers import free_port, serve_in_thread, wait_until
+
+ADMIN_KEY = "admin-key-for-tests"
+ADMIN = (
+    f'admin: {{key_hashes: ["{hash_api_key(ADMIN_KEY)}"]}}\n'
+    "lifecycle: {watch_interval_s: 0.05, drain_timeout_s: 20}\n"
+)
+MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture
+def policy_path(tmp_path: Path, backend_server: BackendServer) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text(backend_server.url) + ADMIN)
+    return path
+
+
+@pytest.fixture
+def gateway(policy_path: Path) -> object:
+    from gateway.app import GatewayApp
+    from gateway.policy.loader import load_policy
+    from gateway.settings import Settings
+
+    app = GatewayApp(Settings(policy_path=str(policy_path)), load_policy(policy_path))
+    with serve_in_thread(app) as url:
+        yield url
+
+
+def admin(url: str, method: str, path: str, key: str | None = ADMIN_KEY) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.request(method, url + path, headers=headers)
+
+
+def test_an_invalid_policy_written_over_the_live_file_is_refused_and_the_old_one_keeps_serving(
+    gateway: str, policy_path: Path, backend: FakeBackend
+) -> None:
+    good = policy_path.read_text()
+    policy_path.write_text(good.replace("rpm: 6000", "rpm: 0"))
+    wait_until(lambda: admin(gateway, "GET", "/admin/policy").json()["reloads"]["invalid"] == 1, what="the reload")
+    status = admin(gateway, "GET", "/admin/policy").json()
+    assert status["version"] == "test-1"
+    assert "tenants[0].limits.rpm: must be greater than 0" in status["last_error"]
+    assert metric(gateway, "gateway_policy_reloads", result="invalid") == 1
+    reply = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY_ACME}"},
+        json={"model": CHAT_MODEL, "messages": MESSAGES},
+    )
+    assert reply.status_code == 200
+    policy_path.write_text(good.replace("version: test-1", "version: test-2"))
+    wait_until(lambda: admin(gateway, "GET", "/admin/policy").json()["version"] == "test-2", what="the new policy")
+
+
+def test_the_admin_endpoints_need_an_admin_key(gateway: str) -> None:
+    assert admin(gateway, "GET", "/admin/policy", key=None).status_code == 401
+    assert admin(gateway, "GET", "/admin/policy", key=KEY_ACME).status_code == 403
+    reloaded = admin(gateway, "POST", "/admin/reload")
+    assert reloaded.status_code == 200
+    assert reloaded.json()["version"] == "test-1"
+
+
+def test_sigterm_drains_streams_refuses_new_requests_and_exits_zero(policy_path: Path, backend: FakeBackend) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: _ready(url), timeout=30, what="the gateway to be ready")
+        gate = threading.Event()
+        backend.gate, backend.tokens = gate, 3
+        chunks: list[str] = []
+        first = threading.Event()
+
+        def stream() -> None:
+            with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30) as sdk:
+                for chunk in sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        chunks.append(chunk.choices[0].delta.content)
+                        first.set()
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        assert first.wait(10)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: httpx.get(url + "/readyz").status_code == 503, what="readiness to fail")
+        refused = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY_ACME}"},
+            json={"model": CHAT_MODEL, "messages": MESSAGES},
+        )
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "draining"
+        assert proc.poll() is None, "the gateway must wait for the stream in flight"
+        backend.gate = None
+        gate.set()
+        streamer.join(10)
+        assert chunks == [" t0", " t1", " t2"], "the stream in flight was cut"
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz").status_code == 200
+    except httpx.HTTPError:
+        return False
