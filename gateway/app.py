@@ -22,6 +22,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.admin import admin_routes
 from gateway.admission import TenantLimiter
 from gateway.auth import authenticate
+from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.clock import Clock, MonotonicClock
 from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
@@ -31,6 +32,7 @@ from gateway.lifecycle import Drainable
 from gateway.policy.loader import PolicySnapshot, load_policy
 from gateway.policy.watch import PolicySource
 from gateway.proxy import Exchange, InferenceHandler
+from gateway.retry import RetryBudget
 from gateway.routing.base import Router as BackendRouter
 from gateway.routing.isolation import CacheSalter
 from gateway.routing.registry import build_routers
@@ -44,6 +46,8 @@ from gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
 
+BREAKER_LEVELS = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
 
 class Gateway:
     """Everything the request path needs, built once at start-up and closed at shutdown."""
@@ -54,7 +58,8 @@ class Gateway:
         self.metrics = Metrics()
         self.estimator = CharRatioEstimator()
         self.routers: dict[str, BackendRouter] = build_routers(snapshot, self.clock)
-        self.pool = BackendPool(snapshot, on_forget=self.forget_backend)
+        self.pool = BackendPool(snapshot, on_forget=self.forget_backend, breakers=self._breaker)
+        self.retry_budget = RetryBudget.from_policy(snapshot.policy.retry, self.clock)
         self.limiter = TenantLimiter(MemoryLimitStore(self.clock))
         self.dispatcher = Dispatcher(self.pool, self.routers.__getitem__, self.clock, snapshot)
         self.salter = CacheSalter.from_env(snapshot.policy.cache_isolation.secret_env)
@@ -125,6 +130,9 @@ class Gateway:
             idle=self._idle.wait,
             timeout_s=lambda: self.policy().policy.lifecycle.drain_timeout_s,
         )
+
+    def _breaker(self, backend: str, snapshot: PolicySnapshot) -> CircuitBreaker:
+        return CircuitBreaker(backend, snapshot.policy.breaker, self.clock)
 
     def forget_backend(self, backend: str) -> None:
         """A backend went down or left: every router drops what it learnt about it."""
@@ -204,11 +212,17 @@ class Gateway:
             m.in_flight.labels(state.name).set(state.in_flight)
             m.in_flight_tokens.labels(state.name).set(state.in_flight_tokens)
             m.backend_healthy.labels(state.name).set(1 if state.healthy else 0)
+            m.backend_kv_usage.labels(state.name).set(state.kv_usage)
+            m.backend_waiting.labels(state.name).set(state.waiting)
+            if state.breaker is not None:
+                m.breaker_state.labels(state.name).set(BREAKER_LEVELS[state.breaker.state])
             for rank, name in rank_names.items():
                 m.class_in_flight.labels(state.name, name).set(state.class_in_flight.get(rank, 0))
         for model, queues in self.dispatcher.queues().items():
+            m.model_healthy_backends.labels(model).set(sum(1 for s in self.pool.for_model(model) if s.healthy))
             for queue in queues.classes:
                 m.queue_depth.labels(model, queue.name).set(queue.depth)
+                m.queue_capacity.labels(model, queue.name).set(queue.policy.queue.max_depth)
         source = self.source
         for result, count in (("ok", source.reloads_ok), ("invalid", source.reloads_invalid)):
             m.policy_reloads.labels(result).set(count)

@@ -42,12 +42,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated
-
-from pydantic import Field, model_validator
 
 from gateway.clock import Clock
-from gateway.policy.model import PositiveFloat, PositiveInt, Strict
+from gateway.policy.model import BreakerPolicy
 from gateway.window import SlidingCounter
 
 log = logging.getLogger(__name__)
@@ -59,32 +56,6 @@ class BreakerState(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
-
-
-class BreakerPolicy(Strict):
-    """Thresholds of every backend's breaker (see the module docstring for the rule).
-
-    Usage in a policy file::
-
-        breaker: {consecutive_failures: 5, failure_ratio: 0.5, min_requests: 20, window_s: 10,
-                  open_s: 30, max_open_s: 300, open_growth: 2, half_open_probes: 1}
-    """
-
-    consecutive_failures: PositiveInt | None = 5
-    failure_ratio: Annotated[float, Field(gt=0, le=1)] | None = 0.5
-    min_requests: PositiveInt = 20
-    window_s: PositiveFloat = 10.0
-    open_s: PositiveFloat = 30.0
-    max_open_s: PositiveFloat = 300.0
-    open_growth: Annotated[float, Field(ge=1, le=10)] = 2.0
-    half_open_probes: PositiveInt = 1
-    probe_timeout_s: PositiveFloat = 60.0
-
-    @model_validator(mode="after")
-    def _cap_above_base(self) -> BreakerPolicy:
-        if self.max_open_s < self.open_s:
-            raise ValueError("max_open_s must not be less than open_s")
-        return self
 
 
 Transition = Callable[[str, BreakerState, BreakerState], None]

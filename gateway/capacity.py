@@ -2,14 +2,16 @@
 
 A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``) when all hold:
 
-* it is healthy;
+* it is healthy and its circuit breaker lets requests through;
 * the gateway has fewer than ``max_concurrent`` requests in flight there, and adding
   ``tokens`` keeps its in-flight tokens within ``max_tokens_in_flight`` (a request bigger
   than the whole budget still goes to an idle backend, or it could never be served);
 * the request's class stays within its ``max_share`` of both budgets (batch leaves room for
   interactive arrivals: a batch request never takes the last free share), and within its
-  ``max_prefilling`` requests still waiting for their first token (batch prefills are paced
-  so that they do not stretch the engine steps interactive requests wait on);
+  ``max_prefilling`` requests still waiting for their first token, none of them starting
+  while a request of a higher class is prefilling there (batch prefills are paced, and yield
+  to interactive ones, so that they do not stretch the engine steps interactive requests
+  wait on);
 * the backend's own saturation signals, when freshly scraped, are below the policy's
   thresholds: waiting requests at most ``max_waiting`` and KV cache usage at most
   ``max_kv_usage``. These only tighten; with nothing in flight there a backend is always
@@ -23,13 +25,13 @@ from gateway.policy.model import PriorityClass
 
 
 def has_room(state: BackendState, klass: PriorityClass, tokens: int, now: float, fresh_s: float) -> bool:
-    if not state.healthy:
+    if not state.healthy or (state.breaker is not None and not state.breaker.allow()):
         return False
     capacity = state.backend.capacity
     if state.in_flight == 0:
         return True
     rank, share = klass.rank, klass.max_share
-    if klass.max_prefilling is not None and state.class_prefilling.get(rank, 0) >= klass.max_prefilling:
+    if klass.max_prefilling is not None and _prefill_blocked(state, rank, klass.max_prefilling):
         return False
     if state.in_flight >= capacity.max_concurrent:
         return False
@@ -45,3 +47,10 @@ def has_room(state: BackendState, klass: PriorityClass, tokens: int, now: float,
     ):
         return False
     return True
+
+
+def _prefill_blocked(state: BackendState, rank: int, max_prefilling: int) -> bool:
+    prefilling = state.class_prefilling
+    if prefilling.get(rank, 0) >= max_prefilling:
+        return True
+    return any(count for other, count in prefilling.items() if other < rank)

@@ -112,7 +112,13 @@ class Dispatcher:
         return self._queues
 
     async def acquire(
-        self, request: InferenceRequest, tenant: Tenant, class_name: str, klass: PriorityClass, deadline: float
+        self,
+        request: InferenceRequest,
+        tenant: Tenant,
+        class_name: str,
+        klass: PriorityClass,
+        deadline: float,
+        exclude: frozenset[str] = frozenset(),
     ) -> Grant:
         """A backend for ``request`` (see the module docstring); raises ``Overloaded``/``NoHealthyBackend``."""
         if self.draining:
@@ -126,12 +132,12 @@ class Dispatcher:
         tokens = request.prompt_tokens + request.max_tokens
         now = self.clock.now()
         if mq.waiting_at_or_above(klass.rank) == 0:
-            decision = self._place(request, tenant, klass, tokens, now)
+            decision = self._place(request, tenant, klass, tokens, now, exclude)
             if decision is not None:
                 self._commit(request, tenant, decision, klass.rank, tokens)
                 mq.meter.record(now)
                 return Grant(decision, klass.rank, tokens, 0.0)
-        return await self._wait(mq, request, tenant, class_name, klass, tokens, deadline, now)
+        return await self._wait(mq, request, tenant, class_name, klass, tokens, deadline, now, exclude)
 
     async def _wait(
         self,
@@ -143,6 +149,7 @@ class Dispatcher:
         tokens: int,
         deadline: float,
         now: float,
+        exclude: frozenset[str],
     ) -> Grant:
         queue = mq.queue(klass.rank)
         limit = klass.queue
@@ -160,7 +167,7 @@ class Dispatcher:
                 estimate,
             )
         future: asyncio.Future[RoutingDecision] = asyncio.get_running_loop().create_future()
-        ticket = Ticket(request, tenant, tokens, now, future)
+        ticket = Ticket(request, tenant, tokens, now, future, exclude=exclude)
         queue.push(ticket)
         try:
             async with asyncio.timeout(budget):
@@ -209,16 +216,25 @@ class Dispatcher:
         )
 
     def _place(
-        self, request: InferenceRequest, tenant: Tenant, klass: PriorityClass, tokens: int, now: float
+        self,
+        request: InferenceRequest,
+        tenant: Tenant,
+        klass: PriorityClass,
+        tokens: int,
+        now: float,
+        exclude: frozenset[str] = frozenset(),
     ) -> RoutingDecision | None:
         model = request.model
         candidates = self.pool.for_model(model)
         roomy = [s for s in candidates if has_room(s, klass, tokens, now, self._fresh_s)]
+        if exclude and len(roomy) > 1:  # a retry goes elsewhere when elsewhere has room
+            roomy = [s for s in roomy if s.name not in exclude] or roomy
         if roomy:
             return self.router_for(model).pick(request, tenant, roomy)
-        if not any(s.healthy for s in candidates):
+        if not any(self.pool.usable(s) for s in candidates):
             raise NoHealthyBackend(
-                f"No healthy backend serves model '{model}' right now.", headers={"retry-after": "1"}
+                f"No healthy backend serves model '{model}' right now (all down or their breakers open).",
+                headers={"retry-after": "1"},
             )
         return None
 
@@ -253,7 +269,9 @@ class Dispatcher:
                     queue.remove(ticket)
                     continue
                 try:
-                    decision = self._place(ticket.request, ticket.tenant, queue.policy, ticket.cost, now)
+                    decision = self._place(
+                        ticket.request, ticket.tenant, queue.policy, ticket.cost, now, ticket.exclude
+                    )
                 except NoHealthyBackend as error:
                     queue.pop(ticket)
                     ticket.future.set_exception(error)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 import httpx
 
+from gateway.breaker import CircuitBreaker
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import Backend
 
@@ -30,6 +31,7 @@ class BackendState:
 
     __slots__ = (
         "backend",
+        "breaker",
         "class_in_flight",
         "class_prefilling",
         "class_tokens",
@@ -42,8 +44,9 @@ class BackendState:
         "waiting",
     )
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, breaker: CircuitBreaker | None = None) -> None:
         self.backend = backend
+        self.breaker = breaker
         self.name = backend.name
         self.healthy = True
         self.in_flight = 0
@@ -81,10 +84,16 @@ class BackendState:
 class BackendPool:
     """One ``BackendState`` per backend of the current policy, plus the health-check loop."""
 
-    def __init__(self, snapshot: PolicySnapshot, on_forget: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: PolicySnapshot,
+        on_forget: Callable[[str], None] | None = None,
+        breakers: Callable[[str, PolicySnapshot], CircuitBreaker] | None = None,
+    ) -> None:
         self._states: dict[str, BackendState] = {}
         self._by_model: dict[str, tuple[BackendState, ...]] = {}
         self._on_forget = on_forget or _ignore
+        self._breakers = breakers
         self.apply(snapshot)
 
     def apply(self, snapshot: PolicySnapshot) -> None:
@@ -93,7 +102,8 @@ class BackendPool:
         for backend in snapshot.policy.backends:
             state = self._states.get(backend.name)
             if state is None or state.backend != backend:
-                state = BackendState(backend)
+                breaker = self._breakers(backend.name, snapshot) if self._breakers else None
+                state = BackendState(backend, breaker)
             states[backend.name] = state
         for name, old in self._states.items():
             if states.get(name) is not old:
@@ -108,6 +118,10 @@ class BackendPool:
 
     def all(self) -> Iterable[BackendState]:
         return self._states.values()
+
+    def usable(self, state: BackendState) -> bool:
+        """Healthy, and its breaker (if any) lets requests through."""
+        return state.healthy and (state.breaker is None or state.breaker.allow())
 
     def unready_models(self) -> list[str]:
         """Models with no healthy backend (``/readyz`` fails while this is not empty)."""

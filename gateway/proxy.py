@@ -25,9 +25,10 @@ from starlette.types import Receive, Scope, Send
 from gateway.admission import resolve_class
 from gateway.auth import authenticate, authorize_model
 from gateway.endpoints import BackendState
-from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound, UpstreamError, UpstreamTimeout
 from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
 from gateway.policy.model import BackendKind, PriorityClass, Tenant
+from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
 from gateway.routing.isolation import SALTED_KINDS, tenant_scope
 from gateway.streaming import SseRelay, StreamEnd, TokenTimer
@@ -55,6 +56,7 @@ class Exchange:
         "backend",
         "decision",
         "extra_headers",
+        "failure",
         "klass",
         "model",
         "on_first_token",
@@ -85,6 +87,7 @@ class Exchange:
         self.queued_s = 0.0
         self.extra_headers: list[tuple[bytes, bytes]] = []
         self.on_first_token: Callable[[], None] | None = None
+        self.failure: Failure | None = None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -191,15 +194,37 @@ class InferenceHandler:
         klass: PriorityClass,
         deadline: float,
     ) -> None:
-        dispatcher = self.gateway.dispatcher
-        grant = await dispatcher.acquire(request, tenant, class_name, klass, deadline)
-        exchange.queued_s = grant.queued_s
-        exchange.decision = grant.decision
-        exchange.on_first_token = lambda: dispatcher.first_token(request.model, grant)
-        try:
-            await self._forward(exchange, request, tenant, grant.state, klass.rank)
-        finally:
-            dispatcher.release(request.model, grant)
+        gateway = self.gateway
+        dispatcher, policy = gateway.dispatcher, gateway.policy().policy.retry
+        gateway.retry_budget.record_request()
+        tried: frozenset[str] = frozenset()
+        queued_s = 0.0
+        for attempt in range(policy.max_retries + 1):
+            grant = await dispatcher.acquire(request, tenant, class_name, klass, deadline, exclude=tried)
+            queued_s += grant.queued_s
+            exchange.queued_s, exchange.decision = queued_s, grant.decision
+            exchange.on_first_token = lambda grant=grant: dispatcher.first_token(request.model, grant)
+            exchange.failure = None
+            try:
+                await self._forward(exchange, request, tenant, grant.state, klass.rank)
+                return
+            except GatewayError as error:
+                failure = exchange.failure or Failure(error=error, client_bytes_sent=exchange.started)
+                if attempt == policy.max_retries or not is_retryable(failure, statuses=policy.retryable_statuses):
+                    raise
+                if not gateway.retry_budget.try_spend():
+                    gateway.metrics.retry_budget_exhausted.labels(request.model).inc()
+                    raise
+                delay = retry_delay(
+                    policy, attempt + 1, failure, now=gateway.clock.now(), deadline=deadline, same_backend=False
+                )
+                if delay is None:
+                    raise
+                gateway.metrics.retries.labels(grant.state.name, error.code).inc()
+                tried = tried | {grant.state.name}
+            finally:
+                dispatcher.release(request.model, grant)
+            await asyncio.sleep(delay)
 
     async def _forward(
         self, exchange: Exchange, request: InferenceRequest, tenant: Tenant, state: BackendState, rank: int
@@ -214,22 +239,36 @@ class InferenceHandler:
             # Isolation: the engine's prefix cache is keyed by this; the client's own is overwritten.
             request.body["cache_salt"] = gateway.salter.salt(tenant_scope(tenant))
             request.body_modified = True
+        breaker = state.breaker
+        if breaker is not None and not breaker.try_acquire():
+            raise UpstreamError(f"Backend '{state.name}' is failing; its circuit breaker is open.", code="breaker_open")
         try:
             response = await gateway.upstream.open(backend, request)
-            try:
-                if response.status_code != 200:
-                    body = await gateway.upstream.read_all(backend, response)
-                    raise backend_error(backend, response.status_code, body)
-                if request.stream:
-                    await self._relay(exchange, request, state, response)
-                else:
-                    await self._pass_through(exchange, state, response)
-            finally:
-                await response.aclose()
         except GatewayError as error:
+            if breaker is not None:
+                breaker.on_failure()
             if error.code == "upstream_connect_error":
                 gateway.pool.mark_down(state)
             raise
+        try:
+            status = response.status_code
+            if breaker is not None:
+                if status == 200:
+                    breaker.on_success()
+                elif status >= 500:
+                    breaker.on_failure()
+                else:
+                    breaker.release()
+            if status != 200:
+                body = await gateway.upstream.read_all(backend, response)
+                exchange.failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
+                raise backend_error(backend, status, body)
+            if request.stream:
+                await self._relay(exchange, request, state, response)
+            else:
+                await self._pass_through(exchange, state, response)
+        finally:
+            await response.aclose()
 
     async def _pass_through(self, exchange: Exchange, state: BackendState, response: httpx.Response) -> None:
         body = await self.gateway.upstream.read_all(state.backend, response)
@@ -252,7 +291,8 @@ class InferenceHandler:
         exchange.timer = timer
         await exchange.start(200, list(SSE_HEADERS))
         relay = SseRelay(exchange.send, timer, self.gateway.clock, strip_usage=not request.client_wants_usage)
-        end = await relay.run(_raw_chunks(response, state.backend.name))
+        stall_s = state.backend.timeouts.between_chunks_s
+        end = await relay.run(_raw_chunks(response, state.backend.name, stall_s))
         exchange.outcome = end.value if end is not StreamEnd.COMPLETED else "completed"
 
 
@@ -295,10 +335,25 @@ def _ask_for_usage(request: InferenceRequest) -> None:
     request.body_modified = True
 
 
-async def _raw_chunks(response: httpx.Response, backend: str) -> AsyncIterator[bytes]:
+async def _raw_chunks(response: httpx.Response, backend: str, stall_s: float) -> AsyncIterator[bytes]:
+    """The upstream body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504 error.
+
+    One ``asyncio.timeout`` per stream, moved forward at each chunk (cheaper than one per read).
+    """
+    loop = asyncio.get_running_loop()
+    chunks = response.aiter_raw()
     with map_upstream_errors(backend):
-        async for chunk in response.aiter_raw():
-            yield chunk
+        try:
+            async with asyncio.timeout_at(loop.time() + stall_s) as stall:
+                async for chunk in chunks:
+                    stall.reschedule(None)
+                    yield chunk
+                    stall.reschedule(loop.time() + stall_s)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"Backend '{backend}' sent nothing for {stall_s:g}s in the middle of the stream.",
+                code="upstream_stalled",
+            ) from None
 
 
 class ClientDisconnected(Exception):

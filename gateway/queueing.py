@@ -45,6 +45,7 @@ class Ticket:
     future: asyncio.Future[RoutingDecision]
     start_tag: float = 0.0
     removed: bool = False
+    exclude: frozenset[str] = frozenset()
 
     @property
     def tenant_name(self) -> str:

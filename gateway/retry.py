@@ -37,45 +37,14 @@ import email.utils
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Annotated
 
 import httpx
-from pydantic import Field, field_validator
 from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
 from gateway.clock import Clock
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.policy.model import PositiveFloat, Strict
+from gateway.policy.model import RETRYABLE_STATUSES, RetryPolicy
 from gateway.window import SlidingCounter
-
-RETRYABLE_STATUSES = frozenset({429, 502, 503})
-
-
-class RetryPolicy(Strict):
-    """How a failed attempt is retried (see the module docstring).
-
-    Usage in a policy file::
-
-        retry: {max_retries: 2, backoff_base_s: 0.025, backoff_cap_s: 0.25,
-                retryable_statuses: [429, 502, 503],
-                budget_ratio: 0.2, budget_min_per_s: 3, budget_window_s: 10}
-    """
-
-    max_retries: Annotated[int, Field(ge=0, le=10)] = 2
-    backoff_base_s: PositiveFloat = 0.025
-    backoff_cap_s: PositiveFloat = 0.25
-    retryable_statuses: frozenset[int] = RETRYABLE_STATUSES
-    budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
-    budget_min_per_s: Annotated[float, Field(ge=0)] = 3.0
-    budget_window_s: PositiveFloat = 10.0
-
-    @field_validator("retryable_statuses")
-    @classmethod
-    def _no_client_errors(cls, statuses: frozenset[int]) -> frozenset[int]:
-        for status in sorted(statuses):
-            if status != 429 and not 500 <= status <= 599:
-                raise ValueError(f"{status}: only 429 and 5xx statuses may be retried")
-        return statuses
 
 
 @dataclass(frozen=True, slots=True)

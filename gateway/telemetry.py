@@ -155,6 +155,42 @@ class Metrics:
             buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01),
             registry=r,
         )
+        self.retries = Counter(
+            "gateway_upstream_retries",
+            "Attempts retried on another backend, by the backend that failed and the failure's code.",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.retry_budget_exhausted = Counter(
+            "gateway_retry_budget_exhausted",
+            "Retries refused because the retry budget (a share of recent requests) was spent.",
+            ["model"],
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            "gateway_breaker_state",
+            "Circuit breaker of a backend: 0 closed, 1 half-open, 2 open.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_kv_usage = Gauge(
+            "gateway_backend_kv_cache_usage_ratio",
+            "KV-cache usage 0-1 from the backend's last /metrics scrape.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_waiting = Gauge(
+            "gateway_backend_waiting_requests",
+            "Requests waiting inside the engine, from its last /metrics scrape.",
+            ["backend"],
+            registry=r,
+        )
+        self.model_healthy_backends = Gauge(
+            "gateway_model_healthy_backends", "Healthy backends serving the model.", ["model"], registry=r
+        )
+        self.queue_capacity = Gauge(
+            "gateway_queue_capacity", "The queue's max_depth from the policy.", ["model", "class"], registry=r
+        )
         self.policy_reloads = Gauge(
             "gateway_policy_reloads",
             "Policy reloads since start, by result (ok: swapped in; invalid: rejected, old one kept).",

@@ -229,9 +229,27 @@ async def test_a_paced_class_starts_its_next_request_only_after_a_first_token(sn
     await asyncio.sleep(0)
     assert not second.done(), "a second batch prefill must wait for the first one's first token"
     interactive = await acquire(dispatcher, paced, "interactive")  # other classes are not paced
+    dispatcher.first_token("m", interactive)
     dispatcher.first_token("m", first)
     granted = await asyncio.wait_for(second, 1)
     for grant in (first, granted, interactive):
         dispatcher.release("m", grant)
     backend = next(iter(dispatcher.pool.all()))
     assert (backend.in_flight, sum(backend.class_prefilling.values())) == (0, 0)
+
+
+async def test_a_paced_class_yields_to_a_higher_class_that_is_prefilling(snapshot: PolicySnapshot) -> None:
+    text = POLICY.replace("max_share: 0.5,", "max_share: 1.0, max_prefilling: 4,").replace(
+        "max_concurrent: 2", "max_concurrent: 8"
+    )
+    paced = parse_policy(text, "t.yaml")
+    router = LeastLoadRouter()
+    dispatcher = Dispatcher(BackendPool(paced), lambda model: router, FakeClock(), paced)
+    interactive = await acquire(dispatcher, paced, "interactive")
+    batch = asyncio.create_task(acquire(dispatcher, paced, "batch"))
+    await asyncio.sleep(0)
+    assert not batch.done(), "a batch prefill must not start while an interactive one runs"
+    dispatcher.first_token("m", interactive)
+    granted = await asyncio.wait_for(batch, 1)
+    for grant in (interactive, granted):
+        dispatcher.release("m", grant)

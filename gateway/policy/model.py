@@ -35,7 +35,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
@@ -130,7 +130,9 @@ class PriorityClass(Strict):
 
     Prefill is compute-bound and an engine step runs it together with every decode: a burst of
     long batch prefills stretches the steps that interactive requests wait on. Pacing the
-    class's prefills keeps those steps short; decodes, which cost little, are not limited."""
+    class's prefills keeps those steps short; decodes, which cost little, are not limited.
+    A paced class also yields: none of its prefills starts on a backend while a request of
+    a higher class is prefilling there."""
 
     @property
     def max_wait_s(self) -> float:
@@ -300,6 +302,62 @@ class CacheIsolation(Strict):
     secret_env: EnvName = "GATEWAY_CACHE_SALT_SECRET"
 
 
+RETRYABLE_STATUSES = frozenset({429, 502, 503})
+
+
+class RetryPolicy(Strict):
+    """How a failed attempt is retried (see the module docstring).
+
+    Usage in a policy file::
+
+        retry: {max_retries: 2, backoff_base_s: 0.025, backoff_cap_s: 0.25,
+                retryable_statuses: [429, 502, 503],
+                budget_ratio: 0.2, budget_min_per_s: 3, budget_window_s: 10}
+    """
+
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+    backoff_base_s: PositiveFloat = 0.025
+    backoff_cap_s: PositiveFloat = 0.25
+    retryable_statuses: frozenset[int] = RETRYABLE_STATUSES
+    budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
+    budget_min_per_s: Annotated[float, Field(ge=0)] = 3.0
+    budget_window_s: PositiveFloat = 10.0
+
+    @field_validator("retryable_statuses")
+    @classmethod
+    def _no_client_errors(cls, statuses: frozenset[int]) -> frozenset[int]:
+        for status in sorted(statuses):
+            if status != 429 and not 500 <= status <= 599:
+                raise ValueError(f"{status}: only 429 and 5xx statuses may be retried")
+        return statuses
+
+
+class BreakerPolicy(Strict):
+    """Thresholds of every backend's breaker (see the module docstring for the rule).
+
+    Usage in a policy file::
+
+        breaker: {consecutive_failures: 5, failure_ratio: 0.5, min_requests: 20, window_s: 10,
+                  open_s: 30, max_open_s: 300, open_growth: 2, half_open_probes: 1}
+    """
+
+    consecutive_failures: PositiveInt | None = 5
+    failure_ratio: Annotated[float, Field(gt=0, le=1)] | None = 0.5
+    min_requests: PositiveInt = 20
+    window_s: PositiveFloat = 10.0
+    open_s: PositiveFloat = 30.0
+    max_open_s: PositiveFloat = 300.0
+    open_growth: Annotated[float, Field(ge=1, le=10)] = 2.0
+    half_open_probes: PositiveInt = 1
+    probe_timeout_s: PositiveFloat = 60.0
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> BreakerPolicy:
+        if self.max_open_s < self.open_s:
+            raise ValueError("max_open_s must not be less than open_s")
+        return self
+
+
 class Admin(Strict):
     """Who may call ``/admin/*`` (reload, policy in force): SHA-256 hashes of admin keys.
 
@@ -335,4 +393,6 @@ class Policy(Strict):
     cache_isolation: CacheIsolation = CacheIsolation()
     admin: Admin = Admin()
     lifecycle: Lifecycle = Lifecycle()
+    retry: RetryPolicy = RetryPolicy()
+    breaker: BreakerPolicy = BreakerPolicy()
     kind: Literal["gateway-policy"] = "gateway-policy"

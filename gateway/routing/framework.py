@@ -80,11 +80,11 @@ class Profile:
         totals = [0.0] * len(candidates)
         by_scorer: dict[str, list[float]] = {}
         for item in self.weighted:
-            scores = [min(1.0, max(0.0, s)) for s in item.scorer.score(request, candidates, cycle)]
+            raw = item.scorer.score(request, candidates, cycle)
+            scores = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in raw]
             by_scorer[item.scorer.name] = scores
             weight = item.weight / self._total_weight
-            for i, s in enumerate(scores):
-                totals[i] += weight * s
+            totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
         return Scored(totals, by_scorer)
 
 

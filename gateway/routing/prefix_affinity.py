@@ -69,14 +69,10 @@ class PrefixAffinityRouter:
         scored = self.profile.run(request, candidates, cycle)
         bound = load_bound(candidates, self.routing.epsilon)
         totals = scored.totals
-        best = -1
-        best_key = (-1.0, -1)
-        for i, state in enumerate(candidates):
-            if state.in_flight + 1 > bound:
-                continue
-            key = (totals[i], rendezvous(keys.root, state.name))
-            if key > best_key:
-                best, best_key = i, key
+        eligible = [i for i, state in enumerate(candidates) if state.in_flight + 1 <= bound]
+        top = max(totals[i] for i in eligible)
+        tied = [i for i in eligible if totals[i] == top]
+        best = tied[0] if len(tied) == 1 else max(tied, key=lambda i: rendezvous(keys.root, candidates[i].name))
         chosen = candidates[best]
         names = tuple(s.name for s in candidates)
         detail = RouteDetail(names, matched, len(keys.blocks), scored.by_scorer, totals, bound)
