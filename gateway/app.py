@@ -39,8 +39,10 @@ from gateway.routing.registry import build_routers
 from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
 from gateway.state.memory import MemoryLimitStore
+from gateway.streaming import TokenTimer
 from gateway.telemetry import Metrics
 from gateway.tokens import CharRatioEstimator
+from gateway.tracelog import meets_slo
 from gateway.types import Api
 from gateway.upstream import UpstreamClient
 
@@ -189,9 +191,11 @@ class Gateway:
             if decision.detail is not None:
                 m.matched_blocks.labels(model, strategy).observe(decision.matched_blocks)
         timer = exchange.timer
+        e2e = self.clock.now() - exchange.arrival
+        self._judge(exchange, timer, e2e)
         if timer is None:
             return
-        m.e2e.labels(model, klass).observe(self.clock.now() - exchange.arrival)
+        m.e2e.labels(model, klass).observe(e2e)
         ttft = timer.ttft
         if ttft is not None:
             m.ttft.labels(model, klass).observe(ttft)
@@ -204,10 +208,36 @@ class Gateway:
             m.tokens.labels(model, "input").inc(usage.get("prompt_tokens") or 0)
             m.tokens.labels(model, "output").inc(usage.get("completion_tokens") or 0)
 
+    def _judge(self, exchange: Exchange, timer: TokenTimer | None, e2e: float) -> None:
+        """Goodput: was the request judged against its class's SLO, and did it meet it?
+
+        Requests the client caused to fail (4xx but 408, its own tenant limits, a disconnect)
+        are not judged; overload refusals and backend failures are, as misses."""
+        status, klass = exchange.status, exchange.klass
+        slo_class = self.policy().policy.classes.get(klass)
+        if slo_class is None or not (status == 200 or status >= 500 or status == 408):
+            return
+        m = self.metrics
+        m.slo_requests.labels(exchange.model, klass).inc()
+        itl = timer.gaps if timer else ()
+        met = meets_slo(
+            ok=exchange.outcome == "completed",
+            ttft_s=timer.ttft if timer else None,
+            itl_mean_s=sum(itl) / len(itl) if itl else None,
+            e2e_s=e2e,
+            slo=slo_class.slo,
+        )
+        if met:
+            m.goodput_requests.labels(exchange.model, klass).inc()
+            usage = timer.usage if timer else None
+            m.goodput_tokens.labels(exchange.model, klass).inc((usage or {}).get("completion_tokens") or 0)
+
     def export_metrics(self) -> bytes:
         m = self.metrics
         classes = self.policy().policy.classes
         rank_names = {c.rank: name for name, c in classes.items()}
+        for name, klass in classes.items():
+            m.slo_objective.labels(name).set(klass.slo.objective)
         for state in self.pool.all():
             m.in_flight.labels(state.name).set(state.in_flight)
             m.in_flight_tokens.labels(state.name).set(state.in_flight_tokens)

@@ -191,6 +191,24 @@ class Metrics:
         self.queue_capacity = Gauge(
             "gateway_queue_capacity", "The queue's max_depth from the policy.", ["model", "class"], registry=r
         )
+        self.slo_requests = Counter(
+            "gateway_slo_requests",
+            "Requests judged against their class's SLO (all but those the client caused).",
+            ["model", "class"],
+            registry=r,
+        )
+        self.goodput_requests = Counter(
+            "gateway_goodput_requests",
+            "Requests that succeeded and met every SLO of their class.",
+            ["model", "class"],
+            registry=r,
+        )
+        self.goodput_tokens = Counter(
+            "gateway_goodput_output_tokens", "Output tokens of the goodput requests.", ["model", "class"], registry=r
+        )
+        self.slo_objective = Gauge(
+            "gateway_slo_objective_ratio", "The class's SLO attainment objective.", ["class"], registry=r
+        )
         self.policy_reloads = Gauge(
             "gateway_policy_reloads",
             "Policy reloads since start, by result (ok: swapped in; invalid: rejected, old one kept).",

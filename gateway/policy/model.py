@@ -92,11 +92,13 @@ class RequestLimits(Strict):
 
 
 class Slo(Strict):
-    """Latency objectives of a priority class, in milliseconds."""
+    """Latency objectives of a priority class, in milliseconds, and the share of requests that
+    must meet all of them (``objective``; its complement is the burn-rate alerts' error budget)."""
 
     ttft_ms: PositiveFloat
     itl_ms: PositiveFloat
     e2e_ms: PositiveFloat
+    objective: Annotated[float, Field(gt=0, lt=1)] = 0.99
 
 
 class QueuePolicy(Strict):

@@ -22,7 +22,7 @@ def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
         return snapshot
     data: dict[str, Any] = snapshot.policy.model_dump(mode="json", exclude_none=True)
     for klass in data["classes"].values():
-        klass["slo"] = {name: value * k for name, value in klass["slo"].items()}
+        klass["slo"] = {name: value * k if name.endswith("_ms") else value for name, value in klass["slo"].items()}
         if "max_wait_s" in klass.get("queue", {}):
             klass["queue"]["max_wait_s"] *= k
         klass["deadline_s"] = klass.get("deadline_s", 600.0) * k

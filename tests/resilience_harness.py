@@ -1,0 +1,436 @@
+"""Real processes and a steady streaming load for the resilience tests (``tests/test_resilience.py``).
+
+* ``engines(n)`` runs ``python -m gateway sim --profile fixed`` (first token after 20 ms, then a
+  token every 10 ms) with ``n`` engines on consecutive loopback ports, as one OS process that a
+  test may kill; each engine is identified by the id prefix it puts in every chunk it streams.
+* ``gateway(text)`` runs ``python -m gateway serve`` on a policy file it writes (the process may
+  be signalled; the file may be overwritten); ``policy(...)`` builds that policy for sim engines.
+* ``Load`` runs closed-loop streaming clients (aiohttp) in a thread of its own, so that the test
+  thread can kill, signal and poll while they run. Every request becomes a ``Stream`` whose
+  ``outcome`` is exactly one of ``Outcome``; a request that reaches its deadline is cut and
+  recorded as ``DEADLINE`` (a hang), never left running.
+
+Processes are started and stopped by ``loadtests.harness``; tests synchronise with
+``tests.servers.wait_until``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import aiohttp
+import httpx
+import orjson
+
+from gateway.policy.loader import hash_api_key
+from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process
+from loadtests.loadgen.client import error_code
+from tests.servers import free_port, wait_until
+
+MODEL = "sim-model"
+KEY = "resilience-key"
+ADMIN_KEY = "resilience-admin-key"
+CHAT_ID_PREFIX = "chatcmpl-"
+ENGINE_ID_LEN = 12  # the engine's random id base in every chunk id (loadtests/sim/server.py)
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # the backend's name in the policy
+    url: str
+    id: str  # the id base of every response this engine sends
+
+
+@dataclass
+class Fleet:
+    """Simulated engines served by one process."""
+
+    proc: subprocess.Popen[bytes]
+    engines: list[Engine]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def metric(self, engine: Engine, name: str, **labels: str) -> float:
+        return metric_sum(metrics(engine.url), name, **labels)
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports that are free right now."""
+    for _ in range(100):
+        first = free_port()
+        if all(_bindable(first + i) for i in range(1, count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@contextmanager
+def engines(count: int, *, names: list[str] | None = None, fault: tuple[str, ...] = ()) -> Iterator[Fleet]:
+    """``count`` fixed-profile engines in one process; ``fault`` adds ``--fault ...`` flags."""
+    port = free_ports(count)
+    argv = [*GATEWAY, "sim", "--profile", "fixed", "--ttft-ms", "20", "--itl-ms", "10"]
+    argv += ["--port", str(port), "--count", str(count), *fault]
+    urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
+    with process(argv, urls[0] + "/health") as proc:
+        for url in urls[1:]:
+            wait_until(lambda url=url: _answers(url + "/health"), what=f"the engine at {url}")
+        names = names or [f"engine-{i}" for i in range(count)]
+        yield Fleet(proc, [Engine(name, url, _engine_id(url)) for name, url in zip(names, urls, strict=True)])
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _engine_id(url: str) -> str:
+    """Ask the engine once (one token, unaffected by any fault but fail_503) for its id base."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "id?"}], "max_tokens": 1}
+    reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=5)
+    reply.raise_for_status()
+    return str(reply.json()["id"])[len(CHAT_ID_PREFIX) :][:ENGINE_ID_LEN]
+
+
+def set_fault(engine: Engine, mode: str, after_tokens: int = 0) -> None:
+    reply = httpx.post(engine.url + "/admin/fault", json={"mode": mode, "after_tokens": after_tokens})
+    reply.raise_for_status()
+
+
+def policy(
+    backends: list[Engine],
+    *,
+    version: str = "resilience-1",
+    max_concurrent: int = 256,
+    between_chunks_s: float = 30.0,
+    retry: str = "{max_retries: 2}",
+    breaker: str = "{}",
+    max_output_tokens: int = 256,
+) -> str:
+    """A policy for ``backends`` (sim engines serving ``MODEL``) and one tenant with ``KEY``."""
+    lines = [
+        f"  - {{name: {e.name}, url: '{e.url}', kind: sim, models: [{MODEL}],"
+        f" capacity: {{max_concurrent: {max_concurrent}}}, timeouts: {{between_chunks_s: {between_chunks_s}}}}}"
+        for e in backends
+    ]
+    return f"""version: {version}
+classes:
+  interactive:
+    rank: 0
+    slo: {{ttft_ms: 2000, itl_ms: 100, e2e_ms: 60000}}
+    queue: {{max_depth: 1024, max_wait_s: 30}}
+models:
+  - name: {MODEL}
+    max_prompt_tokens: 1024
+    max_output_tokens: {max_output_tokens}
+    routing: {{strategy: least_load}}
+backends:
+{chr(10).join(lines)}
+tenants:
+  - name: load
+    key_hashes: ["{hash_api_key(KEY)}"]
+    models: ["*"]
+    default_class: interactive
+admin: {{key_hashes: ["{hash_api_key(ADMIN_KEY)}"]}}
+health_checks: {{interval_s: 0.1, timeout_s: 0.5}}
+scrape: {{interval_s: 0.5, timeout_s: 0.5}}
+lifecycle: {{watch_interval_s: 0.05, drain_timeout_s: 20}}
+retry: {retry}
+breaker: {breaker}
+"""
+
+
+@dataclass
+class Gateway:
+    """A gateway process, its URL and its live policy file."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    policy_path: Path
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_sum(metrics(self.url), name, **labels)
+
+    def samples(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {labels: v for (n, labels), v in metrics(self.url).items() if n == name}
+
+    def admin_policy(self) -> dict[str, object]:
+        reply = httpx.get(self.url + "/admin/policy", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        reply.raise_for_status()
+        document: dict[str, object] = reply.json()
+        return document
+
+    def status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=2) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+
+@contextmanager
+def gateway(text: str) -> Iterator[Gateway]:
+    """``python -m gateway serve`` on a policy file holding ``text``; entered once ``/readyz`` is 200."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with ExitStack() as stack:
+        path = stack.enter_context(policy_file(text))
+        proc = stack.enter_context(process([*GATEWAY, "serve", "--policy", str(path), "--port", str(port)], url + "/readyz"))
+        yield Gateway(proc, url, path)
+
+
+class Outcome(StrEnum):
+    """How one request ended, as its client saw it."""
+
+    COMPLETED = "completed"  # 200, every token, then [DONE]
+    ERROR_EVENT = "error_event"  # 200, then an SSE error event, then [DONE]
+    HTTP_ERROR = "http_error"  # an error status with an OpenAI error body
+    DISCONNECTED = "disconnected"  # the client hung up on purpose (``Load(disconnect=...)``)
+    DEADLINE = "deadline"  # still running at its deadline: a hang
+    BROKEN = "broken"  # anything else: transport error, no [DONE], an event after [DONE], ...
+
+
+@dataclass
+class Stream:
+    """One request of the load, as its client saw it; times are ``time.perf_counter`` seconds."""
+
+    index: int
+    max_tokens: int
+    t_start: float
+    status: int = 0
+    t_headers: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    engine: str | None = None  # id base of the engine that streamed it
+    error_code: str | None = None
+    t_error: float | None = None
+    done: bool = False
+    detail: str = ""
+    t_end: float | None = None
+    outcome: Outcome | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times[0] - self.t_start if self.token_times else None
+
+    def feed(self, payload: bytes, now: float) -> None:
+        if self.done:
+            raise _Broken("an event after [DONE]")
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        event = orjson.loads(payload)
+        if "error" in event:
+            if self.error_code is not None:
+                raise _Broken("two error events")
+            self.error_code, self.t_error = error_code(payload, 200), now
+            return
+        if self.error_code is not None:
+            raise _Broken("a chunk after the error event")
+        chunk_id = str(event.get("id", ""))
+        if chunk_id.startswith(CHAT_ID_PREFIX):
+            self.engine = chunk_id[len(CHAT_ID_PREFIX) :][:ENGINE_ID_LEN]
+        choices = event.get("choices") or []
+        if choices and (choices[0].get("delta") or {}).get("content"):
+            self.token_times.append(now)
+
+    def finish(self) -> Outcome:
+        if not self.done:
+            raise _Broken("the stream ended without [DONE]")
+        if self.error_code is not None:
+            return Outcome.ERROR_EVENT
+        if len(self.token_times) != self.max_tokens:
+            raise _Broken(f"{len(self.token_times)} of {self.max_tokens} tokens")
+        return Outcome.COMPLETED
+
+
+class _Broken(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """A share of the requests hang up at a moment uniform in ``[0, within_s)`` after they start,
+    unless half their tokens have arrived by then (near its end a stream could finish at the
+    engine while its client hangs up, and the engine would count no abort)."""
+
+    share: float
+    within_s: float
+
+
+class Load:
+    """``clients`` closed-loop streaming clients in a thread of their own (see the module docstring).
+
+    Usage::
+
+        with Load(gw.url, clients=20, max_tokens=(8, 16)) as load:
+            wait_until(lambda: load.count(Outcome.COMPLETED) >= 100)
+        # leaving the block stops sending and waits for every request to end
+        assert not load.of(Outcome.DEADLINE, Outcome.BROKEN)
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clients: int,
+        max_tokens: tuple[int, int],
+        deadline_s: float = 10.0,
+        total: int | None = None,
+        disconnect: Disconnect | None = None,
+        seed: int = 6,
+    ) -> None:
+        self.url = url + "/v1/chat/completions"
+        self.clients = clients
+        self.max_tokens = max_tokens
+        self.deadline_s = deadline_s
+        self.total = total
+        self.disconnect = disconnect
+        self.streams: list[Stream] = []
+        self._rng = random.Random(seed)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), name="load", daemon=True)
+        self._headers = {
+            "authorization": f"Bearer {KEY}",
+            "content-type": "application/json",
+            "x-request-timeout": str(deadline_s),
+        }
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.join()
+
+    def stop(self) -> None:
+        """Send no new request (those under way go on)."""
+        self._stopping.set()
+
+    def join(self) -> None:
+        self._thread.join(self.deadline_s + 10)
+        assert not self._thread.is_alive(), "the load did not stop"
+
+    @property
+    def finished(self) -> bool:
+        return not self._thread.is_alive()
+
+    def of(self, *outcomes: Outcome) -> list[Stream]:
+        return [s for s in list(self.streams) if s.outcome in outcomes]
+
+    def count(self, outcome: Outcome, since: float = 0.0) -> int:
+        return sum(1 for s in list(self.streams) if s.outcome is outcome and s.t_start >= since)
+
+    def streaming(self, engine: str | None = None) -> list[Stream]:
+        """Requests under way that have received tokens (from ``engine``, if given)."""
+        return [
+            s
+            for s in list(self.streams)
+            if s.outcome is None and s.token_times and (engine is None or s.engine == engine)
+        ]
+
+    def by_outcome(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for s in self.streams:
+            key = str(s.outcome)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    async def _main(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            await asyncio.gather(*(self._client(session) for _ in range(self.clients)))
+
+    async def _client(self, session: aiohttp.ClientSession) -> None:
+        while not self._stopping.is_set() and (self.total is None or len(self.streams) < self.total):
+            stream = Stream(len(self.streams), self._rng.randint(*self.max_tokens), time.perf_counter())
+            self.streams.append(stream)
+            hang_up = self._hang_up_after()
+            await self._request(session, stream, hang_up)
+            stream.t_end = time.perf_counter()
+
+    def _hang_up_after(self) -> float | None:
+        plan = self.disconnect
+        if plan is None or self._rng.random() >= plan.share:
+            return None
+        return self._rng.uniform(0, plan.within_s)
+
+    async def _request(self, session: aiohttp.ClientSession, stream: Stream, hang_up: float | None) -> None:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"Tell me a story, number {stream.index}."}],
+            "max_tokens": stream.max_tokens,
+            "stream": True,
+        }
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                async with asyncio.timeout(hang_up) as hanging:
+                    stream.outcome = await self._exchange(session, stream, orjson.dumps(body), hanging)
+        except TimeoutError:
+            stream.outcome = Outcome.DISCONNECTED if hanging.expired() else Outcome.DEADLINE
+        except (_Broken, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as exc:
+            stream.outcome, stream.detail = Outcome.BROKEN, f"{type(exc).__name__}: {exc}"
+
+    async def _exchange(
+        self, session: aiohttp.ClientSession, stream: Stream, body: bytes, hanging: asyncio.Timeout
+    ) -> Outcome:
+        async with session.post(self.url, data=body, headers=self._headers) as response:
+            stream.status, stream.t_headers = response.status, time.perf_counter()
+            if response.status != 200:
+                raw = await response.read()
+                stream.error_code = error_code(raw, response.status)
+                if not stream.error_code or stream.error_code.startswith("http_"):
+                    raise _Broken(f"status {response.status} without an OpenAI error body")
+                return Outcome.HTTP_ERROR
+            half = stream.max_tokens // 2
+            buffer = b""
+            async for data in response.content.iter_any():
+                now = time.perf_counter()
+                *events, buffer = (buffer + data).split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: "):
+                        stream.feed(event[6:], now)
+                if len(stream.token_times) >= half:
+                    hanging.reschedule(None)  # too close to its end to hang up reliably
+            if buffer.strip():
+                raise _Broken(f"a trailing partial event {buffer[:80]!r}")
+            return stream.finish()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def gauges_at_zero(gw: Gateway, names: tuple[str, ...]) -> Callable[[], bool]:
+    """A condition: every sample of every gauge in ``names`` is 0."""
+
+    def check() -> bool:
+        samples = metrics(gw.url)
+        return all(v == 0 for (n, _), v in samples.items() if n in names)
+
+    return check
