@@ -198,7 +198,9 @@ def gateway(text: str) -> Iterator[Gateway]:
     url = f"http://127.0.0.1:{port}"
     with ExitStack() as stack:
         path = stack.enter_context(policy_file(text))
-        proc = stack.enter_context(process([*GATEWAY, "serve", "--policy", str(path), "--port", str(port)], url + "/readyz"))
+        proc = stack.enter_context(
+            process([*GATEWAY, "serve", "--policy", str(path), "--port", str(port)], url + "/readyz")
+        )
         yield Gateway(proc, url, path)
 
 
