@@ -75,6 +75,7 @@ def gateway_policy(k: float, admission: bool, knobs: Knobs) -> str:
     backends = "\n".join(
         f"""  - {{name: engine-{i}, url: "http://127.0.0.1:{ENGINE_PORT + i}", kind: sim, models: [{MODEL}],
       engine_priority: {str(admission).lower()},
+      timeouts: {{first_byte_s: {60 * k}, between_chunks_s: {30 * k}}},
       capacity: {{max_concurrent: {conc}, max_tokens_in_flight: 100000000, max_waiting: {waiting}}}}}"""
         for i in range(2)
     )
@@ -101,7 +102,7 @@ backends:
 {backends}
 tenants:
 {tenants}
-health_checks: {{interval_s: 2, timeout_s: 2}}
+health_checks: {{interval_s: 2, timeout_s: {2 * k}}}
 scrape: {{interval_s: 0.5, timeout_s: 1}}
 """
 
