@@ -7,8 +7,9 @@
 2. Otherwise it must wait, and is refused immediately (503, with ``Retry-After``) when
    - the class's queue already holds ``queue.max_depth`` requests (``queue_full``), or
    - its estimated wait (requests ahead of it over the measured drain rate) exceeds the
-     class's ``max_wait_s`` (by default its TTFT objective) or what is left of its deadline,
-     with a 25% margin (``deadline_unmeetable``).
+     class's wait budget (``max_wait_s``; by default its TTFT objective less the measured
+     dispatch-to-first-token time) or what is left of its deadline, with a 25% margin
+     (``deadline_unmeetable``).
 3. A queued request waits at most ``min(max_wait_s, deadline)`` (then ``queue_timeout``);
    a client that disconnects cancels the wait and leaves the queue at once.
 4. Whenever capacity frees up (a request ends, a scrape or health check changes a backend),
@@ -45,12 +46,16 @@ class Grant:
     rank: int
     tokens: int
     queued_s: float
+    dispatched_at: float = 0.0
     prefilling: bool = True
 
     @property
     def state(self) -> BackendState:
         return self.decision.state
 
+
+SERVICE_TTFT_WEIGHT = 0.05
+"""Weight of each new dispatch-to-first-token sample in its moving average (about 20 samples)."""
 
 ESTIMATE_MARGIN = 1.25
 """Refuse when the estimated wait is within 25% of what the request may wait: a request that
@@ -65,12 +70,24 @@ def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
 class ModelQueues:
     """The class queues of one model, in rank order, with their drain meters."""
 
-    __slots__ = ("classes", "meter", "model")
+    __slots__ = ("classes", "meter", "model", "service_ttft_s")
 
     def __init__(self, model: str, classes: dict[str, PriorityClass]) -> None:
         self.model = model
         self.classes = sorted((ClassQueue(n, c) for n, c in classes.items()), key=lambda q: q.rank)
         self.meter = DrainMeter()
+        self.service_ttft_s = 0.0
+        """Moving average of dispatch-to-first-token: what a backend takes once a request reaches it."""
+
+    def observe_service_ttft(self, seconds: float) -> None:
+        self.service_ttft_s += SERVICE_TTFT_WEIGHT * (seconds - self.service_ttft_s)
+
+    def wait_budget(self, klass: PriorityClass) -> float:
+        """How long a request of ``klass`` may wait here: the explicit ``max_wait_s``, else its TTFT
+        objective less what the backends currently take to produce a first token."""
+        if klass.queue.max_wait_s is not None:
+            return klass.queue.max_wait_s
+        return max(0.0, klass.slo.ttft_ms / 1000 - self.service_ttft_s)
 
     def queue(self, rank: int) -> ClassQueue:
         for queue in self.classes:
@@ -136,7 +153,7 @@ class Dispatcher:
             if decision is not None:
                 self._commit(request, tenant, decision, klass.rank, tokens)
                 mq.meter.record(now)
-                return Grant(decision, klass.rank, tokens, 0.0)
+                return Grant(decision, klass.rank, tokens, 0.0, now)
         return await self._wait(mq, request, tenant, class_name, klass, tokens, deadline, now, exclude)
 
     async def _wait(
@@ -158,7 +175,7 @@ class Dispatcher:
         estimate = (ahead + 1) / rate if rate else 0.0
         if queue.depth >= limit.max_depth:
             self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
-        budget = min(klass.max_wait_s, deadline - now)
+        budget = min(mq.wait_budget(klass), deadline - now)
         if estimate * ESTIMATE_MARGIN > budget:
             raise system_full(
                 "deadline_unmeetable",
@@ -186,7 +203,8 @@ class Dispatcher:
                     estimate,
                 ) from None
             raise
-        return Grant(decision, klass.rank, tokens, self.clock.now() - now)
+        granted_at = self.clock.now()
+        return Grant(decision, klass.rank, tokens, granted_at - now, granted_at)
 
     def _make_room(
         self,
@@ -249,6 +267,9 @@ class Dispatcher:
         if grant.prefilling:
             grant.prefilling = False
             grant.state.prefilled(grant.rank)
+            mq = self._queues.get(model)
+            if mq is not None:
+                mq.observe_service_ttft(self.clock.now() - grant.dispatched_at)
             self.pump(model)
 
     def release(self, model: str, grant: Grant) -> None:

@@ -253,3 +253,17 @@ async def test_a_paced_class_yields_to_a_higher_class_that_is_prefilling(snapsho
     granted = await asyncio.wait_for(batch, 1)
     for grant in (interactive, granted):
         dispatcher.release("m", grant)
+
+
+def test_the_default_wait_budget_leaves_room_for_the_measured_time_to_first_token(snapshot: PolicySnapshot) -> None:
+    text = POLICY.replace("queue: {max_depth: 3, max_wait_s: 5}", "queue: {max_depth: 3}")
+    policy = parse_policy(text, "t.yaml")
+    router = LeastLoadRouter()
+    dispatcher = Dispatcher(BackendPool(policy), lambda model: router, FakeClock(), policy)
+    queues = dispatcher.queues()["m"]
+    interactive, batch = policy.policy.classes["interactive"], policy.policy.classes["batch"]
+    assert queues.wait_budget(interactive) == pytest.approx(0.5)  # the TTFT objective
+    for _ in range(200):
+        queues.observe_service_ttft(0.3)
+    assert queues.wait_budget(interactive) == pytest.approx(0.2, abs=1e-3)
+    assert queues.wait_budget(batch) == 5  # an explicit max_wait_s stands

@@ -104,9 +104,10 @@ class Slo(Strict):
 class QueuePolicy(Strict):
     """Bounds of one class's queue (per model): how many may wait, and for how long.
 
-    ``max_wait_s`` defaults to the class's TTFT objective: a request that cannot start within
-    it would miss its SLO anyway, so it is refused at once (and retried elsewhere or later)
-    rather than served late and counted against goodput.
+    ``max_wait_s`` defaults to the class's TTFT objective less what the backends currently take
+    from dispatch to first token (measured): a request that cannot get its first token within
+    its objective would miss its SLO anyway, so it is refused at once (and retried elsewhere or
+    later) rather than served late and counted against goodput.
     """
 
     max_depth: Annotated[int, Field(ge=0)] = 256
