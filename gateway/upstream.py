@@ -108,9 +108,10 @@ class UpstreamClient:
             return await self._transport.handle_async_request(outgoing)
 
     async def read_all(self, backend: Backend, response: httpx.Response) -> bytes:
+        """The whole body as sent (``accept-encoding: identity``): raw chunks, no decoder layer."""
         try:
             with map_upstream_errors(backend.name):
-                return await response.aread()
+                return b"".join([chunk async for chunk in response.aiter_raw()])
         finally:
             await response.aclose()
 

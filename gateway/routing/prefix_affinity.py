@@ -65,6 +65,11 @@ class PrefixAffinityRouter:
         now = self._clock.now()
         keys = prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer)
         matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
+        if len(candidates) == 1:  # nothing to weigh: skip the scorers, keep what the metrics need
+            only = candidates[0]
+            detail = RouteDetail((only.name,), matched, len(keys.blocks), {}, (1.0,), 0)
+            reason = "prefix_match" if matched[0] else "no_prefix"
+            return RoutingDecision(only, self.strategy, reason, matched[0], {}, perf_counter() - start, detail)
         cycle = Cycle(now, self._fresh_s, keys, matched, request.prompt_tokens + request.max_tokens)
         scored = self.profile.run(request, candidates, cycle)
         bound = load_bound(candidates, self.routing.epsilon)
