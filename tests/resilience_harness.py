@@ -28,10 +28,11 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-import httpx
 import orjson
 
 from gateway.policy.loader import hash_api_key
@@ -87,48 +88,70 @@ def _bindable(port: int) -> bool:
 
 
 @contextmanager
-def engines(count: int, *, names: list[str] | None = None, fault: tuple[str, ...] = ()) -> Iterator[Fleet]:
-    """``count`` fixed-profile engines in one process; ``fault`` adds ``--fault ...`` flags."""
-    port = free_ports(count)
+def engines(
+    count: int, *, names: list[str] | None = None, fault: tuple[str, ...] = (), port: int | None = None
+) -> Iterator[Fleet]:
+    """``count`` fixed-profile engines in one process (from ``port``, else free ports);
+    ``fault`` adds ``--fault ...`` flags."""
+    port = port or free_ports(count)
     argv = [*GATEWAY, "sim", "--profile", "fixed", "--ttft-ms", "20", "--itl-ms", "10"]
     argv += ["--port", str(port), "--count", str(count), *fault]
     urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
     with process(argv, urls[0] + "/health") as proc:
         for url in urls[1:]:
-            wait_until(lambda url=url: _answers(url + "/health"), what=f"the engine at {url}")
+            wait_until(partial(_answers, url + "/health"), what=f"the engine at {url}")
         names = names or [f"engine-{i}" for i in range(count)]
         yield Fleet(proc, [Engine(name, url, _engine_id(url)) for name, url in zip(names, urls, strict=True)])
 
 
+def call(method: str, url: str, *, key: str | None = None, body: object = None) -> tuple[int, Any]:
+    """One HTTP exchange: its status and JSON body (``None`` if not JSON).
+
+    urllib, not httpx: making an httpx client costs tens of milliseconds (its SSL context),
+    too slow for probes timed against streams of a second."""
+    request = urllib.request.Request(url, method=method, data=None if body is None else orjson.dumps(body))
+    request.add_header("content-type", "application/json")
+    if key is not None:
+        request.add_header("authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            status, raw = int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    try:
+        return status, orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return status, None
+
+
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
+        return call("GET", url)[0] == 200
+    except OSError:
         return False
 
 
 def _engine_id(url: str) -> str:
     """Ask the engine once (one token, unaffected by any fault but fail_503) for its id base."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "id?"}], "max_tokens": 1}
-    reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=5)
-    reply.raise_for_status()
-    return str(reply.json()["id"])[len(CHAT_ID_PREFIX) :][:ENGINE_ID_LEN]
+    status, reply = call("POST", url + "/v1/chat/completions", body=body)
+    assert status == 200, reply
+    return str(reply["id"])[len(CHAT_ID_PREFIX) :][:ENGINE_ID_LEN]
 
 
 def set_fault(engine: Engine, mode: str, after_tokens: int = 0) -> None:
-    reply = httpx.post(engine.url + "/admin/fault", json={"mode": mode, "after_tokens": after_tokens})
-    reply.raise_for_status()
+    status, reply = call("POST", engine.url + "/admin/fault", body={"mode": mode, "after_tokens": after_tokens})
+    assert status == 200, reply
 
 
 def policy(
     backends: list[Engine],
     *,
-    version: str = "resilience-1",
     max_concurrent: int = 256,
     between_chunks_s: float = 30.0,
     retry: str = "{max_retries: 2}",
     breaker: str = "{}",
-    max_output_tokens: int = 256,
+    tenant_limits: str = "{}",
 ) -> str:
     """A policy for ``backends`` (sim engines serving ``MODEL``) and one tenant with ``KEY``."""
     lines = [
@@ -136,7 +159,7 @@ def policy(
         f" capacity: {{max_concurrent: {max_concurrent}}}, timeouts: {{between_chunks_s: {between_chunks_s}}}}}"
         for e in backends
     ]
-    return f"""version: {version}
+    return f"""version: resilience-1
 classes:
   interactive:
     rank: 0
@@ -145,7 +168,7 @@ classes:
 models:
   - name: {MODEL}
     max_prompt_tokens: 1024
-    max_output_tokens: {max_output_tokens}
+    max_output_tokens: 256
     routing: {{strategy: least_load}}
 backends:
 {chr(10).join(lines)}
@@ -154,6 +177,7 @@ tenants:
     key_hashes: ["{hash_api_key(KEY)}"]
     models: ["*"]
     default_class: interactive
+    limits: {tenant_limits}
 admin: {{key_hashes: ["{hash_api_key(ADMIN_KEY)}"]}}
 health_checks: {{interval_s: 0.1, timeout_s: 0.5}}
 scrape: {{interval_s: 0.5, timeout_s: 0.5}}
@@ -177,18 +201,21 @@ class Gateway:
     def samples(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
         return {labels: v for (n, labels), v in metrics(self.url).items() if n == name}
 
-    def admin_policy(self) -> dict[str, object]:
-        reply = httpx.get(self.url + "/admin/policy", headers={"authorization": f"Bearer {ADMIN_KEY}"})
-        reply.raise_for_status()
-        document: dict[str, object] = reply.json()
+    def admin_policy(self) -> Any:
+        status, document = self.call("GET", "/admin/policy", key=ADMIN_KEY)
+        assert status == 200, document
         return document
 
     def status(self, path: str) -> int:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=2) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as exc:
-            return exc.code
+        return self.call("GET", path)[0]
+
+    def chat(self, content: str, max_tokens: int = 4) -> tuple[int, Any]:
+        """One request outside the load; its status and JSON body (a stream's error is JSON)."""
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
+        return self.call("POST", "/v1/chat/completions", key=KEY, body={**body, "stream": True})
+
+    def call(self, method: str, path: str, *, key: str | None = None, body: object = None) -> tuple[int, Any]:
+        return call(method, self.url + path, key=key, body=body)
 
 
 @contextmanager
@@ -274,12 +301,14 @@ class _Broken(Exception):
 
 @dataclass(frozen=True)
 class Disconnect:
-    """A share of the requests hang up at a moment uniform in ``[0, within_s)`` after they start,
-    unless half their tokens have arrived by then (near its end a stream could finish at the
-    engine while its client hangs up, and the engine would count no abort)."""
+    """A ``share`` of the requests hang up at a moment uniform in ``[0, within_s)`` after they
+    start, unless their stream is within ``margin_tokens`` of its end by then: near its end a
+    stream could finish at the engine while its client hangs up (the issue gives the gateway
+    100 ms to close the upstream; the margin is 15 tokens, 150 ms at 10 ms a token)."""
 
     share: float
     within_s: float
+    margin_tokens: int = 15
 
 
 class Load:
@@ -404,11 +433,11 @@ class Load:
             stream.status, stream.t_headers = response.status, time.perf_counter()
             if response.status != 200:
                 raw = await response.read()
-                stream.error_code = error_code(raw, response.status)
+                stream.error_code, stream.detail = error_code(raw, response.status), raw.decode(errors="replace")
                 if not stream.error_code or stream.error_code.startswith("http_"):
                     raise _Broken(f"status {response.status} without an OpenAI error body")
                 return Outcome.HTTP_ERROR
-            half = stream.max_tokens // 2
+            last_moment = stream.max_tokens - (self.disconnect.margin_tokens if self.disconnect else 0)
             buffer = b""
             async for data in response.content.iter_any():
                 now = time.perf_counter()
@@ -416,8 +445,8 @@ class Load:
                 for event in events:
                     if event.startswith(b"data: "):
                         stream.feed(event[6:], now)
-                if len(stream.token_times) >= half:
-                    hanging.reschedule(None)  # too close to its end to hang up reliably
+                if len(stream.token_times) >= last_moment:
+                    hanging.reschedule(None)  # too close to its end to hang up (see ``Disconnect``)
             if buffer.strip():
                 raise _Broken(f"a trailing partial event {buffer[:80]!r}")
             return stream.finish()

@@ -15,14 +15,11 @@ from __future__ import annotations
 import signal
 import time
 
-import httpx
 import pytest
 
 from tests.resilience_harness import (
-    KEY,
-    MODEL,
     Disconnect,
-    Gateway,
+    Fleet,
     Load,
     Outcome,
     engines,
@@ -58,12 +55,16 @@ def report(name: str, **figures: object) -> None:
 
 
 def test_a_killed_engine_ends_its_streams_with_an_error_event_and_new_requests_go_elsewhere() -> None:
+    breaker = "{consecutive_failures: 5, open_s: 1, max_open_s: 2}"  # a restarted engine is probed after 1 s
     with engines(1, names=["victim"]) as doomed, engines(2) as healthy:
         victim = doomed.engines[0]
-        with gateway(policy([victim, *healthy.engines])) as gw, Load(gw.url, clients=24, max_tokens=(40, 60)) as load:
+        with (
+            gateway(policy([victim, *healthy.engines], breaker=breaker)) as gw,
+            Load(gw.url, clients=24, max_tokens=(40, 60)) as load,
+        ):
             wait_until(lambda: len(load.streaming(victim.id)) >= 4, what="streams on the victim")
             cut = {s.index for s in load.streaming(victim.id) if len(s.token_times) < s.max_tokens - 10}
-            served_before = [healthy.metric(e, "vllm:request_success_total") for e in healthy.engines]
+            served_before = sum(healthy.metric(e, "vllm:request_success_total") for e in healthy.engines)
             doomed.kill()
             t_kill = time.perf_counter()
             wait_until(
@@ -76,17 +77,31 @@ def test_a_killed_engine_ends_its_streams_with_an_error_event_and_new_requests_g
             )
             out_after_s = time.perf_counter() - t_kill
             attempts_when_out = gw.metric("gateway_upstream_retries_total", backend="victim")
-            wait_until(lambda: load.count(Outcome.COMPLETED, since=t_kill + 1.0) >= 60, timeout=20, what="new requests")
-        served_after = [healthy.metric(e, "vllm:request_success_total") for e in healthy.engines]
-        attempts_at_end = gw.metric("gateway_upstream_retries_total", backend="victim")
+            wait_until(lambda: load.count(Outcome.COMPLETED, since=t_kill + 1) >= 60, timeout=20, what="later requests")
+            t_check = time.perf_counter()
+            served_after = sum(healthy.metric(e, "vllm:request_success_total") for e in healthy.engines)
+            attempts_at_end = gw.metric("gateway_upstream_retries_total", backend="victim")
+            with engines(1, port=int(victim.url.rsplit(":", 1)[1])) as revived:
+                t_restart = time.perf_counter()
+                back = revived.engines[0]
+                wait_until(
+                    lambda: revived.metric(back, "vllm:request_success_total") >= 10,
+                    timeout=10,
+                    what="the restarted engine to be given requests again",
+                )
+                back_after_s = time.perf_counter() - t_restart
+                breaker_state = gw.metric("gateway_breaker_state", backend="victim")
     assert_accounted(load)
     victims = [s for s in load.streams if s.index in cut]
     assert all(s.outcome is Outcome.ERROR_EVENT and s.done for s in victims), [(s.outcome, s.detail) for s in victims]
     assert all(s.t_error is not None and s.t_error - t_kill < 1.0 for s in victims)
-    later = [s for s in load.streams if s.t_start >= t_kill + 1.0]
-    assert later and all(s.outcome is Outcome.COMPLETED and s.engine != victim.id for s in later)
+    later = [s for s in load.streams if t_kill + 1 <= s.t_start and (s.t_end or t_check) < t_check]
+    assert later
+    assert all(s.outcome is Outcome.COMPLETED and s.engine != victim.id for s in later)
     assert attempts_at_end == attempts_when_out, "the gateway kept sending to the dead engine"
-    assert sum(served_after) - sum(served_before) >= len(later)
+    assert served_after - served_before >= len(later)
+    assert breaker_state == 0
+    assert any(s.engine == back.id and s.outcome is Outcome.COMPLETED for s in load.streams)
     report(
         "kill",
         outcomes=load.by_outcome(),
@@ -94,14 +109,18 @@ def test_a_killed_engine_ends_its_streams_with_an_error_event_and_new_requests_g
         error_codes=sorted({str(s.error_code) for s in victims}),
         out_of_routing_ms=round(out_after_s * 1000),
         retries_on_victim=attempts_at_end,
-        requests_after_1s=len(later),
+        requests_1s_after_kill=len(later),
+        http_errors=[(s.status, s.error_code, round((s.t_start - t_kill) * 1000)) for s in load.of(Outcome.HTTP_ERROR)],
+        restarted_engine_served_after_ms=round(back_after_s * 1000),
     )
 
 
 def test_an_engine_answering_503_is_retried_within_the_budget_and_its_breaker_opens() -> None:
-    budget = {"ratio": 0.2, "min_per_s": 3.0}
+    # Sized so that the budget binds: the breaker opens on the error-rate rule only after 40
+    # failures, while the budget allows 5% of the requests plus 2 retries a second.
+    budget = {"ratio": 0.05, "min_per_s": 2.0}
     retry = f"{{max_retries: 2, budget_ratio: {budget['ratio']}, budget_min_per_s: {budget['min_per_s']}}}"
-    breaker = "{consecutive_failures: 5, open_s: 60, max_open_s: 60}"
+    breaker = "{consecutive_failures: null, failure_ratio: 0.5, min_requests: 40, open_s: 60, max_open_s: 60}"
     with engines(3) as fleet:
         failing = fleet.engines[2]
         healthy_ids = {e.id for e in fleet.engines[:2]}
@@ -126,20 +145,24 @@ def test_an_engine_answering_503_is_retried_within_the_budget_and_its_breaker_op
             refused = gw.metric("gateway_retry_budget_exhausted_total")
             requests = gw.metric("gateway_requests_total")
             injected = fleet.metric(failing, "sim:faults_injected_total", mode="fail_503")
+            others_breakers = [gw.metric("gateway_breaker_state", backend=e.name) for e in fleet.engines[:2]]
     assert_accounted(load)
+    assert others_breakers == [0, 0]
     errors = load.of(Outcome.HTTP_ERROR, Outcome.ERROR_EVENT)
     assert requests == len(load.streams)
-    # The budget: retries at most ratio x requests (the run fits in its 10 s window, else
-    # per window) plus the floor of min_per_s in every second of the run.
-    bound = budget["ratio"] * requests + budget["min_per_s"] * (int(elapsed_s) + 1)
+    # The budget: in each 10 s window (budget_window_s) retries at most ratio x its requests,
+    # +1 (the check is "below", before spending); plus the floor of min_per_s in every second.
+    windows = int(elapsed_s // 10) + 1
+    bound = budget["ratio"] * requests + windows + budget["min_per_s"] * (int(elapsed_s) + 1)
     assert 0 < retries <= bound
+    assert refused > 0, "the budget never refused a retry: the scenario does not test it"
     # Every attempt that met the 503 was either retried elsewhere or answered as an error.
     assert injected == retries + len(errors)
     assert all(s.status == 502 for s in errors)
     assert injected == injected_when_open, "the open breaker let requests through"
-    baseline = [s.ttft_s for s in load.of(Outcome.COMPLETED) if s.t_start < t_fault and s.engine in healthy_ids]
-    faulted = [s.ttft_s for s in load.of(Outcome.COMPLETED) if s.t_start >= t_fault and s.engine in healthy_ids]
-    p50_base, p50_fault = percentile(baseline, 0.5), percentile(faulted, 0.5)  # type: ignore[arg-type]
+    served_well = [s for s in load.of(Outcome.COMPLETED) if s.engine in healthy_ids and s.ttft_s is not None]
+    p50_base = percentile([s.ttft_s or 0 for s in served_well if s.t_start < t_fault], 0.5)
+    p50_fault = percentile([s.ttft_s or 0 for s in served_well if s.t_start >= t_fault], 0.5)
     # Generous, for a shared 2-core machine: P50 TTFT within 1.5x the baseline plus 20 ms.
     assert p50_fault <= 1.5 * p50_base + 0.020
     report(
@@ -172,10 +195,12 @@ def test_a_stalled_engine_ends_its_streams_with_upstream_stalled_within_the_stal
             )
             retries = gw.metric("gateway_upstream_retries_total")
             running = fleet.metric(stalled, "vllm:num_requests_running")
+            breaker_state = gw.metric("gateway_breaker_state", backend=stalled.name)
     assert_accounted(load)
     on_stalled = [s for s in load.streams if s.engine == stalled.id]
     others = [s for s in load.streams if s.engine != stalled.id]
-    assert on_stalled and len(on_stalled) == injected
+    assert on_stalled
+    assert len(on_stalled) == injected
     assert all(s.outcome is Outcome.ERROR_EVENT and s.error_code == "upstream_stalled" for s in on_stalled)
     assert all(len(s.token_times) == after for s in on_stalled)
     gaps = [s.t_error - s.token_times[-1] for s in on_stalled]  # type: ignore[operator]
@@ -190,17 +215,17 @@ def test_a_stalled_engine_ends_its_streams_with_upstream_stalled_within_the_stal
         stall_to_error_ms_min=round(min(gaps) * 1000),
         stall_to_error_ms_max=round(max(gaps) * 1000),
         engine_aborts=injected,
+        breaker_state_of_stalled=breaker_state,  # a stall after the headers is not a breaker failure
     )
 
 
 def test_a_thousand_clients_hanging_up_at_random_leave_nothing_behind() -> None:
-    total = 1000
-    with engines(3) as fleet, gateway(policy(fleet.engines, max_concurrent=4)) as gw:
-        served_before = sum(
-            fleet.metric(e, "vllm:request_success_total", finished_reason="length") for e in fleet.engines
-        )
-        hang_up = Disconnect(share=0.7, within_s=0.3)
-        with Load(gw.url, clients=40, max_tokens=(12, 16), total=total, deadline_s=20, disconnect=hang_up) as load:
+    total, clients, slots = 1000, 36, 40  # the tenant may hold 40 requests: a little over its 36 clients
+    limits = f"{{max_concurrent: {slots}}}"
+    with engines(3) as fleet, gateway(policy(fleet.engines, max_concurrent=6, tenant_limits=limits)) as gw:
+        served_before = served(fleet)
+        hang_up = Disconnect(share=0.7, within_s=0.5)
+        with Load(gw.url, clients=clients, max_tokens=(20, 28), total=total, deadline_s=20, disconnect=hang_up) as load:
             wait_until(lambda: load.finished, timeout=50, what="a thousand requests")
         wait_until(gauges_at_zero(gw, COUNTERS_AT_REST), what="every in-flight and queue gauge to be back at zero")
         engine_gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -209,52 +234,76 @@ def test_a_thousand_clients_hanging_up_at_random_leave_nothing_behind() -> None:
             what="every engine to be idle",
         )
         aborts = sum(fleet.metric(e, "sim:requests_aborted_total") for e in fleet.engines)
-        served = sum(fleet.metric(e, "vllm:request_success_total", finished_reason="length") for e in fleet.engines)
-        served -= served_before
-        dispatched = gw.metric("gateway_queue_wait_seconds_count")
-        gone = gw.metric("gateway_requests_total", outcome="client_disconnected")
-        queued = gw.metric("gateway_queue_wait_seconds_count") - gw.metric(
-            "gateway_queue_wait_seconds_bucket", le="0.0005"
-        )
+        ran_to_the_end = served(fleet) - served_before
+        recorded = gw.metric("gateway_requests_total")
+        seen_completed = gw.metric("gateway_requests_total", outcome="completed")
+        seen_gone = gw.metric("gateway_requests_total", outcome="client_disconnected")
+        dispatched = gw.metric("gateway_queue_wait_seconds_count")  # requests that were given a backend
+        queued = dispatched - gw.metric("gateway_queue_wait_seconds_bucket", le="0.0005")
+        # The tenant's concurrency slots were all given back: as many requests at once as it may hold.
+        with Load(gw.url, clients=slots, max_tokens=(4, 4), total=slots) as after:
+            wait_until(lambda: after.finished, what="the requests after the run")
+    assert after.count(Outcome.COMPLETED) == slots, after.by_outcome()
     assert len(load.streams) == total
     assert_accounted(load, (Outcome.COMPLETED, Outcome.DISCONNECTED))
     completed, hung_up = load.of(Outcome.COMPLETED), load.of(Outcome.DISCONNECTED)
-    assert gone == len(hung_up), "the gateway saw a different number of disconnects"
-    assert served == len(completed)
-    # Engine aborts match the hang-ups of requests that had reached an engine: all those sent
-    # to an engine that did not complete, at least those whose headers had come back, and never
-    # the ones that hung up while queued in the gateway.
-    mid_stream = [s for s in hung_up if s.status == 200]
-    assert aborts == dispatched - len(completed)
-    assert len(mid_stream) <= aborts <= len(hung_up)
-    assert aborts < len(hung_up), "no request hung up while queued: the test did not queue"
+    # The gateway recorded every request but those whose client hung up before it read them,
+    # each as completed or disconnected. It may count as completed a stream whose client hung
+    # up after it had relayed the last event (the client thread lags on a busy machine).
+    assert recorded == seen_completed + seen_gone
+    assert len(completed) <= seen_completed <= len(completed) + len(hung_up) - seen_gone
+    late = seen_completed - len(completed)
+    # Every request the gateway saw its client leave was stopped at its engine, if it had reached
+    # one: aborted there. The exception, tolerated up to 1% of the hang-ups: a hang-up the gateway
+    # noticed only after the engine had generated the last token (``Disconnect`` keeps a margin of
+    # 150 ms, but a starved 2-core machine can delay either event loop past it).
+    late_abort = ran_to_the_end - seen_completed
+    assert 0 <= late_abort <= max(2, len(hung_up) // 100)
+    # The aborts: at least the hang-ups after the response headers (but the late ones), at most
+    # the requests given a backend that did not complete (not those still queued in the gateway,
+    # nor those cut while it connected upstream).
+    after_headers = [s for s in hung_up if s.status == 200]
+    assert len(after_headers) - late - late_abort <= aborts <= dispatched - seen_completed - late_abort
+    assert seen_gone > dispatched - seen_completed, "no request hung up while queued: the test did not queue"
     report(
         "disconnects",
         requests=total,
         completed=len(completed),
         hung_up=len(hung_up),
-        hung_up_after_headers=len(mid_stream),
-        hung_up_before_an_engine=len(hung_up) - aborts,
-        engine_aborts=aborts,
-        dispatched=dispatched,
-        waited_in_queue=queued,
+        hung_up_after_the_gateway_finished=late,
+        before_the_gateway_read_them=len(hung_up) - seen_gone - late,
+        while_queued_in_the_gateway=seen_gone - (dispatched - seen_completed),
+        while_connecting_upstream=dispatched - seen_completed - aborts - late_abort,
+        at_an_engine=aborts,
+        noticed_after_the_engine_finished=late_abort,
+        of_which_after_headers=len(after_headers),
+        dispatched_after_queueing=queued,
+        elapsed_s=round(max(s.t_end or 0 for s in load.streams) - load.streams[0].t_start, 1),
     )
 
 
+def served(fleet: Fleet) -> float:
+    """Requests the fleet's engines ran to their end."""
+    return sum(fleet.metric(e, "vllm:request_success_total", finished_reason="length") for e in fleet.engines)
+
+
 def test_sigterm_under_load_lets_every_stream_finish_refuses_new_requests_and_exits_zero() -> None:
-    with engines(3) as fleet, gateway(policy(fleet.engines)) as gw:
-        with Load(gw.url, clients=24, max_tokens=(60, 120)) as load:
-            wait_until(lambda: len(load.streaming()) >= 16, what="streams under way")
-            gw.proc.send_signal(signal.SIGTERM)
-            t_signal = time.perf_counter()
-            load.stop()
-            wait_until(lambda: gw.status("/readyz") == 503, what="readiness to fail")
-            refused = [refuse(gw) for _ in range(10)]
-            assert gw.proc.poll() is None, "the gateway must wait for the streams in flight"
-            code = gw.proc.wait(timeout=20)
-            drained_s = time.perf_counter() - t_signal
+    with (
+        engines(3) as fleet,
+        gateway(policy(fleet.engines)) as gw,
+        Load(gw.url, clients=24, max_tokens=(60, 120)) as load,
+    ):
+        wait_until(lambda: len(load.streaming()) >= 16, what="streams under way")
+        gw.proc.send_signal(signal.SIGTERM)
+        t_signal = time.perf_counter()
+        load.stop()
+        wait_until(lambda: gw.status("/readyz") == 503, what="readiness to fail")
+        refused = [gw.chat("late") for _ in range(10)]
+        assert gw.proc.poll() is None, "the gateway must wait for the streams in flight"
+        code = gw.proc.wait(timeout=20)
+        drained_s = time.perf_counter() - t_signal
     assert code == 0
-    assert refused == [(503, "draining")] * 10
+    assert [(status, body["error"]["code"]) for status, body in refused] == [(503, "draining")] * 10
     assert_accounted(load, (Outcome.COMPLETED, Outcome.HTTP_ERROR))
     before = [s for s in load.streams if s.t_start < t_signal]
     assert all(s.outcome is Outcome.COMPLETED for s in before), "a stream in flight was cut"
@@ -269,26 +318,16 @@ def test_sigterm_under_load_lets_every_stream_finish_refuses_new_requests_and_ex
     )
 
 
-def refuse(gw: Gateway) -> tuple[int, str]:
-    """A new request during the drain: its status and error code."""
-    reply = httpx.post(
-        gw.url + "/v1/chat/completions",
-        headers={"authorization": f"Bearer {KEY}"},
-        json={"model": MODEL, "messages": [{"role": "user", "content": "late"}], "max_tokens": 4, "stream": True},
-    )
-    return reply.status_code, reply.json()["error"]["code"]
-
-
 def test_an_invalid_policy_written_over_the_live_file_under_load_fails_no_request() -> None:
     with engines(3) as fleet:
         good = policy(fleet.engines)
         with gateway(good) as gw, Load(gw.url, clients=16, max_tokens=(8, 16)) as load:
             wait_until(lambda: load.count(Outcome.COMPLETED) >= 100, timeout=20, what="load before the edit")
             gw.policy_path.write_text(good.replace("max_concurrent: 256", "max_concurrent: 0"))
-            wait_until(lambda: gw.admin_policy()["reloads"]["invalid"] == 1, what="the invalid policy to be refused")  # type: ignore[index]
+            wait_until(lambda: gw.admin_policy()["reloads"]["invalid"] == 1, what="the invalid policy to be refused")
             t_invalid = time.perf_counter()
             gw.policy_path.write_text(good[: len(good) // 2] + "\n  - {name: [")  # a write cut short
-            wait_until(lambda: gw.admin_policy()["reloads"]["invalid"] == 2, what="the broken file to be refused")  # type: ignore[index]
+            wait_until(lambda: gw.admin_policy()["reloads"]["invalid"] == 2, what="the broken file to be refused")
             status = gw.admin_policy()
             ready = gw.status("/readyz")
             wait_until(lambda: load.count(Outcome.COMPLETED, since=t_invalid) >= 100, timeout=20, what="load after it")
