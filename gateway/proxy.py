@@ -342,18 +342,24 @@ async def _raw_chunks(response: httpx.Response, backend: str, stall_s: float) ->
     """
     loop = asyncio.get_running_loop()
     chunks = response.aiter_raw()
-    with map_upstream_errors(backend):
-        try:
-            async with asyncio.timeout_at(loop.time() + stall_s) as stall:
+    try:
+        async with asyncio.timeout_at(loop.time() + stall_s) as stall:
+            with map_upstream_errors(backend):  # inside the timeout: TimeoutError is an OSError
                 async for chunk in chunks:
                     stall.reschedule(None)
                     yield chunk
                     stall.reschedule(loop.time() + stall_s)
-        except TimeoutError:
-            raise UpstreamTimeout(
-                f"Backend '{backend}' sent nothing for {stall_s:g}s in the middle of the stream.",
-                code="upstream_stalled",
-            ) from None
+    except TimeoutError:
+        raise UpstreamTimeout(
+            f"Backend '{backend}' sent nothing for {stall_s:g}s in the middle of the stream.",
+            code="upstream_stalled",
+        ) from None
+    except UpstreamError as error:
+        if error.code != "upstream_connect_error":
+            raise
+        raise UpstreamError(
+            f"Backend '{backend}' dropped the connection in the middle of the stream.", code="upstream_disconnected"
+        ) from error
 
 
 class ClientDisconnected(Exception):
