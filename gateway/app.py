@@ -178,35 +178,35 @@ class Gateway:
         """Count a finished request and observe its latencies (called once per request)."""
         m = self.metrics
         model, klass = exchange.model, exchange.klass
-        m.requests.labels(model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome).inc()
+        m.child(m.requests, model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome).inc()
         if exchange.status in (429, 503):
-            m.rejections.labels(exchange.outcome, klass, exchange.tenant).inc()
+            m.child(m.rejections, exchange.outcome, klass, exchange.tenant).inc()
         if exchange.backend:
-            m.queue_wait.labels(model, klass).observe(exchange.queued_s)
+            m.child(m.queue_wait, model, klass).observe(exchange.queued_s)
         decision = exchange.decision
         if decision is not None:
             strategy = decision.strategy
-            m.routing_decisions.labels(model, strategy, decision.reason).inc()
-            m.routing_pick.labels(model, strategy).observe(decision.pick_s)
+            m.child(m.routing_decisions, model, strategy, decision.reason).inc()
+            m.child(m.routing_pick, model, strategy).observe(decision.pick_s)
             if decision.detail is not None:
-                m.matched_blocks.labels(model, strategy).observe(decision.matched_blocks)
+                m.child(m.matched_blocks, model, strategy).observe(decision.matched_blocks)
         timer = exchange.timer
         e2e = self.clock.now() - exchange.arrival
         self._judge(exchange, timer, e2e)
         if timer is None:
             return
-        m.e2e.labels(model, klass).observe(e2e)
+        m.child(m.e2e, model, klass).observe(e2e)
         ttft = timer.ttft
         if ttft is not None:
-            m.ttft.labels(model, klass).observe(ttft)
+            m.child(m.ttft, model, klass).observe(ttft)
             if timer.gaps:
-                itl = m.itl.labels(model, klass)
+                itl = m.child(m.itl, model, klass)
                 for gap in timer.gaps:
                     itl.observe(gap)
         usage = timer.usage
         if usage:
-            m.tokens.labels(model, "input").inc(usage.get("prompt_tokens") or 0)
-            m.tokens.labels(model, "output").inc(usage.get("completion_tokens") or 0)
+            m.child(m.tokens, model, "input").inc(usage.get("prompt_tokens") or 0)
+            m.child(m.tokens, model, "output").inc(usage.get("completion_tokens") or 0)
 
     def _judge(self, exchange: Exchange, timer: TokenTimer | None, e2e: float) -> None:
         """Goodput: was the request judged against its class's SLO, and did it meet it?
@@ -218,7 +218,7 @@ class Gateway:
         if slo_class is None or not (status == 200 or status >= 500 or status == 408):
             return
         m = self.metrics
-        m.slo_requests.labels(exchange.model, klass).inc()
+        m.child(m.slo_requests, exchange.model, klass).inc()
         itl = timer.gaps if timer else ()
         met = meets_slo(
             ok=exchange.outcome == "completed",
@@ -228,9 +228,9 @@ class Gateway:
             slo=slo_class.slo,
         )
         if met:
-            m.goodput_requests.labels(exchange.model, klass).inc()
+            m.child(m.goodput_requests, exchange.model, klass).inc()
             usage = timer.usage if timer else None
-            m.goodput_tokens.labels(exchange.model, klass).inc((usage or {}).get("completion_tokens") or 0)
+            m.child(m.goodput_tokens, exchange.model, klass).inc((usage or {}).get("completion_tokens") or 0)
 
     def export_metrics(self) -> bytes:
         m = self.metrics
