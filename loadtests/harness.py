@@ -93,6 +93,13 @@ def metric_sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], na
     return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used, from /proc."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process, from /proc."""
     with open(f"/proc/{pid}/statm") as fh:

@@ -34,7 +34,7 @@ import aiohttp
 import numpy as np
 
 from gateway.policy.loader import hash_api_key
-from loadtests.harness import pin, process
+from loadtests.harness import cpu_seconds, pin, process
 
 MODEL = "sim-instant"
 API_KEY = "overhead-bench-key"
@@ -55,6 +55,7 @@ class PhaseResult:
     errors: int = 0
     error_reasons: Counter[str] = field(default_factory=Counter)
     sent: int = 0
+    cpu_s: float = 0.0
     late: list[float] = field(default_factory=list)
 
 
@@ -167,7 +168,9 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
             results = {"direct": PhaseResult(), "gateway": PhaseResult()}
             for round_no in range(args.rounds):
                 for mode, url in (("direct", direct), ("gateway", through)):
+                    before = cpu_seconds(args.gateway_pid)
                     await _phase(session, url, rate, args.phase_s, False, results[mode], seed=round_no)
+                    results[mode].cpu_s += cpu_seconds(args.gateway_pid) - before
             report["rates"][rate] = _compare(results)  # type: ignore[index]
             _print_rate(rate, results)
         results = {"direct": PhaseResult(), "gateway": PhaseResult()}
@@ -192,6 +195,7 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
             "itl_p99_ms": _pct(r.itls, 99),
             "send_late_p99_ms": _pct(r.late, 99),
             "error_reasons": dict(r.error_reasons),
+            "gateway_cpu_ms_per_request": r.cpu_s * 1000 / r.sent if r.sent else None,
         }
     out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
     out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
@@ -207,7 +211,8 @@ def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
         f"err {d.errors:<4d}| gateway P50 {_pct(g.latencies, 50):6.2f} P99 {_pct(g.latencies, 99):6.2f} "
         f"err {g.errors:<4d}| added P50 {_pct(g.latencies, 50) - _pct(d.latencies, 50):+6.2f} ms "
         f"P99 {_pct(g.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms | sent {d.sent}/{g.sent} "
-        f"| send lateness P99 {_pct(d.late + g.late, 99):.2f} ms {dict(d.error_reasons + g.error_reasons) or ''}",
+        f"| send lateness P99 {_pct(d.late + g.late, 99):.2f} ms | gateway CPU "
+        f"{g.cpu_s * 1000 / max(g.sent, 1):.2f} ms/req {dict(d.error_reasons + g.error_reasons) or ''}",
         flush=True,
     )
 
@@ -249,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         serve = [*pin(1), *args.gateway_cmd.split(), "--policy", policy.name, "--port", str(args.gateway_port)]
     if len(pin(0)):
         os.sched_setaffinity(0, {0})
-    with process(sim, backend + "/health"), process(serve, gateway + "/healthz"):
+    with process(sim, backend + "/health"), process(serve, gateway + "/healthz") as gateway_proc:
+        args.gateway_pid = gateway_proc.pid
         print(
             f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
             f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating",
