@@ -165,12 +165,17 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
         await _phase(session, direct, 50, 1.0, False, PhaseResult(), 0)  # warm both paths
         await _phase(session, through, 50, 1.0, False, PhaseResult(), 0)
         for rate in args.rates:
-            results = {"direct": PhaseResult(), "gateway": PhaseResult()}
+            results = {"direct": PhaseResult(), "gateway": PhaseResult(), "minimal": PhaseResult()}
+            modes = (
+                ("direct", direct, None),
+                ("gateway", through, args.gateway_pid),
+                ("minimal", args.minimal, args.minimal_pid),
+            )
             for round_no in range(args.rounds):
-                for mode, url in (("direct", direct), ("gateway", through)):
-                    before = cpu_seconds(args.gateway_pid)
+                for mode, url, pid in modes:
+                    before = cpu_seconds(pid) if pid else 0.0
                     await _phase(session, url, rate, args.phase_s, False, results[mode], seed=round_no)
-                    results[mode].cpu_s += cpu_seconds(args.gateway_pid) - before
+                    results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
             report["rates"][rate] = _compare(results)  # type: ignore[index]
             _print_rate(rate, results)
         results = {"direct": PhaseResult(), "gateway": PhaseResult()}
@@ -197,6 +202,10 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
             "error_reasons": dict(r.error_reasons),
             "gateway_cpu_ms_per_request": r.cpu_s * 1000 / r.sent if r.sent else None,
         }
+    if "minimal" in results:
+        mini = results["minimal"]
+        out["minimal_added_p50_ms"] = _pct(mini.latencies, 50) - _pct(d.latencies, 50)
+        out["minimal_added_p99_ms"] = _pct(mini.latencies, 99) - _pct(d.latencies, 99)
     out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
     out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
     out["added_ttft_p50_ms"] = _pct(g.ttfts, 50) - _pct(d.ttfts, 50)
@@ -205,7 +214,7 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
 
 
 def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
-    d, g = results["direct"], results["gateway"]
+    d, g, mini = results["direct"], results["gateway"], results["minimal"]
     print(
         f"{rate:>6.0f} req/s | direct P50 {_pct(d.latencies, 50):6.2f} P99 {_pct(d.latencies, 99):6.2f} "
         f"err {d.errors:<4d}| gateway P50 {_pct(g.latencies, 50):6.2f} P99 {_pct(g.latencies, 99):6.2f} "
@@ -213,6 +222,13 @@ def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
         f"P99 {_pct(g.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms | sent {d.sent}/{g.sent} "
         f"| send lateness P99 {_pct(d.late + g.late, 99):.2f} ms | gateway CPU "
         f"{g.cpu_s * 1000 / max(g.sent, 1):.2f} ms/req {dict(d.error_reasons + g.error_reasons) or ''}",
+        flush=True,
+    )
+    print(
+        f"{'':>6} minimal proxy (baseline) | P50 {_pct(mini.latencies, 50):6.2f} P99 {_pct(mini.latencies, 99):6.2f} "
+        f"err {mini.errors:<4d}| added P50 {_pct(mini.latencies, 50) - _pct(d.latencies, 50):+6.2f} ms "
+        f"P99 {_pct(mini.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms "
+        f"| CPU {mini.cpu_s * 1000 / max(mini.sent, 1):.2f} ms/req",
         flush=True,
     )
 
@@ -254,8 +270,25 @@ def main(argv: list[str] | None = None) -> int:
         serve = [*pin(1), *args.gateway_cmd.split(), "--policy", policy.name, "--port", str(args.gateway_port)]
     if len(pin(0)):
         os.sched_setaffinity(0, {0})
-    with process(sim, backend + "/health"), process(serve, gateway + "/healthz") as gateway_proc:
-        args.gateway_pid = gateway_proc.pid
+    minimal_port = args.gateway_port + 2
+    minimal = [
+        *pin(1),
+        sys.executable,
+        "-m",
+        "loadtests.minimal_proxy",
+        "--upstream",
+        backend,
+        "--port",
+        str(minimal_port),
+    ]
+    minimal_url = f"http://127.0.0.1:{minimal_port}"
+    with (
+        process(sim, backend + "/health"),
+        process(serve, gateway + "/healthz") as gateway_proc,
+        process(minimal, minimal_url + "/healthz") as minimal_proc,
+    ):
+        args.gateway_pid, args.minimal_pid = gateway_proc.pid, minimal_proc.pid
+        args.minimal = minimal_url + "/v1/chat/completions"
         print(
             f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
             f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating",
