@@ -54,8 +54,9 @@ class Grant:
         return self.decision.state
 
 
-SERVICE_TTFT_WEIGHT = 0.05
-"""Weight of each new dispatch-to-first-token sample in its moving average (about 20 samples)."""
+SERVICE_TTFT_WEIGHT = 1 / 8
+SERVICE_DEV_WEIGHT = 1 / 4
+"""Gains of the dispatch-to-first-token estimator (RFC 6298's alpha and beta)."""
 
 ESTIMATE_MARGIN = 1.25
 """Refuse when the estimated wait is within 25% of what the request may wait: a request that
@@ -70,24 +71,32 @@ def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
 class ModelQueues:
     """The class queues of one model, in rank order, with their drain meters."""
 
-    __slots__ = ("classes", "meter", "model", "service_ttft_s")
+    __slots__ = ("classes", "meter", "model", "service_ttft_dev_s", "service_ttft_s")
 
     def __init__(self, model: str, classes: dict[str, PriorityClass]) -> None:
         self.model = model
         self.classes = sorted((ClassQueue(n, c) for n, c in classes.items()), key=lambda q: q.rank)
         self.meter = DrainMeter()
         self.service_ttft_s = 0.0
-        """Moving average of dispatch-to-first-token: what a backend takes once a request reaches it."""
+        """Smoothed dispatch-to-first-token: what a backend takes once a request reaches it."""
+        self.service_ttft_dev_s = 0.0
+        """Smoothed deviation of it, so that the budget covers its tail, not just its mean."""
 
     def observe_service_ttft(self, seconds: float) -> None:
+        """RFC 6298's estimator (as TCP's retransmission timeout): mean and mean deviation."""
+        self.service_ttft_dev_s += SERVICE_DEV_WEIGHT * (abs(seconds - self.service_ttft_s) - self.service_ttft_dev_s)
         self.service_ttft_s += SERVICE_TTFT_WEIGHT * (seconds - self.service_ttft_s)
+
+    def service_ttft_tail_s(self) -> float:
+        return self.service_ttft_s + 4 * self.service_ttft_dev_s
 
     def wait_budget(self, klass: PriorityClass) -> float:
         """How long a request of ``klass`` may wait here: the explicit ``max_wait_s``, else its TTFT
-        objective less what the backends currently take to produce a first token."""
+        objective less what the backends currently take to produce a first token, tail included
+        (mean plus four mean deviations), so that a request let in still meets its objective."""
         if klass.queue.max_wait_s is not None:
             return klass.queue.max_wait_s
-        return max(0.0, klass.slo.ttft_ms / 1000 - self.service_ttft_s)
+        return max(0.0, klass.slo.ttft_ms / 1000 - self.service_ttft_tail_s())
 
     def queue(self, rank: int) -> ClassQueue:
         for queue in self.classes:
