@@ -217,3 +217,14 @@ def test_the_same_text_gives_the_same_digest_and_an_edit_changes_it() -> None:
     text = POLICY_FILE.read_text()
     assert parse_policy(text, "a").digest == parse_policy(text, "b").digest
     assert parse_policy(text.replace("test-1", "test-2"), "a").digest != parse_policy(text, "a").digest
+
+
+def test_a_time_scaled_policy_keeps_the_files_digest_so_the_watcher_does_not_reload_it() -> None:
+    from gateway.policy.loader import load_policy
+    from gateway.policy.timescale import scale_policy_time
+
+    original = load_policy("policies/demo.yaml")
+    scaled = scale_policy_time(original, 8)
+    assert scaled.digest == original.digest
+    assert scaled.policy.classes["interactive"].slo.ttft_ms == 8 * original.policy.classes["interactive"].slo.ttft_ms
+    assert scaled.policy.classes["interactive"].slo.objective == original.policy.classes["interactive"].slo.objective

@@ -8,6 +8,7 @@ own work (health checks, scrapes, connect timeouts) stay as they are.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import yaml
@@ -31,4 +32,7 @@ def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
         for name in ("first_byte_s", "between_chunks_s"):
             if name in timeouts:
                 timeouts[name] *= k
-    return parse_policy(yaml.safe_dump(data), f"{snapshot.source} (time scale {k:g})")
+    scaled = parse_policy(yaml.safe_dump(data), f"{snapshot.source} (time scale {k:g})")
+    # The file's digest, not the scaled text's: the hot-reload watcher compares digests and must
+    # not take the scaling for an edit of the file (it would load the unscaled policy).
+    return dataclasses.replace(scaled, digest=snapshot.digest)
