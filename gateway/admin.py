@@ -33,31 +33,32 @@ def _authorize(request: Request, gateway: Gateway) -> None:
         raise ModelNotAllowed("This key may not use the admin endpoints.", code="not_admin")
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
 def admin_routes(
     gateway: Callable[[], Gateway | None], render: Callable[[GatewayError], Response]
-) -> dict[str, Callable[[Request], Awaitable[Response]]]:
-    """The handlers by path, for the app's router."""
+) -> dict[str, Handler]:
+    """The handlers by path, for the app's router; each checks the admin key first."""
 
-    async def reload(request: Request) -> Response:
-        current = gateway()
-        if current is None:
-            return JSONResponse({"error": "starting"}, status_code=503)
-        try:
-            _authorize(request, current)
-        except GatewayError as error:
-            return render(error)
+    def guarded(action: Callable[[Gateway], Response]) -> Handler:
+        async def handler(request: Request) -> Response:
+            current = gateway()
+            if current is None:
+                return JSONResponse({"error": "starting"}, status_code=503)
+            try:
+                _authorize(request, current)
+            except GatewayError as error:
+                return render(error)
+            return action(current)
+
+        return handler
+
+    def reload(current: Gateway) -> Response:
         result = current.source.reload("admin")
-        status = 422 if result.error else 200
-        return JSONResponse(current.policy_status(), status_code=status)
+        return JSONResponse(current.policy_status(), status_code=422 if result.error else 200)
 
-    async def policy(request: Request) -> Response:
-        current = gateway()
-        if current is None:
-            return JSONResponse({"error": "starting"}, status_code=503)
-        try:
-            _authorize(request, current)
-        except GatewayError as error:
-            return render(error)
+    def policy(current: Gateway) -> Response:
         return JSONResponse(current.policy_status())
 
-    return {"/admin/reload": reload, "/admin/policy": policy}
+    return {"/admin/reload": guarded(reload), "/admin/policy": guarded(policy)}
