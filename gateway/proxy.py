@@ -250,25 +250,34 @@ class InferenceHandler:
             if error.code == "upstream_connect_error":
                 gateway.pool.mark_down(state)
             raise
+        # The breaker's verdict waits for the end of the answer: a backend that stalls or drops
+        # streams after sending its headers is failing too. A request cut by its client is no
+        # verdict at all.
+        verdict: bool | None = None
         try:
             status = response.status_code
-            if breaker is not None:
-                if status == 200:
-                    breaker.on_success()
-                elif status >= 500:
-                    breaker.on_failure()
-                else:
-                    breaker.release()
             if status != 200:
+                verdict = False if status >= 500 else None
                 body = await gateway.upstream.read_all(backend, response)
                 exchange.failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
                 raise backend_error(backend, status, body)
             if request.stream:
-                await self._relay(exchange, request, state, response)
+                verdict = await self._relay(exchange, request, state, response) is StreamEnd.COMPLETED
             else:
                 await self._pass_through(exchange, state, response)
+                verdict = True
+        except GatewayError:
+            verdict = False if verdict is None and response.status_code == 200 else verdict
+            raise
         finally:
             await response.aclose()
+            if breaker is not None:
+                if verdict is None:
+                    breaker.release()
+                elif verdict:
+                    breaker.on_success()
+                else:
+                    breaker.on_failure()
 
     async def _pass_through(self, exchange: Exchange, state: BackendState, response: httpx.Response) -> None:
         body = await self.gateway.upstream.read_all(state.backend, response)
@@ -286,7 +295,7 @@ class InferenceHandler:
 
     async def _relay(
         self, exchange: Exchange, request: InferenceRequest, state: BackendState, response: httpx.Response
-    ) -> None:
+    ) -> StreamEnd:
         timer = TokenTimer(exchange.arrival, on_first=exchange.on_first_token)
         exchange.timer = timer
         await exchange.start(200, list(SSE_HEADERS))
@@ -294,6 +303,7 @@ class InferenceHandler:
         stall_s = state.backend.timeouts.between_chunks_s
         end = await relay.run(_raw_chunks(response, state.backend.name, stall_s))
         exchange.outcome = end.value if end is not StreamEnd.COMPLETED else "completed"
+        return end
 
 
 def engine_priority(kind: BackendKind, rank: int) -> int:

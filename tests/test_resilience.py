@@ -187,7 +187,13 @@ def test_a_stalled_engine_ends_its_streams_with_upstream_stalled_within_the_stal
         stalled = fleet.engines[2]
         with gateway(policy(fleet.engines, between_chunks_s=stall_s)) as gw:
             with Load(gw.url, clients=12, max_tokens=(12, 20)) as load:
-                wait_until(lambda: len(load.of(Outcome.ERROR_EVENT)) >= 12, timeout=20, what="stalled streams to end")
+                # Five stalled streams are five breaker failures: the stalling engine is taken out.
+                wait_until(lambda: len(load.of(Outcome.ERROR_EVENT)) >= 5, timeout=20, what="stalled streams to end")
+                wait_until(
+                    lambda: gw.metric("gateway_breaker_state", backend=stalled.name) == 2, what="the breaker to open"
+                )
+                done = load.count(Outcome.COMPLETED)
+                wait_until(lambda: load.count(Outcome.COMPLETED) >= done + 30, timeout=20, what="traffic elsewhere")
             injected = fleet.metric(stalled, "sim:faults_injected_total", mode="stall")
             wait_until(
                 lambda: fleet.metric(stalled, "sim:requests_aborted_total") == injected,
@@ -207,6 +213,7 @@ def test_a_stalled_engine_ends_its_streams_with_upstream_stalled_within_the_stal
     assert all(stall_s - 0.05 <= gap <= stall_s + 0.5 for gap in gaps), gaps
     assert all(s.outcome is Outcome.COMPLETED for s in others)
     assert retries == 0, "a stream that reached its client must not be retried"
+    assert breaker_state == 2, "a backend that stalls every stream must be taken out of routing"
     assert running == 0
     report(
         "stall",
@@ -215,7 +222,7 @@ def test_a_stalled_engine_ends_its_streams_with_upstream_stalled_within_the_stal
         stall_to_error_ms_min=round(min(gaps) * 1000),
         stall_to_error_ms_max=round(max(gaps) * 1000),
         engine_aborts=injected,
-        breaker_state_of_stalled=breaker_state,  # a stall after the headers is not a breaker failure
+        breaker_state_of_stalled=breaker_state,  # stalls after the headers count as breaker failures
     )
 
 
