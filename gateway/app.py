@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -42,7 +43,7 @@ from gateway.state.memory import MemoryLimitStore
 from gateway.streaming import TokenTimer
 from gateway.telemetry import Metrics
 from gateway.tokens import CharRatioEstimator
-from gateway.tracelog import meets_slo
+from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, meets_slo, trace_record
 from gateway.types import Api
 from gateway.upstream import UpstreamClient
 
@@ -74,6 +75,10 @@ class Gateway:
         self.draining = False
         self.active = 0
         self._idle = asyncio.Event()
+        self.epoch_offset = time.time() - self.clock.now()
+        self.trace_log = (
+            TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
+        )
 
     def policy(self) -> PolicySnapshot:
         """The policy in force; a request reads it once and keeps it to the end."""
@@ -142,6 +147,8 @@ class Gateway:
             router.forget_backend(backend)
 
     async def start(self) -> None:
+        if self.trace_log is not None:
+            self.trace_log.start()
         policy = self.policy().policy
         if policy.lifecycle.watch_interval_s > 0:
             self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))
@@ -173,6 +180,8 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.upstream.aclose()
+        if self.trace_log is not None:
+            await asyncio.to_thread(self.trace_log.close)
 
     def record(self, exchange: Exchange) -> None:
         """Count a finished request and observe its latencies (called once per request)."""
@@ -191,8 +200,11 @@ class Gateway:
             if decision.detail is not None:
                 m.child(m.matched_blocks, model, strategy).observe(decision.matched_blocks)
         timer = exchange.timer
-        e2e = self.clock.now() - exchange.arrival
-        self._judge(exchange, timer, e2e)
+        now = self.clock.now()
+        e2e = now - exchange.arrival
+        met = self._judge(exchange, timer, e2e)
+        if self.trace_log is not None:
+            self._trace(exchange, timer, now, met)
         if timer is None:
             return
         m.child(m.e2e, model, klass).observe(e2e)
@@ -208,7 +220,37 @@ class Gateway:
             m.child(m.tokens, model, "input").inc(usage.get("prompt_tokens") or 0)
             m.child(m.tokens, model, "output").inc(usage.get("completion_tokens") or 0)
 
-    def _judge(self, exchange: Exchange, timer: TokenTimer | None, e2e: float) -> None:
+    def _trace(self, exchange: Exchange, timer: TokenTimer | None, now: float, met: bool) -> None:
+        """One line of the request trace log (no prompt or completion text, ever)."""
+        assert self.trace_log is not None
+        usage = (timer.usage if timer else None) or {}
+        details = usage.get("prompt_tokens_details") or {}
+        self.trace_log.write(
+            trace_record(
+                request_id=exchange.request_id,
+                epoch_offset=self.epoch_offset,
+                t_arrival=exchange.arrival,
+                t_end=now,
+                t_admit=exchange.t_admit,
+                t_dispatch=exchange.t_dispatch,
+                t_first_token=timer.first_output if timer else None,
+                class_name=exchange.klass,
+                tenant=exchange.tenant,
+                model=exchange.model,
+                stream=exchange.stream,
+                status=exchange.status,
+                outcome=exchange.outcome,
+                backend=exchange.backend,
+                queue_s=exchange.queued_s,
+                itl=ItlSummary.of(timer.gaps) if timer and timer.gaps else None,
+                tokens_in=usage.get("prompt_tokens"),
+                tokens_out=usage.get("completion_tokens"),
+                cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
+                slo_met=met,
+            )
+        )
+
+    def _judge(self, exchange: Exchange, timer: TokenTimer | None, e2e: float) -> bool:
         """Goodput: was the request judged against its class's SLO, and did it meet it?
 
         Requests the client caused to fail (4xx but 408, its own tenant limits, a disconnect)
@@ -216,7 +258,7 @@ class Gateway:
         status, klass = exchange.status, exchange.klass
         slo_class = self.policy().policy.classes.get(klass)
         if slo_class is None or not (status == 200 or status >= 500 or status == 408):
-            return
+            return False
         m = self.metrics
         m.child(m.slo_requests, exchange.model, klass).inc()
         itl = timer.gaps if timer else ()
@@ -231,6 +273,7 @@ class Gateway:
             m.child(m.goodput_requests, exchange.model, klass).inc()
             usage = timer.usage if timer else None
             m.child(m.goodput_tokens, exchange.model, klass).inc((usage or {}).get("completion_tokens") or 0)
+        return met
 
     def export_metrics(self) -> bytes:
         m = self.metrics

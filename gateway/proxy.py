@@ -66,6 +66,9 @@ class Exchange:
         "send",
         "started",
         "status",
+        "stream",
+        "t_admit",
+        "t_dispatch",
         "tenant",
         "timer",
     )
@@ -88,6 +91,9 @@ class Exchange:
         self.extra_headers: list[tuple[bytes, bytes]] = []
         self.on_first_token: Callable[[], None] | None = None
         self.failure: Failure | None = None
+        self.t_admit: float | None = None
+        self.stream = False
+        self.t_dispatch: float | None = None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -170,10 +176,12 @@ class InferenceHandler:
         )
         if headers.session_id:
             request.session_id = headers.session_id.decode(errors="replace")
+        exchange.stream = request.stream
         deadline = exchange.arrival + request_timeout(headers.request_timeout, klass.deadline_s)
         if request.stream:
             _ask_for_usage(request)
         admission = await gateway.limiter.admit(tenant, request)
+        exchange.t_admit = gateway.clock.now()
         exchange.extra_headers = admission.headers
         used_tokens: int | None = None
         try:
@@ -203,6 +211,7 @@ class InferenceHandler:
             grant = await dispatcher.acquire(request, tenant, class_name, klass, deadline, exclude=tried)
             queued_s += grant.queued_s
             exchange.queued_s, exchange.decision = queued_s, grant.decision
+            exchange.t_dispatch = gateway.clock.now()
             exchange.on_first_token = lambda grant=grant: dispatcher.first_token(request.model, grant)
             exchange.failure = None
             try:

@@ -21,6 +21,8 @@ class Settings:
     log_level: str = "info"
     max_upstream_connections: int = 1000
     health_checks: bool = True
+    trace_log_path: str | None = None
+    """Where the request trace log goes (JSONL, rotated); ``GATEWAY_TRACE_LOG``; off when unset."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -31,6 +33,7 @@ class Settings:
             "port": int(env.get("GATEWAY_PORT", "8080")),
             "log_level": env.get("GATEWAY_LOG_LEVEL", "info"),
             "max_upstream_connections": int(env.get("GATEWAY_MAX_UPSTREAM_CONNECTIONS", "1000")),
+            "trace_log_path": env.get("GATEWAY_TRACE_LOG") or None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,44 @@
+"""The request trace log end to end: one JSONL line per request, readable by the load generator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import orjson
+
+from gateway.app import GatewayApp
+from gateway.policy.loader import parse_policy
+from gateway.settings import Settings
+from loadtests.loadgen.records import RequestRecord
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, policy_text
+from tests.fake_backend import FakeBackend
+from tests.servers import serve_in_thread, wait_until
+
+
+def test_every_request_leaves_one_line_without_any_text(
+    tmp_path: Path, backend_server: BackendServer, backend: FakeBackend
+) -> None:
+    log = tmp_path / "trace.jsonl"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text(backend_server.url))
+    settings = Settings(policy_path=str(policy), trace_log_path=str(log))
+    app = GatewayApp(settings, parse_policy(policy.read_text(), str(policy)))
+    secret = "a prompt that must never reach the log"
+    with serve_in_thread(app) as url:
+        headers = {"authorization": f"Bearer {KEY_ACME}"}
+        body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": secret}], "stream": True}
+        assert httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body).status_code == 200
+        assert httpx.post(f"{url}/v1/chat/completions", headers=headers, json={"model": CHAT_MODEL}).status_code == 400
+    wait_until(lambda: log.exists() and len(log.read_bytes().splitlines()) == 2, what="two trace lines")
+    text = log.read_text()
+    assert secret not in text
+    assert " t0" not in text  # nor any completion text
+    first, second = (RequestRecord.from_json(line) for line in log.read_bytes().splitlines())
+    assert (first.status, first.tenant, first.model, first.stream) == (200, "acme", CHAT_MODEL, True)
+    assert first.tokens_out == backend.tokens
+    assert first.ttft_s is not None
+    assert second.status == 400
+    raw = orjson.loads(log.read_bytes().splitlines()[0])
+    assert raw["backend"] == "fake"
+    assert raw["t_arrival"] <= raw["t_admit"] <= raw["t_dispatch"] <= raw["t_first_token"] <= raw["t_end"]
