@@ -71,6 +71,14 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
+        self._declare_request_metrics(r)
+        self._declare_backend_metrics(r)
+        self._declare_admission_metrics(r)
+        self._declare_routing_metrics(r)
+        self._declare_slo_metrics(r)
+
+    def _declare_request_metrics(self, r: CollectorRegistry) -> None:
+        """Requests and their latencies, by model and class."""
         self.requests = Counter(
             "gateway_requests",
             "Requests answered, by model, API, priority class, HTTP status and outcome.",
@@ -104,6 +112,9 @@ class Metrics:
             ["model", "direction"],
             registry=r,
         )
+
+    def _declare_backend_metrics(self, r: CollectorRegistry) -> None:
+        """Backends: work in flight, health, breakers, scraped saturation."""
         self.in_flight = Gauge(
             "gateway_backend_in_flight_requests", "Requests in flight to a backend.", ["backend"], registry=r
         )
@@ -119,6 +130,36 @@ class Metrics:
             ["backend", "class"],
             registry=r,
         )
+        self.backend_healthy = Gauge(
+            "gateway_backend_healthy",
+            "1 when the backend's last health check passed.",
+            ["backend"],
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            "gateway_breaker_state",
+            "Circuit breaker of a backend: 0 closed, 1 half-open, 2 open.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_kv_usage = Gauge(
+            "gateway_backend_kv_cache_usage_ratio",
+            "KV-cache usage 0-1 from the backend's last /metrics scrape.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_waiting = Gauge(
+            "gateway_backend_waiting_requests",
+            "Requests waiting inside the engine, from its last /metrics scrape.",
+            ["backend"],
+            registry=r,
+        )
+        self.model_healthy_backends = Gauge(
+            "gateway_model_healthy_backends", "Healthy backends serving the model.", ["model"], registry=r
+        )
+
+    def _declare_admission_metrics(self, r: CollectorRegistry) -> None:
+        """Queues and refusals."""
         self.queue_depth = Gauge(
             "gateway_queue_depth", "Requests waiting for a backend.", ["model", "class"], registry=r
         )
@@ -135,12 +176,12 @@ class Metrics:
             ["reason", "class", "tenant"],
             registry=r,
         )
-        self.backend_healthy = Gauge(
-            "gateway_backend_healthy",
-            "1 when the backend's last health check passed.",
-            ["backend"],
-            registry=r,
+        self.queue_capacity = Gauge(
+            "gateway_queue_capacity", "The queue's max_depth from the policy.", ["model", "class"], registry=r
         )
+
+    def _declare_routing_metrics(self, r: CollectorRegistry) -> None:
+        """Routing decisions and retries."""
         self.routing_decisions = Counter(
             "gateway_routing_decisions",
             "Backends chosen, by model, routing strategy and reason code (prefix_match, load_bound, ...).",
@@ -173,30 +214,9 @@ class Metrics:
             ["model"],
             registry=r,
         )
-        self.breaker_state = Gauge(
-            "gateway_breaker_state",
-            "Circuit breaker of a backend: 0 closed, 1 half-open, 2 open.",
-            ["backend"],
-            registry=r,
-        )
-        self.backend_kv_usage = Gauge(
-            "gateway_backend_kv_cache_usage_ratio",
-            "KV-cache usage 0-1 from the backend's last /metrics scrape.",
-            ["backend"],
-            registry=r,
-        )
-        self.backend_waiting = Gauge(
-            "gateway_backend_waiting_requests",
-            "Requests waiting inside the engine, from its last /metrics scrape.",
-            ["backend"],
-            registry=r,
-        )
-        self.model_healthy_backends = Gauge(
-            "gateway_model_healthy_backends", "Healthy backends serving the model.", ["model"], registry=r
-        )
-        self.queue_capacity = Gauge(
-            "gateway_queue_capacity", "The queue's max_depth from the policy.", ["model", "class"], registry=r
-        )
+
+    def _declare_slo_metrics(self, r: CollectorRegistry) -> None:
+        """Goodput against each class's SLO, and the policy in force."""
         self.slo_requests = Counter(
             "gateway_slo_requests",
             "Requests judged against their class's SLO (all but those the client caused).",
