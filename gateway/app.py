@@ -29,6 +29,7 @@ from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.intake import read_headers
+from gateway.labels import TenantLabels
 from gateway.lifecycle import Drainable
 from gateway.policy.loader import PolicySnapshot, load_policy
 from gateway.policy.watch import PolicySource
@@ -76,6 +77,7 @@ class Gateway:
         self.active = 0
         self._idle = asyncio.Event()
         self.epoch_offset = time.time() - self.clock.now()
+        self.tenant_labels = TenantLabels(top=snapshot.policy.telemetry.top_tenants, clock=self.clock)
         self.trace_log = (
             TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
         )
@@ -188,8 +190,9 @@ class Gateway:
         m = self.metrics
         model, klass = exchange.model, exchange.klass
         m.child(m.requests, model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome).inc()
+        tenant = self.tenant_labels.label(exchange.tenant)  # counts traffic; the busiest keep their name
         if exchange.status in (429, 503):
-            m.child(m.rejections, exchange.outcome, klass, exchange.tenant).inc()
+            m.child(m.rejections, exchange.outcome, klass, tenant).inc()
         if exchange.backend:
             m.child(m.queue_wait, model, klass).observe(exchange.queued_s)
         decision = exchange.decision

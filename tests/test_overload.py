@@ -150,3 +150,15 @@ def test_a_client_that_leaves_the_queue_frees_its_place_at_once(
         held.join(10)
         wait_until(lambda: metric(url, "gateway_backend_in_flight_requests") == 0, what="in-flight back to zero")
         assert len(backend.received) == 1, "the request that left while queued must never reach the backend"
+
+
+def test_tenants_beyond_the_busiest_are_counted_as_other(
+    start_gateway: StartGateway, backend: FakeBackend, backend_server_url: str
+) -> None:
+    text = policy_text(backend_server_url, **{ACME_LIMITS: "limits: {rpm: 1}"}) + "telemetry: {top_tenants: 0}\n"
+    with start_gateway(text, health_checks=False) as url:
+        headers = {"authorization": f"Bearer {KEY_ACME}"}
+        for _ in range(2):
+            httpx.post(f"{url}/v1/chat/completions", headers=headers, json={"model": CHAT_MODEL, "messages": MESSAGES})
+        assert metric(url, "gateway_rejections_total", tenant="other") == 1
+        assert metric(url, "gateway_rejections_total", tenant="acme") == 0

@@ -381,6 +381,12 @@ class Lifecycle(Strict):
     watch_interval_s: Annotated[float, Field(ge=0)] = 1.0
 
 
+class Telemetry(Strict):
+    """Label bounds: tenants beyond the ``top_tenants`` busiest are counted as ``other``."""
+
+    top_tenants: Annotated[int, Field(ge=0, le=1000)] = 50
+
+
 class Policy(Strict):
     """The whole policy file."""
 
@@ -398,4 +404,5 @@ class Policy(Strict):
     lifecycle: Lifecycle = Lifecycle()
     retry: RetryPolicy = RetryPolicy()
     breaker: BreakerPolicy = BreakerPolicy()
+    telemetry: Telemetry = Telemetry()
     kind: Literal["gateway-policy"] = "gateway-policy"
