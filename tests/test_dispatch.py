@@ -37,10 +37,20 @@ def snapshot() -> PolicySnapshot:
     return parse_policy(POLICY, "t.yaml")
 
 
-@pytest.fixture
-def dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
+def make_dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
     router = LeastLoadRouter()
     return Dispatcher(BackendPool(snapshot), lambda model: router, FakeClock(), snapshot)
+
+
+def paced_policy(max_prefilling: int) -> PolicySnapshot:
+    """Batch paced to ``max_prefilling`` prefills per backend, with room for several requests."""
+    text = POLICY.replace("max_share: 0.5,", f"max_share: 1.0, max_prefilling: {max_prefilling},")
+    return parse_policy(text.replace("max_concurrent: 2", "max_concurrent: 8"), "t.yaml")
+
+
+@pytest.fixture
+def dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
+    return make_dispatcher(snapshot)
 
 
 async def acquire(dispatcher: Dispatcher, snapshot: PolicySnapshot, class_name: str, tokens: int = 10) -> Grant:
@@ -218,12 +228,8 @@ async def test_a_flooding_tenant_gives_way_to_another_in_a_full_queue(
 
 
 async def test_a_paced_class_starts_its_next_request_only_after_a_first_token(snapshot: PolicySnapshot) -> None:
-    text = POLICY.replace("max_share: 0.5,", "max_share: 1.0, max_prefilling: 1,").replace(
-        "max_concurrent: 2", "max_concurrent: 8"
-    )
-    paced = parse_policy(text, "t.yaml")
-    router = LeastLoadRouter()
-    dispatcher = Dispatcher(BackendPool(paced), lambda model: router, FakeClock(), paced)
+    paced = paced_policy(1)
+    dispatcher = make_dispatcher(paced)
     first = await acquire(dispatcher, paced, "batch")
     second = asyncio.create_task(acquire(dispatcher, paced, "batch"))
     await asyncio.sleep(0)
@@ -239,12 +245,8 @@ async def test_a_paced_class_starts_its_next_request_only_after_a_first_token(sn
 
 
 async def test_a_paced_class_yields_to_a_higher_class_that_is_prefilling(snapshot: PolicySnapshot) -> None:
-    text = POLICY.replace("max_share: 0.5,", "max_share: 1.0, max_prefilling: 4,").replace(
-        "max_concurrent: 2", "max_concurrent: 8"
-    )
-    paced = parse_policy(text, "t.yaml")
-    router = LeastLoadRouter()
-    dispatcher = Dispatcher(BackendPool(paced), lambda model: router, FakeClock(), paced)
+    paced = paced_policy(4)
+    dispatcher = make_dispatcher(paced)
     interactive = await acquire(dispatcher, paced, "interactive")
     batch = asyncio.create_task(acquire(dispatcher, paced, "batch"))
     await asyncio.sleep(0)
@@ -258,8 +260,7 @@ async def test_a_paced_class_yields_to_a_higher_class_that_is_prefilling(snapsho
 def test_the_default_wait_budget_leaves_room_for_the_measured_time_to_first_token(snapshot: PolicySnapshot) -> None:
     text = POLICY.replace("queue: {max_depth: 3, max_wait_s: 5}", "queue: {max_depth: 3}")
     policy = parse_policy(text, "t.yaml")
-    router = LeastLoadRouter()
-    dispatcher = Dispatcher(BackendPool(policy), lambda model: router, FakeClock(), policy)
+    dispatcher = make_dispatcher(policy)
     queues = dispatcher.queues()["m"]
     interactive, batch = policy.policy.classes["interactive"], policy.policy.classes["batch"]
     assert queues.wait_budget(interactive) == pytest.approx(0.5)  # the TTFT objective
