@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gateway.admission import TenantLimiter
 from gateway.auth import authenticate
 from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.clock import Clock, MonotonicClock
+from gateway.cost_meter import CostMeter
 from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
@@ -32,6 +34,7 @@ from gateway.intake import read_headers
 from gateway.labels import TenantLabels
 from gateway.lifecycle import Drainable
 from gateway.policy.loader import PolicySnapshot, load_policy
+from gateway.policy.model import TracingConfig
 from gateway.policy.watch import PolicySource
 from gateway.proxy import Exchange, InferenceHandler
 from gateway.retry import RetryBudget
@@ -40,11 +43,14 @@ from gateway.routing.isolation import CacheSalter
 from gateway.routing.registry import build_routers
 from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
+from gateway.state.factory import build_limit_store
 from gateway.state.memory import MemoryLimitStore
+from gateway.state.redis import RedisLimitStore
 from gateway.streaming import TokenTimer
 from gateway.telemetry import Metrics
 from gateway.tokens import CharRatioEstimator
 from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, meets_slo, trace_record
+from gateway.tracing import INERT_REQUEST, Tracing, finish_span
 from gateway.types import Api
 from gateway.upstream import UpstreamClient
 
@@ -59,12 +65,13 @@ class Gateway:
     def __init__(self, settings: Settings, snapshot: PolicySnapshot, clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock: Clock = clock or MonotonicClock()
-        self.metrics = Metrics()
+        self.metrics = Metrics(redis=snapshot.policy.state.backend == "redis")
         self.estimator = CharRatioEstimator()
         self.routers: dict[str, BackendRouter] = build_routers(snapshot, self.clock)
         self.pool = BackendPool(snapshot, on_forget=self.forget_backend, breakers=self._breaker)
         self.retry_budget = RetryBudget.from_policy(snapshot.policy.retry, self.clock)
-        self.limiter = TenantLimiter(MemoryLimitStore(self.clock))
+        self.limit_store = self._limit_store(snapshot)
+        self.limiter = TenantLimiter(self.limit_store)
         self.dispatcher = Dispatcher(self.pool, self.routers.__getitem__, self.clock, snapshot)
         self.salter = CacheSalter.from_env(snapshot.policy.cache_isolation.secret_env)
         backends = {b.name: b for b in snapshot.policy.backends}
@@ -77,10 +84,30 @@ class Gateway:
         self.active = 0
         self._idle = asyncio.Event()
         self.epoch_offset = time.time() - self.clock.now()
+        tracing = snapshot.policy.telemetry.tracing or TracingConfig.from_env()
+        self.tracing = Tracing(
+            tracing if settings.telemetry else TracingConfig(),
+            epoch_offset=self.epoch_offset,
+            on_dropped=self.metrics.trace_spans_dropped.inc,
+        )
         self.tenant_labels = TenantLabels(top=snapshot.policy.telemetry.top_tenants, clock=self.clock)
+        self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock)
         self.trace_log = (
             TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
         )
+
+    def _limit_store(self, snapshot: PolicySnapshot) -> MemoryLimitStore | RedisLimitStore:
+        """The tenant limits' store from the policy's ``state``; Redis failures become metrics."""
+        m = self.metrics
+        store = build_limit_store(
+            snapshot.policy.state,
+            self.clock,
+            on_error=lambda operation: m.child(m.redis_errors, operation).inc(),
+            on_fallback=lambda operation: m.child(m.redis_fallbacks, operation).inc(),
+        )
+        if isinstance(store, RedisLimitStore):
+            m.redis_up.set_function(lambda: 1.0 if store.up else 0.0)
+        return store
 
     def policy(self) -> PolicySnapshot:
         """The policy in force; a request reads it once and keeps it to the end."""
@@ -93,6 +120,8 @@ class Gateway:
         their ``BackendState`` and finish on it; only new requests see the new pool.
         """
         old_routing = {m.name: m.routing for m in self.policy().policy.models}
+        if snapshot.policy.state != self.policy().policy.state:
+            log.warning("policy section 'state' changed: the limit store keeps its settings until a restart")
         self.pool.apply(snapshot)
         fresh = build_routers(snapshot, self.clock)
         for model, router in fresh.items():
@@ -102,10 +131,23 @@ class Gateway:
             del self.routers[model]
         self.dispatcher.apply(snapshot)
         self.upstream.configure({b.name: b for b in snapshot.policy.backends})
+        self.costs.reprice(snapshot.policy.backends)
         self.metrics.policy_info.clear()
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
+        self._retrace(snapshot)
         self.dispatcher.pump_all()
         log.warning("policy %s (digest %s) is now in force", snapshot.version, snapshot.digest)
+
+    def _retrace(self, snapshot: PolicySnapshot) -> None:
+        """A policy that changes ``telemetry.tracing`` replaces the tracer (the old one flushes)."""
+        config = snapshot.policy.telemetry.tracing or TracingConfig.from_env()
+        if not self.settings.telemetry or config == self.tracing.config:
+            return
+        old, self.tracing = (
+            self.tracing,
+            Tracing(config, epoch_offset=self.epoch_offset, on_dropped=self.metrics.trace_spans_dropped.inc),
+        )
+        threading.Thread(target=old.shutdown, name="tracing-shutdown", daemon=True).start()
 
     def policy_status(self) -> dict[str, object]:
         snapshot, source = self.policy(), self.source
@@ -152,6 +194,10 @@ class Gateway:
         if self.trace_log is not None:
             self.trace_log.start()
         policy = self.policy().policy
+        if isinstance(self.limit_store, RedisLimitStore):
+            await self.limit_store.check()  # fail open: a Redis down at start-up is not fatal
+            self._spawn(self.limit_store.run())
+        self._spawn(self.costs.run(lambda: self.policy().policy.telemetry.cost_interval_s))
         if policy.lifecycle.watch_interval_s > 0:
             self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))
         try:
@@ -173,20 +219,31 @@ class Gateway:
             self.dispatcher.pump_all()
 
     def _spawn(self, coro: Any) -> None:
+        """Run a background loop (health checks, scrapes, ...) owned by the gateway."""
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        """A background loop that dies must say so: it would otherwise stop without a trace."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s stopped", task.get_coro(), exc_info=task.exception())
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.upstream.aclose()
+        await self.limit_store.aclose()
         if self.trace_log is not None:
             await asyncio.to_thread(self.trace_log.close)
+        await asyncio.to_thread(self.tracing.shutdown)
 
     def record(self, exchange: Exchange) -> None:
         """Count a finished request and observe its latencies (called once per request)."""
+        if not self.settings.telemetry:
+            return
         m = self.metrics
         model, klass = exchange.model, exchange.klass
         m.child(m.requests, model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome).inc()
@@ -206,8 +263,11 @@ class Gateway:
         now = self.clock.now()
         e2e = now - exchange.arrival
         met = self._judge(exchange, timer, e2e)
+        self.costs.record(exchange, tenant, met)
         if self.trace_log is not None:
             self._trace(exchange, timer, now, met)
+        if exchange.span is not INERT_REQUEST:
+            finish_span(exchange.span, exchange, timer, now)
         if timer is None:
             return
         m.child(m.e2e, model, klass).observe(e2e)
@@ -215,9 +275,7 @@ class Gateway:
         if ttft is not None:
             m.child(m.ttft, model, klass).observe(ttft)
             if timer.gaps:
-                itl = m.child(m.itl, model, klass)
-                for gap in timer.gaps:
-                    itl.observe(gap)
+                m.observe_many(m.child(m.itl, model, klass), timer.gaps)
         usage = timer.usage
         if usage:
             m.child(m.tokens, model, "input").inc(usage.get("prompt_tokens") or 0)
@@ -302,6 +360,8 @@ class Gateway:
         source = self.source
         for result, count in (("ok", source.reloads_ok), ("invalid", source.reloads_invalid)):
             m.policy_reloads.labels(result).set(count)
+        if self.trace_log is not None:
+            m.advance(m.trace_log_dropped, self.trace_log.dropped)
         return m.exposition()
 
 

@@ -26,13 +26,29 @@ typical E2E the distortion is small, and it needs no per-request timeline.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 K = TypeVar("K")
 
 SECONDS_PER_HOUR = 3600.0
+
+
+class Priced(Protocol):
+    """What a price list needs of a backend (``gateway.policy.model.Backend`` has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def price_per_gpu_hour(self) -> float | None: ...
+    @property
+    def gpus(self) -> int: ...
+
+
+def prices_per_hour(backends: Iterable[Priced]) -> dict[str, float]:
+    """Dollars an hour of every priced backend (price per GPU-hour × GPUs); unpriced ones are left out."""
+    return {b.name: b.price_per_gpu_hour * b.gpus for b in backends if b.price_per_gpu_hour is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,21 @@ class CostAccountant:
         """Dollars per backend of intervals in which it finished no request."""
         self.last_unattributed: dict[str, float] = {}
         """The same, of the last closed interval only (what to add to the counter)."""
+
+    @property
+    def interval_start(self) -> float:
+        """When the running interval began (the ``now`` of the last close, or of construction)."""
+        return self._start
+
+    @property
+    def prices(self) -> Mapping[str, float]:
+        """Dollars an hour per priced backend, as in force."""
+        return self._prices
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests recorded in the running interval, not yet charged."""
+        return sum(p.requests for served in self._pending.values() for p in served.values())
 
     def record(self, *, backend: str, key: CostKey, tokens: int, goodput: bool) -> None:
         """One finished request that a backend served (call once, from ``Gateway.record``)."""

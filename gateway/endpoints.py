@@ -7,8 +7,9 @@ and per priority class) and the saturation signals last scraped from its ``/metr
 every backend on the policy's interval; a connection failure seen by a request marks the
 backend unhealthy at once (``mark_down``), and the next passing check brings it back.
 
-Whenever a backend goes down or leaves the policy, ``on_forget(name)`` is called: whatever a
-router learnt about it (which prefixes it caches) is void, since it may come back empty.
+Whenever a backend goes down, restarts (``restarted``, seen by the scraper) or leaves the
+policy, ``on_forget(name)`` is called: whatever a router learnt about it (which prefixes it
+caches) is void, since it may come back empty.
 """
 
 from __future__ import annotations
@@ -143,6 +144,11 @@ class BackendPool:
             log.warning("backend %s is now unhealthy", state.name)
             state.healthy = False
             self._on_forget(state.name)
+
+    def restarted(self, state: BackendState) -> None:
+        """The backend restarted between two health checks (``scrape.py`` saw it): its learnt state is void."""
+        log.warning("backend %s restarted: forgetting what was learnt about it", state.name)
+        self._on_forget(state.name)
 
     async def run_health_checks(self, client: httpx.AsyncClient, interval_s: float, timeout_s: float) -> None:
         """Check every backend every ``interval_s`` until cancelled."""

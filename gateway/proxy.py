@@ -27,12 +27,14 @@ from gateway.auth import authenticate, authorize_model
 from gateway.endpoints import BackendState
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound, UpstreamError, UpstreamTimeout
 from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
+from gateway.migration import ask_for_progress, can_continue, continuation
 from gateway.policy.model import BackendKind, PriorityClass, Tenant
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
 from gateway.routing.isolation import SALTED_KINDS, tenant_scope
 from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import UNKNOWN_LABEL
+from gateway.tracing import INERT_ATTEMPT, INERT_REQUEST, AttemptSpan, RequestSpan
 from gateway.types import Api, InferenceRequest
 from gateway.upstream import backend_error, map_upstream_errors
 from gateway.validation import build_request, require_model
@@ -53,6 +55,7 @@ class Exchange:
     __slots__ = (
         "api",
         "arrival",
+        "attempt",
         "backend",
         "decision",
         "extra_headers",
@@ -62,8 +65,10 @@ class Exchange:
         "on_first_token",
         "outcome",
         "queued_s",
+        "relay",
         "request_id",
         "send",
+        "span",
         "started",
         "status",
         "stream",
@@ -94,6 +99,9 @@ class Exchange:
         self.t_admit: float | None = None
         self.stream = False
         self.t_dispatch: float | None = None
+        self.relay: SseRelay | None = None
+        self.span: RequestSpan = INERT_REQUEST
+        self.attempt: AttemptSpan = INERT_ATTEMPT
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -129,6 +137,11 @@ class InferenceHandler:
         headers = read_headers(scope["headers"])
         assert headers.request_id is not None
         exchange = Exchange(send, self.api, headers.request_id, arrival)
+        if gateway.tracing.enabled:
+            traceparent = headers.traceparent.decode(errors="replace") if headers.traceparent else None
+            exchange.span = gateway.tracing.start_request(
+                t=arrival, request_id=exchange.request_id, api=self.api, traceparent=traceparent
+            )
         gateway.enter()
         try:
             await self._handle(exchange, headers, receive)
@@ -177,6 +190,9 @@ class InferenceHandler:
         if headers.session_id:
             request.session_id = headers.session_id.decode(errors="replace")
         exchange.stream = request.stream
+        exchange.span.describe(
+            model=model, tenant=tenant.name, class_name=class_name, max_tokens=request.max_tokens, stream=request.stream
+        )
         deadline = exchange.arrival + request_timeout(headers.request_timeout, klass.deadline_s)
         if request.stream:
             _ask_for_usage(request)
@@ -202,21 +218,55 @@ class InferenceHandler:
         klass: PriorityClass,
         deadline: float,
     ) -> None:
+        """Attempts until one answers; a failure once the stream started ends it with an error event."""
+        try:
+            await self._attempts(exchange, request, tenant, class_name, klass, deadline)
+        except GatewayError as error:
+            relay = exchange.relay
+            if relay is None or not exchange.started:
+                raise
+            await relay.finish(error)
+            exchange.outcome = StreamEnd.UPSTREAM_ERROR.value
+
+    async def _attempts(
+        self,
+        exchange: Exchange,
+        request: InferenceRequest,
+        tenant: Tenant,
+        class_name: str,
+        klass: PriorityClass,
+        deadline: float,
+    ) -> None:
+        """Bounded retries before the first byte; bounded migrations after it (same budget)."""
         gateway = self.gateway
         dispatcher, policy = gateway.dispatcher, gateway.policy().policy.retry
         gateway.retry_budget.record_request()
+        span, model = exchange.span, request.model
         tried: frozenset[str] = frozenset()
         queued_s = 0.0
         for attempt in range(policy.max_retries + 1):
+            t_ask = gateway.clock.now()
             grant = await dispatcher.acquire(request, tenant, class_name, klass, deadline, exclude=tried)
+            now = gateway.clock.now()
             queued_s += grant.queued_s
             exchange.queued_s, exchange.decision = queued_s, grant.decision
-            exchange.t_dispatch = gateway.clock.now()
-            exchange.on_first_token = lambda grant=grant: dispatcher.first_token(request.model, grant)
+            exchange.t_dispatch = now
+            exchange.on_first_token = lambda grant=grant: dispatcher.first_token(model, grant)
             exchange.failure = None
+            if span.recording:
+                _trace_grant(span, grant.decision, t_ask, now, class_name)
+            exchange.attempt = span.attempt(backend=grant.state.name, number=attempt + 1, t=now)
+            delay = 0.0
             try:
-                await self._forward(exchange, request, tenant, grant.state, klass.rank)
+                await self._forward(exchange, request, tenant, grant.state, klass.rank, policy.migrate_streams)
                 return
+            except StreamBroken as broken:
+                follow_up = self._migration(exchange, request, broken, attempt, deadline, policy.max_retries)
+                if follow_up is None:
+                    raise broken.error from None
+                request = follow_up
+                gateway.metrics.retries.labels(grant.state.name, broken.error.code).inc()
+                tried = tried | {grant.state.name}
             except GatewayError as error:
                 failure = exchange.failure or Failure(error=error, client_bytes_sent=exchange.started)
                 if attempt == policy.max_retries or not is_retryable(failure, statuses=policy.retryable_statuses):
@@ -224,19 +274,64 @@ class InferenceHandler:
                 if not gateway.retry_budget.try_spend():
                     gateway.metrics.retry_budget_exhausted.labels(request.model).inc()
                     raise
-                delay = retry_delay(
+                next_delay = retry_delay(
                     policy, attempt + 1, failure, now=gateway.clock.now(), deadline=deadline, same_backend=False
                 )
-                if delay is None:
+                if next_delay is None:
                     raise
+                delay = next_delay
                 gateway.metrics.retries.labels(grant.state.name, error.code).inc()
                 tried = tried | {grant.state.name}
             finally:
                 dispatcher.release(request.model, grant)
-            await asyncio.sleep(delay)
+            if delay:
+                await asyncio.sleep(delay)
+
+    def _migration(
+        self,
+        exchange: Exchange,
+        request: InferenceRequest,
+        broken: StreamBroken,
+        attempt: int,
+        deadline: float,
+        max_retries: int,
+    ) -> InferenceRequest | None:
+        """The continuation of a broken stream if one may start now; counts the verdict either way."""
+        gateway = self.gateway
+        relay = exchange.relay
+        assert relay is not None
+        assert relay.progress is not None
+        follow_up = continuation(request, relay.progress)
+        if follow_up is None:
+            verdict = "not_continuable"
+        elif attempt == max_retries:
+            verdict = "attempts_exhausted"
+        elif gateway.clock.now() >= deadline:
+            verdict = "deadline"
+        elif not gateway.retry_budget.try_spend():
+            gateway.metrics.retry_budget_exhausted.labels(request.model).inc()
+            verdict = "budget_exhausted"
+        else:
+            verdict = "continued"
+        gateway.metrics.child(gateway.metrics.migrations, request.model, verdict).inc()
+        log.warning(
+            "request %s: stream from %s broke (%s) after %s tokens; migration: %s",
+            exchange.request_id,
+            exchange.backend,
+            broken.error.code,
+            relay.progress.tokens,
+            verdict,
+        )
+        return follow_up if verdict == "continued" else None
 
     async def _forward(
-        self, exchange: Exchange, request: InferenceRequest, tenant: Tenant, state: BackendState, rank: int
+        self,
+        exchange: Exchange,
+        request: InferenceRequest,
+        tenant: Tenant,
+        state: BackendState,
+        rank: int,
+        migrate: bool,
     ) -> None:
         gateway = self.gateway
         backend = state.backend
@@ -248,12 +343,18 @@ class InferenceHandler:
             # Isolation: the engine's prefix cache is keyed by this; the client's own is overwritten.
             request.body["cache_salt"] = gateway.salter.salt(tenant_scope(tenant))
             request.body_modified = True
+        track = migrate and can_continue(request, backend.kind)
+        if track:
+            ask_for_progress(request)
+        attempt = exchange.attempt
         breaker = state.breaker
         if breaker is not None and not breaker.try_acquire():
+            attempt.end(t=gateway.clock.now(), error="breaker_open")
             raise UpstreamError(f"Backend '{state.name}' is failing; its circuit breaker is open.", code="breaker_open")
         try:
-            response = await gateway.upstream.open(backend, request)
+            response = await gateway.upstream.open(backend, request, trace=attempt)
         except GatewayError as error:
+            attempt.end(t=gateway.clock.now(), error=error.code)
             if breaker is not None:
                 breaker.on_failure()
             if error.code == "upstream_connect_error":
@@ -263,23 +364,32 @@ class InferenceHandler:
         # streams after sending its headers is failing too. A request cut by its client is no
         # verdict at all.
         verdict: bool | None = None
+        error_code: str | None = None
         try:
             status = response.status_code
             if status != 200:
                 verdict = False if status >= 500 else None
+                error_code = "upstream_status"
                 body = await gateway.upstream.read_all(backend, response)
                 exchange.failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
                 raise backend_error(backend, status, body)
             if request.stream:
-                verdict = await self._relay(exchange, request, state, response) is StreamEnd.COMPLETED
+                end = await self._relay(exchange, request, state, response, track)
+                verdict = end is StreamEnd.COMPLETED
+                error_code = None if verdict else end.value
             else:
                 await self._pass_through(exchange, state, response)
                 verdict = True
-        except GatewayError:
+        except StreamBroken as broken:
+            verdict, error_code = False, broken.error.code
+            raise
+        except GatewayError as error:
             verdict = False if verdict is None and response.status_code == 200 else verdict
+            error_code = error_code or error.code
             raise
         finally:
             await response.aclose()
+            attempt.end(t=gateway.clock.now(), status=response.status_code, error=error_code)
             if breaker is not None:
                 if verdict is None:
                     breaker.release()
@@ -303,14 +413,32 @@ class InferenceHandler:
         exchange.outcome = "completed"
 
     async def _relay(
-        self, exchange: Exchange, request: InferenceRequest, state: BackendState, response: httpx.Response
+        self, exchange: Exchange, request: InferenceRequest, state: BackendState, response: httpx.Response, track: bool
     ) -> StreamEnd:
-        timer = TokenTimer(exchange.arrival, on_first=exchange.on_first_token)
-        exchange.timer = timer
-        await exchange.start(200, list(SSE_HEADERS))
-        relay = SseRelay(exchange.send, timer, self.gateway.clock, strip_usage=not request.client_wants_usage)
+        """Relay the stream (or its continuation); raise ``StreamBroken`` when it could go on elsewhere."""
+        relay = exchange.relay
+        if relay is None:
+            timer = TokenTimer(exchange.arrival, on_first=exchange.on_first_token)
+            exchange.timer = timer
+            await exchange.start(200, list(SSE_HEADERS))
+            relay = SseRelay(
+                exchange.send,
+                timer,
+                self.gateway.clock,
+                strip_usage=not request.client_wants_usage,
+                track=track,
+                keep_continuous=request.client_wants_continuous_usage,
+            )
+            exchange.relay = relay
+        else:
+            relay.resume(on_output=exchange.on_first_token)
         stall_s = state.backend.timeouts.between_chunks_s
-        end = await relay.run(_raw_chunks(response, state.backend.name, stall_s))
+        failure = await relay.pump(_raw_chunks(response, state.backend.name, stall_s))
+        if failure is not None:
+            if relay.progress is not None and relay.progress.continuable:
+                raise StreamBroken(failure)
+            self.gateway.metrics.child(self.gateway.metrics.migrations, request.model, "not_continuable").inc()
+        end = await relay.finish(failure)
         exchange.outcome = end.value if end is not StreamEnd.COMPLETED else "completed"
         return end
 
@@ -347,9 +475,10 @@ def _used_tokens(exchange: Exchange) -> int | None:
 
 def _ask_for_usage(request: InferenceRequest) -> None:
     """Make the backend report usage at the end of the stream, whatever the client asked."""
+    options = request.body.get("stream_options")
+    request.client_wants_continuous_usage = bool(options and options.get("continuous_usage_stats"))
     if request.client_wants_usage:
         return
-    options = request.body.get("stream_options")
     request.body["stream_options"] = {**(options or {}), "include_usage": True}
     request.body_modified = True
 
@@ -379,6 +508,28 @@ async def _raw_chunks(response: httpx.Response, backend: str, stall_s: float) ->
         raise UpstreamError(
             f"Backend '{backend}' dropped the connection in the middle of the stream.", code="upstream_disconnected"
         ) from error
+
+
+class StreamBroken(Exception):
+    """A started stream's upstream failed while the stream could still be continued elsewhere."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _trace_grant(span: RequestSpan, decision: RoutingDecision, asked: float, granted: float, class_name: str) -> None:
+    """The queue wait and the routing decision of one attempt, as spans (sampled requests only)."""
+    span.queue(start=asked, end=granted - decision.pick_s, class_name=class_name)
+    span.route(
+        start=granted - decision.pick_s,
+        end=granted,
+        backend=decision.state.name,
+        strategy=decision.strategy,
+        reason=decision.reason,
+        matched_blocks=decision.matched_blocks,
+        scores=decision.scores,
+    )
 
 
 class ClientDisconnected(Exception):

@@ -23,6 +23,9 @@ class Settings:
     health_checks: bool = True
     trace_log_path: str | None = None
     """Where the request trace log goes (JSONL, rotated); ``GATEWAY_TRACE_LOG``; off when unset."""
+    telemetry: bool = True
+    """``GATEWAY_TELEMETRY=off`` stops recording metrics, costs and traces of requests: only to
+    measure what telemetry costs (``loadtests/overhead.py --telemetry``), never in production."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -34,6 +37,7 @@ class Settings:
             "log_level": env.get("GATEWAY_LOG_LEVEL", "info"),
             "max_upstream_connections": int(env.get("GATEWAY_MAX_UPSTREAM_CONNECTIONS", "1000")),
             "trace_log_path": env.get("GATEWAY_TRACE_LOG") or None,
+            "telemetry": env.get("GATEWAY_TELEMETRY", "on").lower() not in ("off", "0", "false"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -14,6 +14,12 @@ JSON is parsed once to learn three things:
 
 The stream the client sees always ends with ``data: [DONE]``. When the upstream fails or
 closes early, an OpenAI-style error event comes first, the way vLLM reports a failure.
+
+A broken stream can also be *continued* on another backend (``gateway/migration.py``): the
+relay then remembers what the client has seen (choice 0's text, the exact token count from
+vLLM's per-chunk ``continuous_usage_stats``), and after ``resume`` it splices the next
+upstream into the same client stream: the new role-only chunk is dropped, the chunk ``id`` is
+the first upstream's, and usage counts from the original prompt and the tokens already sent.
 """
 
 from __future__ import annotations
@@ -67,32 +73,105 @@ class TokenTimer:
         return None if self.first_output is None else self.first_output - self.arrival
 
 
+class StreamProgress:
+    """What the client of a stream has seen so far: enough to continue it elsewhere.
+
+    ``tokens`` and ``prompt_tokens`` come from the latest per-chunk usage (None until one was
+    seen: without it the count is unknown and the stream cannot be continued exactly).
+    ``continuable`` turns False for what a partial assistant message cannot express: several
+    choices, tool calls or reasoning in progress, or a finish reason already sent.
+    """
+
+    __slots__ = ("base_tokens", "chunk_id", "continuable", "pieces", "prompt_tokens", "tokens")
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.tokens: int | None = None
+        self.prompt_tokens: int | None = None
+        self.base_tokens = 0
+        self.chunk_id: str | None = None
+        self.continuable = True
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
 class SseRelay:
-    """Relays one upstream SSE body to one client, feeding a ``TokenTimer``."""
+    """Relays upstream SSE bodies to one client, feeding a ``TokenTimer``.
 
-    __slots__ = ("_buffer", "_clock", "_send", "_strip_usage", "_timer", "saw_done", "saw_error")
+    ``run`` relays one upstream and closes the client's stream. A caller that may continue a
+    broken stream elsewhere calls ``pump`` (relay one upstream, return its failure), then
+    ``resume`` and ``pump`` again with the next upstream, and ``finish`` once.
+    """
 
-    def __init__(self, send: Send, timer: TokenTimer, clock: Clock, *, strip_usage: bool) -> None:
+    __slots__ = (
+        "_buffer",
+        "_clock",
+        "_keep_continuous",
+        "_on_resumed_output",
+        "_resumed",
+        "_send",
+        "_strip_usage",
+        "_timer",
+        "progress",
+        "saw_done",
+        "saw_error",
+    )
+
+    def __init__(
+        self,
+        send: Send,
+        timer: TokenTimer,
+        clock: Clock,
+        *,
+        strip_usage: bool,
+        track: bool = False,
+        keep_continuous: bool = True,
+    ) -> None:
+        """``track`` records ``progress``; ``keep_continuous=False`` removes per-chunk usage."""
         self._send = send
         self._timer = timer
         self._clock = clock
         self._strip_usage = strip_usage
+        self._keep_continuous = keep_continuous
         self._buffer = b""
+        self._resumed = False
+        self._on_resumed_output: Callable[[], None] | None = None
         self.saw_done = False
         self.saw_error = False
+        self.progress: StreamProgress | None = StreamProgress() if track else None
 
     async def run(self, chunks: AsyncIterator[bytes]) -> StreamEnd:
         """Relay until the upstream ends; then close the client's stream properly."""
-        failure: GatewayError | None = None
+        return await self.finish(await self.pump(chunks))
+
+    async def pump(self, chunks: AsyncIterator[bytes]) -> GatewayError | None:
+        """Relay one upstream body; return why it ended early, or None when it finished."""
         try:
             async for chunk in chunks:
                 out = self._feed(chunk, self._clock.now())
                 if out:
                     await self._send({"type": "http.response.body", "body": out, "more_body": True})
         except GatewayError as exc:
-            failure = exc
-        if failure is None and not self.saw_done and not self.saw_error:
-            failure = UpstreamError("The backend closed the stream before it finished.", code="upstream_protocol_error")
+            return exc
+        if not self.saw_done and not self.saw_error:
+            return UpstreamError("The backend closed the stream before it finished.", code="upstream_protocol_error")
+        return None
+
+    def resume(self, on_output: Callable[[], None] | None = None) -> None:
+        """The next ``pump`` continues the stream: splice it in; ``on_output`` at its first output."""
+        progress = self.progress
+        assert progress is not None
+        assert progress.tokens is not None
+        progress.base_tokens = progress.tokens
+        self._buffer = b""
+        self._resumed = True
+        self._on_resumed_output = on_output
+        self.saw_done = self.saw_error = False
+
+    async def finish(self, failure: GatewayError | None) -> StreamEnd:
+        """Close the client's stream: ``[DONE]``, after an error event when ``failure``."""
         tail = DONE_EVENT if failure is None else sse_error_event(failure) + DONE_EVENT
         await self._send({"type": "http.response.body", "body": tail, "more_body": False})
         if failure is not None or self.saw_error:
@@ -108,12 +187,16 @@ class SseRelay:
         while (end := data.find(b"\n\n", start)) >= 0:
             event = data[start : end + 2]
             start = end + 2
-            if self._keep(event, t):
+            kept_as = self._keep(event, t)
+            if kept_as is True:
                 kept.append(event)
+            elif kept_as:
+                kept.append(kept_as)
         self._buffer = data[start:]
         return b"".join(kept)
 
-    def _keep(self, event: bytes, t: float) -> bool:
+    def _keep(self, event: bytes, t: float) -> bytes | bool:
+        """Whether to forward ``event`` (True), drop it (False), or what to send instead."""
         if not event.startswith(b"data:"):
             return True  # comments and other fields pass through untouched
         payload = event[5:].strip()
@@ -129,7 +212,47 @@ class SseRelay:
         if "error" in document:
             self.saw_error = True
             return True
-        return self._inspect_chunk(document, t)
+        if self.progress is None:
+            return self._inspect_chunk(document, t)
+        return self._splice(event, document, t)
+
+    def _splice(self, event: bytes, chunk: dict[str, Any], t: float) -> bytes | bool:
+        """Inspect a chunk of a tracked stream; rewrite it when it must change on its way out."""
+        progress = self.progress
+        assert progress is not None
+        usage = chunk.get("usage")
+        choices = chunk.get("choices")
+        rewrite = False
+        if self._resumed:
+            if choices and not any(_has_output(c) or c.get("finish_reason") for c in choices):
+                return False  # the continuation's own role chunk: the client had one already
+            if progress.chunk_id is not None and chunk.get("id") != progress.chunk_id:
+                chunk["id"] = progress.chunk_id
+                rewrite = True
+            if usage:
+                usage = chunk["usage"] = _spliced_usage(usage, progress)
+                rewrite = True
+        elif progress.chunk_id is None and isinstance(chunk.get("id"), str):
+            progress.chunk_id = chunk["id"]
+        if usage and isinstance(usage.get("completion_tokens"), int):
+            progress.tokens = usage["completion_tokens"]
+            if progress.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
+                progress.prompt_tokens = usage["prompt_tokens"]
+        output = False
+        if choices:
+            output = _track(progress, choices)
+            if usage and not self._keep_continuous:
+                if self._strip_usage:
+                    del chunk["usage"]
+                else:
+                    chunk["usage"] = None  # what the client gets without continuous stats
+                rewrite = True
+        if not self._inspect_chunk(chunk, t):
+            return False
+        if output and self._on_resumed_output is not None:
+            hook, self._on_resumed_output = self._on_resumed_output, None
+            hook()
+        return b"data: " + orjson.dumps(chunk) + b"\n\n" if rewrite else True
 
     def _inspect_chunk(self, chunk: dict[str, Any], t: float) -> bool:
         usage = chunk.get("usage")
@@ -140,13 +263,7 @@ class SseRelay:
             return not (usage and self._strip_usage)
         has_output = False
         for choice in choices:
-            delta = choice.get("delta")
-            if delta:
-                for key in _OUTPUT_DELTA_KEYS:
-                    if delta.get(key):
-                        has_output = True
-                        break
-            elif choice.get("text"):
+            if _has_output(choice):
                 has_output = True
             reason = choice.get("finish_reason")
             if reason:
@@ -154,3 +271,37 @@ class SseRelay:
         if has_output:
             self._timer.on_output(t)
         return True
+
+
+def _has_output(choice: dict[str, Any]) -> bool:
+    """Whether a chunk's choice carries generated output (vLLM's role-only chunk does not)."""
+    delta = choice.get("delta")
+    if delta:
+        return any(delta.get(key) for key in _OUTPUT_DELTA_KEYS)
+    return bool(choice.get("text"))
+
+
+def _track(progress: StreamProgress, choices: list[dict[str, Any]]) -> bool:
+    """Add choice 0's text to ``progress``; return whether the chunk had output."""
+    output = False
+    for choice in choices:
+        if not _has_output(choice):
+            if choice.get("finish_reason"):
+                progress.continuable = False
+            continue
+        output = True
+        delta = choice.get("delta")
+        text = delta.get("content") if delta else choice.get("text")
+        plain = isinstance(text, str) and not (delta and any(delta.get(k) for k in _OUTPUT_DELTA_KEYS[1:]))
+        if choice.get("index", 0) != 0 or choice.get("finish_reason") or not plain:
+            progress.continuable = False
+        else:
+            progress.pieces.append(str(text))
+    return output
+
+
+def _spliced_usage(usage: dict[str, Any], progress: StreamProgress) -> dict[str, Any]:
+    """A continuation's usage as the client's one stream: its prompt, all its tokens."""
+    completion = int(usage.get("completion_tokens") or 0) + progress.base_tokens
+    prompt = progress.prompt_tokens if progress.prompt_tokens is not None else int(usage.get("prompt_tokens") or 0)
+    return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

@@ -171,10 +171,15 @@ def trace_record(
 class TraceLog:
     """A bounded buffer of records and the thread that appends them to a rotating file."""
 
+    @property
+    def dropped(self) -> int:
+        """Records refused (buffer full) or lost (write failed); ``gateway_trace_log_dropped_total``."""
+        return self._refused + self._lost
+
     def __init__(self, config: TraceLogConfig) -> None:
         self.config = config
-        self.dropped = 0
-        """Records refused because the buffer was full (export as ``gateway_trace_dropped_total``)."""
+        self._refused = 0  # buffer full: counted on the event loop
+        self._lost = 0  # write failed: counted on the writer thread (two counters, no race)
         self.written = 0
         self._buffer: deque[TraceRecord] = deque()
         self._wake = threading.Event()
@@ -192,7 +197,7 @@ class TraceLog:
         """Queue ``record``; False (and counted) when the buffer is full. Never blocks."""
         buffer = self._buffer
         if len(buffer) >= self.config.buffer_records:
-            self.dropped += 1
+            self._refused += 1
             return False
         buffer.append(record)
         if len(buffer) >= self.config.batch:
@@ -246,7 +251,7 @@ class TraceLog:
             with self.config.path.open("ab") as fh:
                 fh.write(data)
         except OSError as exc:  # a full or read-only disk costs lines, never the writer thread
-            self.dropped += len(lines)
+            self._lost += len(lines)
             log.warning("trace log: cannot write %s: %s", self.config.path, exc)
             return
         self._size += len(data)

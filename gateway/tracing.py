@@ -20,8 +20,12 @@ the gateway's own are under ``gateway.``. No prompt or completion text is record
 ``TracingConfig.capture_content`` opts in.
 
 Cost: with ``enabled=False`` ``start_request`` returns one shared inert ``RequestSpan``
-whose methods return at their first line; no span, context or attribute dict is created.
-With tracing on, spans go to a ``BatchSpanProcessor`` whose thread does the exporting.
+whose methods return at their first line. With tracing on, a request records plain values
+(ids, times, attribute dicts); a finished request's spans are queued and encoded to OTLP
+protobuf and sent by the export thread of ``gateway/otlp.py`` (which says why the SDK's own
+span pipeline is not used). A request that is not sampled records nothing but still passes
+its trace on (``traceparent`` with the sampled flag off), as the SDK's ``ParentBased`` sampler
+does; a client's sampled ``traceparent`` is always followed.
 
 Usage::
 
@@ -29,26 +33,36 @@ Usage::
     span = tracing.start_request(t=arrival, request_id=rid, api=Api.CHAT, traceparent=hdr)
     span.describe(model=..., tenant=..., class_name=..., max_tokens=..., stream=True)
     attempt = span.attempt(backend="b1", number=1, t=clock.now())
-    attempt.inject(upstream_headers)          # adds traceparent
+    attempt.inject(upstream_headers)          # adds traceparent (inject_into: raw header list)
     attempt.end(t=clock.now(), status=200)
     span.finish(t=clock.now(), status=200, outcome="completed", ...)
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Annotated
+import random
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Protocol
 
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.util.types import AttributeValue
-from pydantic import BaseModel, ConfigDict, Field
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gateway.otlp import (
+    SPAN_KIND_CLIENT,
+    SPAN_KIND_INTERNAL,
+    SPAN_KIND_SERVER,
+    AttributeValue,
+    BatchExporter,
+    HttpSender,
+    Sender,
+    SpanEncoder,
+    SpanRecord,
+    TraceRecord,
+)
+from gateway.policy.model import TracingConfig
+from gateway.streaming import TokenTimer
 from gateway.tracelog import ItlSummary
 from gateway.types import Api
 
@@ -81,7 +95,6 @@ ROUTING_REASON = "gateway.routing.reason"
 ROUTING_MATCHED_BLOCKS = "gateway.routing.matched_blocks"
 ROUTING_CANDIDATES = "gateway.routing.candidates"
 ROUTING_SCORES = "gateway.routing.scores"
-TTFT_S = "gateway.ttft_s"
 ITL_P50_S = "gateway.itl.p50_s"
 ITL_P99_S = "gateway.itl.p99_s"
 ITL_MAX_S = "gateway.itl.max_s"
@@ -91,109 +104,108 @@ MIN_QUEUE_SPAN_S = 0.001
 
 OPERATION_NAMES = {Api.CHAT: "chat", Api.COMPLETIONS: "text_completion", Api.EMBEDDINGS: "embeddings"}
 
+_PROPAGATOR = TraceContextTextMapPropagator()
+_random_bits = random.getrandbits
+_ID_MASK = (1 << 64) - 1
 
-class TracingConfig(BaseModel):
-    """Whether to trace, how much, and where to: ``TracingConfig(enabled=True, sampling_ratio=0.1)``.
 
-    ``endpoint`` is the OTLP/HTTP traces URL (``http://collector:4318/v1/traces``); when
-    None the exporter reads ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``.
-    """
+def _new_id(bits: int) -> int:
+    while not (value := _random_bits(bits)):
+        pass
+    return value
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = False
-    sampling_ratio: Annotated[float, Field(ge=0, le=1)] = 1.0
-    endpoint: str | None = None
-    service_name: str = "inference-gateway"
-    capture_content: bool = False
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> TracingConfig:
-        """The standard variables: on when an OTLP endpoint is set and the SDK is not disabled."""
-        env = os.environ if env is None else env
-        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        generic = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        disabled = env.get("OTEL_SDK_DISABLED", "").lower() == "true" or env.get("OTEL_TRACES_EXPORTER") == "none"
-        ratio = env.get("OTEL_TRACES_SAMPLER_ARG")
-        return cls(
-            enabled=bool(endpoint or generic) and not disabled,
-            sampling_ratio=float(ratio) if ratio else 1.0,
-            endpoint=endpoint or (generic.rstrip("/") + "/v1/traces" if generic else None),
-            service_name=env.get("OTEL_SERVICE_NAME", "inference-gateway"),
-        )
+def _traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
 
 
 class AttemptSpan:
     """One upstream attempt (a CLIENT span); the inert one does nothing."""
 
-    __slots__ = ("_offset", "_span")
+    __slots__ = ("_record", "_request", "span_id")
 
-    def __init__(self, span: Span | None, offset: float) -> None:
-        self._span = span
-        self._offset = offset
+    def __init__(self, request: RequestSpan | None, span_id: int, record: SpanRecord | None) -> None:
+        self._request = request
+        self.span_id = span_id
+        self._record = record
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
-        """Add ``traceparent`` (and ``tracestate``) naming this attempt as the backend's parent."""
-        if self._span is None:
-            return
-        propagate.inject(headers, context=trace.set_span_in_context(self._span))
+        """Add ``traceparent`` naming this attempt as the backend's parent."""
+        request = self._request
+        if request is not None:
+            headers["traceparent"] = _traceparent(request.trace_id, self.span_id, request.sampled)
+
+    def inject_into(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """``inject`` for the raw header list of an upstream request."""
+        request = self._request
+        if request is not None:
+            headers.append((b"traceparent", _traceparent(request.trace_id, self.span_id, request.sampled).encode()))
 
     def end(self, *, t: float, status: int = 0, error: str | None = None) -> None:
-        span = self._span
-        if span is None:
+        record = self._record
+        if record is None or record.end:
             return
+        record.end = t
         if status:
-            span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+            record.attributes[HTTP_RESPONSE_STATUS_CODE] = status
         if error is not None:
-            span.set_attribute(ERROR_TYPE, error)
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(end_time=_ns(t, self._offset))
+            record.attributes[ERROR_TYPE] = error
+            record.error = True
 
 
 class RequestSpan:
-    """The server span of one request and the recorders of its children; the inert one does nothing."""
+    """The server span of one request and the recorders of its children; the inert one does nothing.
 
-    __slots__ = ("_capture", "_offset", "_operation", "_span", "_tracer")
+    ``sampled`` requests keep ``SpanRecord``s; unsampled ones only carry ids for propagation.
+    """
+
+    __slots__ = ("_capture", "_children", "_record", "_tracing", "sampled", "span_id", "trace_id")
 
     def __init__(
-        self, span: Span | None, tracer: trace.Tracer | None, offset: float, capture: bool, operation: str = ""
+        self,
+        tracing: Tracing | None,
+        trace_id: int,
+        span_id: int,
+        record: SpanRecord | None,
+        capture: bool = False,
     ) -> None:
-        self._span = span
-        self._tracer = tracer
-        self._offset = offset
+        self._tracing = tracing
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.sampled = record is not None
+        self._record = record
+        self._children: list[SpanRecord] = []
         self._capture = capture
-        self._operation = operation
 
     @property
     def recording(self) -> bool:
-        return self._span is not None and self._span.is_recording()
+        return self._record is not None
 
     def describe(self, *, model: str, tenant: str, class_name: str, max_tokens: int | None, stream: bool) -> None:
-        span = self._span
-        if span is None:
+        record = self._record
+        if record is None:
             return
-        span.update_name(f"{self._operation} {model}")
-        span.set_attributes(
-            {GEN_AI_REQUEST_MODEL: model, TENANT: tenant, CLASS: class_name, GEN_AI_REQUEST_STREAM: stream}
-        )
+        record.name = f"{record.name} {model}"
+        attributes = record.attributes
+        attributes[GEN_AI_REQUEST_MODEL] = model
+        attributes[TENANT] = tenant
+        attributes[CLASS] = class_name
+        attributes[GEN_AI_REQUEST_STREAM] = stream
         if max_tokens is not None:
-            span.set_attribute(GEN_AI_REQUEST_MAX_TOKENS, max_tokens)
+            attributes[GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
 
     def queue(self, *, start: float, end: float, class_name: str) -> None:
         """The wait for a backend with room, recorded once granted.
 
         On the fast path (no wait, under ``MIN_QUEUE_SPAN_S``) only the server span's
-        ``gateway.queue_s`` is set: a child span costs ~50 µs and would say nothing.
+        ``gateway.queue_s`` is set: a child span would say nothing.
         """
-        span = self._span
-        if span is None:
+        record = self._record
+        if record is None:
             return
-        span.set_attribute(QUEUE_S, end - start)
-        if end - start < MIN_QUEUE_SPAN_S:
-            return
-        self._child("queue", start, SpanKind.INTERNAL, {QUEUE_S: end - start, CLASS: class_name}).end(
-            end_time=_ns(end, self._offset)
-        )
+        record.attributes[QUEUE_S] = end - start
+        if end - start >= MIN_QUEUE_SPAN_S:
+            self._child("queue", SPAN_KIND_INTERNAL, start, end, {QUEUE_S: end - start, CLASS: class_name})
 
     def route(
         self,
@@ -207,7 +219,8 @@ class RequestSpan:
         scores: Mapping[str, float] | None = None,
     ) -> None:
         """The routing decision: the chosen backend, why, and every candidate's score."""
-        if self._span is None:
+        record = self._record
+        if record is None:
             return
         attributes: dict[str, AttributeValue] = {
             BACKEND: backend,
@@ -218,26 +231,33 @@ class RequestSpan:
         if scores:
             attributes[ROUTING_CANDIDATES] = list(scores)
             attributes[ROUTING_SCORES] = [float(v) for v in scores.values()]
-        self._span.set_attribute(BACKEND, backend)
-        self._child("route", start, SpanKind.INTERNAL, attributes).end(end_time=_ns(end, self._offset))
+        record.attributes[BACKEND] = backend
+        self._child("route", SPAN_KIND_INTERNAL, start, end, attributes)
 
     def attempt(self, *, backend: str, number: int, t: float) -> AttemptSpan:
-        if self._span is None:
-            return _INERT_ATTEMPT
-        span = self._child(f"upstream {backend}", t, SpanKind.CLIENT, {BACKEND: backend, ATTEMPT: number})
-        return AttemptSpan(span, self._offset)
+        if self._tracing is None:
+            return INERT_ATTEMPT
+        span_id = _new_id(64)
+        if self._record is None:
+            return AttemptSpan(self, span_id, None)
+        record = SpanRecord(
+            f"upstream {backend}", SPAN_KIND_CLIENT, span_id, self.span_id, t, 0.0, {BACKEND: backend, ATTEMPT: number}
+        )
+        self._children.append(record)
+        return AttemptSpan(self, span_id, record)
 
     def first_token(self, *, t: float) -> None:
-        span = self._span
-        if span is None:
-            return
-        span.add_event(FIRST_TOKEN_EVENT, timestamp=_ns(t, self._offset))
+        record = self._record
+        if record is not None:
+            record.events.append((FIRST_TOKEN_EVENT, t))
 
     def content(self, *, input_messages: str, output_messages: str) -> None:
         """Prompt and completion (JSON text): recorded only when ``capture_content`` opts in."""
-        if self._span is None or not self._capture:
+        record = self._record
+        if record is None or not self._capture:
             return
-        self._span.set_attributes({GEN_AI_INPUT_MESSAGES: input_messages, GEN_AI_OUTPUT_MESSAGES: output_messages})
+        record.attributes[GEN_AI_INPUT_MESSAGES] = input_messages
+        record.attributes[GEN_AI_OUTPUT_MESSAGES] = output_messages
 
     def finish(
         self,
@@ -253,90 +273,142 @@ class RequestSpan:
         ttft_s: float | None = None,
         itl: ItlSummary | None = None,
     ) -> None:
-        span = self._span
-        if span is None:
+        record = self._record
+        if record is None or self._tracing is None:
             return
-        attributes: dict[str, AttributeValue] = {HTTP_RESPONSE_STATUS_CODE: status, OUTCOME: outcome}
+        self._record = None  # finished once
+        record.end = t
+        attributes = record.attributes
+        attributes[HTTP_RESPONSE_STATUS_CODE] = status
+        attributes[OUTCOME] = outcome
         optional: dict[str, str | int | float | None] = {
             GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
             GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
             GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached_tokens,
             GEN_AI_RESPONSE_MODEL: response_model,
-            TTFT_S: ttft_s,
-            GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: ttft_s,
+            GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: ttft_s,  # the TTFT, under its GenAI name
         }
         attributes.update({k: v for k, v in optional.items() if v is not None})
         if finish_reasons:
             attributes[GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
         if itl is not None:
             attributes.update({ITL_P50_S: itl.p50, ITL_P99_S: itl.p99, ITL_MAX_S: itl.max, ITL_MEAN_S: itl.mean})
-        span.set_attributes(attributes)
         if outcome != "completed":
-            span.set_attribute(ERROR_TYPE, outcome)
-            if status >= 500 or status == 0:
-                span.set_status(Status(StatusCode.ERROR))
-        span.end(end_time=_ns(t, self._offset))
+            attributes[ERROR_TYPE] = outcome
+            record.error = status >= 500 or status == 0
+        for child in self._children:
+            if not child.end:  # an attempt cut short (the client left): it ends with the request
+                child.end = t
+        self._tracing.submit(TraceRecord(self.trace_id, [record, *self._children]))
 
-    def _child(self, name: str, start: float, kind: SpanKind, attributes: Mapping[str, AttributeValue]) -> Span:
-        assert self._tracer is not None
-        assert self._span is not None
-        return self._tracer.start_span(
-            name,
-            context=trace.set_span_in_context(self._span),
-            kind=kind,
-            attributes=attributes,
-            start_time=_ns(start, self._offset),
-        )
+    def _child(self, name: str, kind: int, start: float, end: float, attributes: dict[str, AttributeValue]) -> None:
+        self._children.append(SpanRecord(name, kind, _new_id(64), self.span_id, start, end, attributes))
 
 
-_INERT_ATTEMPT = AttemptSpan(None, 0.0)
-_INERT_REQUEST = RequestSpan(None, None, 0.0, False)
+INERT_ATTEMPT = AttemptSpan(None, 0, None)
+INERT_REQUEST = RequestSpan(None, 0, 0, None)
 
 
 class Tracing:
-    """The gateway's ``TracerProvider`` (its own, never the process-global one) and span factory."""
+    """Span factory and exporter of the gateway's traces (never the process-global tracer)."""
 
-    def __init__(self, config: TracingConfig, *, epoch_offset: float, exporter: SpanExporter | None = None) -> None:
-        """``exporter`` replaces OTLP (tests pass an ``InMemorySpanExporter``, exported synchronously)."""
+    def __init__(
+        self,
+        config: TracingConfig,
+        *,
+        epoch_offset: float,
+        sender: Sender | None = None,
+        on_dropped: Callable[[int], None] | None = None,
+    ) -> None:
+        """``sender`` replaces the OTLP/HTTP POST (tests pass one and call ``flush``)."""
         self.config = config
         self.enabled = config.enabled
-        self._offset = epoch_offset
-        self._provider: TracerProvider | None = None
-        self._tracer: trace.Tracer | None = None
+        self._exporter: BatchExporter | None = None
+        self._bound = TraceIdRatioBased.get_bound_for_rate(config.sampling_ratio)
         if not config.enabled:
             return
-        sampler = ParentBased(TraceIdRatioBased(config.sampling_ratio))
-        provider = TracerProvider(sampler=sampler, resource=Resource.create({"service.name": config.service_name}))
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
+        resource = Resource.create({"service.name": config.service_name})
+        encoder = SpanEncoder(
+            dict(resource.attributes),  # type: ignore[arg-type]
+            "gateway",
+            epoch_offset,
+            unique_keys=frozenset({REQUEST_ID}),
+        )
+        if sender is None:
+            endpoint = config.endpoint or "http://localhost:4318/v1/traces"
+            sender = HttpSender(endpoint, config.headers)
+            self._exporter = BatchExporter(encoder, sender, on_dropped=on_dropped)
         else:
-            provider.add_span_processor(SimpleSpanProcessor(exporter))
-        self._provider = provider
-        self._tracer = provider.get_tracer("gateway")
+            self._exporter = BatchExporter(encoder, sender, on_dropped=on_dropped, background=False)
 
     def start_request(self, *, t: float, request_id: str, api: Api, traceparent: str | None = None) -> RequestSpan:
         """The server span of a request arriving at ``t``; the client's ``traceparent`` is its parent."""
-        tracer = self._tracer
-        if tracer is None:
-            return _INERT_REQUEST
-        parent = propagate.extract({"traceparent": traceparent}) if traceparent else None
+        if self._exporter is None:
+            return INERT_REQUEST
+        parent_id = 0
+        parent = _parent(traceparent) if traceparent else None
+        if parent is not None:
+            trace_id, parent_id, sampled = parent
+        else:
+            trace_id = _new_id(128)
+            sampled = (trace_id & _ID_MASK) < self._bound
+        span_id = _new_id(64)
+        if not sampled:
+            return RequestSpan(self, trace_id, span_id, None)
         operation = OPERATION_NAMES[api]
-        span = tracer.start_span(
-            operation,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={GEN_AI_OPERATION_NAME: operation, REQUEST_ID: request_id},
-            start_time=_ns(t, self._offset),
-        )
-        return RequestSpan(span, tracer, self._offset, self.config.capture_content, operation)
+        attributes: dict[str, AttributeValue] = {GEN_AI_OPERATION_NAME: operation, REQUEST_ID: request_id}
+        record = SpanRecord(operation, SPAN_KIND_SERVER, span_id, parent_id, t, 0.0, attributes)
+        return RequestSpan(self, trace_id, span_id, record, self.config.capture_content)
+
+    def submit(self, trace_record: TraceRecord) -> None:
+        if self._exporter is not None:
+            self._exporter.submit(trace_record)
+
+    def flush(self) -> None:
+        """Send every finished trace now (tests; shutdown does it too)."""
+        if self._exporter is not None:
+            self._exporter.flush()
 
     def shutdown(self) -> None:
-        """Flush what is pending and stop the exporter thread (call at shutdown)."""
-        if self._provider is not None:
-            self._provider.shutdown()
+        """Flush what is pending and stop the export thread (call at shutdown)."""
+        if self._exporter is not None:
+            self._exporter.shutdown()
 
 
-def _ns(t: float, offset: float) -> int:
-    return int((t + offset) * 1e9)
+def _parent(traceparent: str) -> tuple[int, int, bool] | None:
+    """The client's trace id, span id and sampled flag (W3C Trace Context), if valid."""
+    context = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+    if not context.is_valid:
+        return None
+    return context.trace_id, context.span_id, context.trace_flags.sampled
+
+
+class FinishedRequest(Protocol):
+    """What ``finish_span`` reads of a finished request (``gateway.proxy.Exchange``)."""
+
+    status: int
+    outcome: str
+
+
+def finish_span(span: RequestSpan, request: FinishedRequest, timer: TokenTimer | None, t: float) -> None:
+    """End a request's server span at ``t``: its first-token event, usage, TTFT and ITL summary."""
+    if not span.recording:
+        return
+    if timer is None:
+        span.finish(t=t, status=request.status, outcome=request.outcome)
+        return
+    usage = timer.usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    if timer.first_output is not None:
+        span.first_token(t=timer.first_output)
+    span.finish(
+        t=t,
+        status=request.status,
+        outcome=request.outcome,
+        input_tokens=usage.get("prompt_tokens"),
+        output_tokens=usage.get("completion_tokens"),
+        cached_tokens=details.get("cached_tokens"),
+        finish_reasons=timer.finish_reasons,
+        ttft_s=timer.ttft,
+        itl=ItlSummary.of(timer.gaps) if timer.gaps else None,
+    )

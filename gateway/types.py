@@ -27,7 +27,8 @@ class InferenceRequest:
     which saves a re-serialisation on the common path. Times are ``Clock.now()`` seconds.
     ``session_id`` is the client's ``x-session-id`` (session-affinity routing); ``prefix_keys``
     caches the request's prefix block hashes, computed once by the first router that needs them
-    (a queued request may be picked several times).
+    (a queued request may be picked several times). ``client_wants_continuous_usage`` keeps
+    per-chunk usage (vLLM's ``continuous_usage_stats``) that the gateway may ask for itself.
     """
 
     request_id: str
@@ -43,6 +44,7 @@ class InferenceRequest:
     body_modified: bool = False
     session_id: str | None = None
     prefix_keys: PrefixKeys | None = None
+    client_wants_continuous_usage: bool = False
 
     def upstream_body(self) -> bytes:
         if not self.body_modified:

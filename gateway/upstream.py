@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Protocol
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
@@ -25,6 +26,12 @@ from httpx_aiohttp import AiohttpTransport
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.policy.model import Backend
 from gateway.types import Api, InferenceRequest
+
+
+class TraceContext(Protocol):
+    """Whatever propagates a trace to the backend (``gateway.tracing.AttemptSpan``)."""
+
+    def inject_into(self, headers: list[tuple[bytes, bytes]]) -> None: ...
 
 
 class MissingCredential(Exception):
@@ -94,9 +101,16 @@ class UpstreamClient:
         """The shared client, for health checks and metric scrapes."""
         return self._client
 
-    async def open(self, backend: Backend, request: InferenceRequest) -> httpx.Response:
-        """Send ``request`` to ``backend``; return once the response headers arrived (body unread)."""
+    async def open(
+        self, backend: Backend, request: InferenceRequest, trace: TraceContext | None = None
+    ) -> httpx.Response:
+        """Send ``request`` to ``backend``; return once the response headers arrived (body unread).
+
+        ``trace`` adds the W3C ``traceparent`` of the attempt's span (sampled requests only).
+        """
         headers = [*self._headers[backend.name], (b"x-request-id", request.request_id.encode())]
+        if trace is not None:
+            trace.inject_into(headers)
         outgoing = httpx.Request(
             "POST",
             self._urls[(backend.name, request.api)],

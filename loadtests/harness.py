@@ -30,10 +30,13 @@ def pin(cpu: int) -> list[str]:
 
 
 @contextmanager
-def process(argv: list[str], ready_url: str, *, timeout_s: float = 30.0) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``argv`` until the block ends; enter once ``ready_url`` answers 200."""
+def process(
+    argv: list[str], ready_url: str, *, timeout_s: float = 30.0, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` (in ``env``, else this process's environment) until the block ends; enter once
+    ``ready_url`` answers 200."""
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
             wait_ready(proc, ready_url, log, timeout_s)
             yield proc

@@ -3,24 +3,45 @@
 Usage::
 
     python -m loadtests.routing_bench [--strategies round_robin,least_load,prefix_affinity,oracle]
-                                      [--time-scale 3] [--phase-s 120] [--hot] [--out loadtests/results/routing]
+                                      [--time-scale 4] [--phase-s 300] [--hot] [--out loadtests/results/routing]
 
 Four simulated Llama-3.1-8B H100 engines (``inference-gateway sim --count 4``, one process) sit
 behind the gateway (another process), both restarted for every phase so that each strategy
 starts from cold caches. Loads are open-loop (``loadtests/loadgen``) in simulated seconds: with
 ``--time-scale K`` every simulated duration, SLO and rate is scaled by K so that this 2-core
-machine keeps up; the report states K and the engines' step lag.
+machine keeps up; the report states K and the engines' step lag (the share of engine steps
+that ran more than 10 ms of wall time after their roofline deadline).
 
-* capacity: the workload (``loadtests/workloads/routing.yaml``: eight tenants, long system
-  prompts, multi-turn chats) as a flood under ``least_load``, the gateway's routing before
-  this work; completions per simulated second are the capacity C.
+The engines' KV cache: 167k tokens each (``--gpu-memory-utilization 0.5``; the default 0.9
+gives 411k). Prefix-aware routing pays off when the working set (every open conversation's
+history, every tenant's system prompt) exceeds one engine's cache but fits in the fleet's: a
+production fleet reaches that by serving thousands of conversations over hours, a phase here
+lasts about a simulated minute. The cache is shrunk rather than the run lengthened, keeping
+the ratio of working set to cache that matters (``routing.yaml`` sizes it: about twice one
+engine's cache, half the fleet's). 0.5 is also what an H100 shared by two engines leaves (two
+models, or a co-located embedding model). Step times do not depend on the cache size (the
+cost model counts tokens computed and read), so only the cache's reach changes.
+
+* capacity C: the completions per simulated second the whole system (gateway and four
+  engines) delivers under a flood of the workload (``loadtests/workloads/routing.yaml``:
+  eight tenants, long system prompts, multi-turn chats), open-loop at ``--flood-rate``, far
+  above what it can serve, routed by ``prefix_affinity``: the fleet's capacity on this
+  workload is what it does with its caches used, so "70% of capacity" is a fleet 70% busy
+  when routed well. Other strategies' floods (``--capacity-strategies``) are reported too:
+  the capacity each routing leaves the fleet.
 * strategies: the workload at 0.7 C under each strategy. Figures are taken over the window
   after ``--warmup`` (a share of the phase in which chats open and caches fill): the prefix
   cache hit rate as the engines count it (deltas of ``vllm:prefix_cache_hits_total`` over
   ``vllm:prefix_cache_queries_total``), mean and P99 TTFT, goodput (requests meeting their
   class's SLO per simulated second), and the gateway's own routing cost per request.
-* hot: one tenant's hot prompt (``routing-hot.yaml``) at twice one engine's capacity (C/2)
-  under ``prefix_affinity``: the requests each engine served, its hit rate and TTFT.
+* hot: one tenant's hot prompt (``routing-hot.yaml``) at twice one engine's capacity under
+  ``prefix_affinity``: the requests each engine served, its hit rate and TTFT. One engine's
+  capacity for it is a quarter of the fleet's under a flood of that workload (``least_load``:
+  with a single prompt every engine caches it at once, so routing does not change capacity).
+  Goal: no engine serves more than half of it (more would overload that engine). Its short
+  requests on a cached prompt make the fleet stream several times more tokens per second than
+  the chats do, so these two phases run at ``--hot-time-scale`` (default 12) to keep the
+  machine (and the engines' step lag) within bounds.
 
 The oracle is a router written here that knows every engine's cache: for each candidate it
 asks the engine (``POST /debug/prefix_cache``, the simulator's debug endpoint) how many prompt
@@ -68,6 +89,7 @@ from loadtests.loadgen.records import RequestRecord
 from loadtests.loadgen.runner import RunConfig, run_sync, run_workload
 from loadtests.loadgen.stats import percentile
 from loadtests.loadgen.workload import Workload, load_workload
+from loadtests.sim.profiles import BLOCK_SIZE, get_profile
 
 if TYPE_CHECKING:
     from gateway.endpoints import BackendState
@@ -77,7 +99,8 @@ PROFILE = "llama-3.1-8b-h100"
 ENGINES = 4
 ENGINE_PORT = 18711
 GATEWAY_PORT = 18710
-KV_CACHE_TOKENS = 411_520  # the profile's KV cache: 25,720 blocks of 16 tokens
+GPU_MEMORY_UTILIZATION = 0.5  # see the module docstring: a KV cache of 167k tokens per engine
+KV_CACHE_TOKENS = get_profile(PROFILE, gpu_memory_utilization=GPU_MEMORY_UTILIZATION).num_kv_blocks * BLOCK_SIZE
 SECRET_ENV = "GATEWAY_CACHE_SALT_SECRET"
 BENCH_SECRET = "routing-bench-secret"
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -207,6 +230,7 @@ scrape: {{interval_s: 0.5, timeout_s: 1}}
 def system(k: float, strategy: str) -> Iterator[None]:
     """Fresh engines (cold caches) and a gateway routing with ``strategy``."""
     sim = [*GATEWAY, "sim", "--profile", PROFILE, "--port", str(ENGINE_PORT), "--count", str(ENGINES)]
+    sim += ["--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION)]
     with ExitStack() as stack:
         stack.enter_context(process([*sim, "--time-scale", str(k)], f"http://127.0.0.1:{ENGINE_PORT + 3}/health"))
         path = stack.enter_context(policy_file(gateway_policy(k, strategy)))
@@ -253,15 +277,32 @@ def gateway_routing() -> dict[str, Any]:
 
 
 def run_phase(
-    name: str, strategy: str, workload: Workload, rate: float, args: argparse.Namespace, warmup: float
+    name: str,
+    strategy: str,
+    workload: Workload,
+    rate: float,
+    args: argparse.Namespace,
+    warmup: float,
+    *,
+    flood: bool = False,
 ) -> dict[str, Any]:
-    """One phase: fresh system, the load for ``--phase-s`` wall seconds, figures over the window."""
+    """One phase: fresh system, the load for ``--phase-s`` wall seconds, figures over the window.
+
+    The engines' counters are read at the start, at the end of the warmup, at the end of the
+    load and after the drain: cache figures and the engines' completions per second are taken
+    over the window of load (warmup to end), client figures over the requests sent in it.
+    A ``flood`` is cut 5 simulated seconds after the load: only its engines' completions count.
+    """
     k, phase_s = args.time_scale, args.phase_s
     with system(k, strategy):
         start_epoch = time.time()
-        marks: list[list[dict[str, float]]] = [engine_counters()]
-        timer = threading.Timer(warmup * phase_s, lambda: marks.append(engine_counters()))
-        timer.start()
+        marks: dict[str, list[dict[str, float]]] = {"start": engine_counters()}
+        timers = [
+            threading.Timer(at, lambda mark=mark: marks.__setitem__(mark, engine_counters()))
+            for mark, at in (("warm", warmup * phase_s), ("end", phase_s))
+        ]
+        for timer in timers:
+            timer.start()
         config = RunConfig(
             target=f"http://127.0.0.1:{GATEWAY_PORT}",
             rate=rate,
@@ -269,26 +310,31 @@ def run_phase(
             out_dir=args.out / name,
             seed=args.seed,
             time_scale=k,
-            drain_timeout_s=60 * k,
+            drain_timeout_s=(5 if flood else 60) * k,
         )
         result = run_sync(lambda: run_workload(workload, config, base_dir=WORKLOADS))
-        timer.join()
-        marks.append(engine_counters())
+        for timer in timers:
+            timer.join()
+        marks["drained"] = engine_counters()
         routing = gateway_routing()
     window_start = start_epoch + warmup * phase_s
     window = [r for r in result.records if r.t_send >= window_start]
+    window_s = (1 - warmup) * phase_s / k
+    finished = sum(b["finished"] - a["finished"] for a, b in zip(marks["warm"], marks["end"], strict=True))
     report = {
         "phase": name,
         "strategy": strategy,
         "rate_per_s": rate,
-        "window_simulated_s": (1 - warmup) * phase_s / k,
-        **figures(window, (1 - warmup) * phase_s / k, k),
-        **cache_figures(marks[1], marks[2]),
-        "hit_rate_whole_phase": hit_rate(marks[0], marks[2]),
+        "time_scale": k,
+        "window_simulated_s": window_s,
+        **figures(window, window_s, k),
+        "engine_completed_per_s": finished / window_s,
+        **cache_figures(marks["warm"], marks["end"]),
+        "hit_rate_whole_phase": hit_rate(marks["start"], marks["drained"]),
         "routing": routing,
         "engine_steps_later_than_10ms": [
             round((b["steps_late"] - a["steps_late"]) / max(1.0, b["steps"] - a["steps"]), 4)
-            for a, b in zip(marks[0], marks[2], strict=True)
+            for a, b in zip(marks["start"], marks["drained"], strict=True)
         ],
     }
     print(json.dumps(report, indent=1), flush=True)
@@ -361,17 +407,60 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def summary(report: dict[str, Any]) -> str:
+    """The report as a text table: one row per phase, then the goals."""
+
+    def fmt(value: Any, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [
+        f"C = {report['C']:.2f} simulated req/s (flood under {report.get('capacity_strategy', '-')}); "
+        f"K = {report['time_scale']:g}; phase {report['phase_s']:g} wall s, warmup {report['warmup']:g}",
+        f"{'phase':26} {'req/s':>6} {'hit':>6} {'TTFT mean':>10} {'TTFT p99':>9} {'goodput':>8} "
+        f"{'eng/s':>7} {'pick us':>8} {'late steps':>10}  share per engine",
+    ]
+    phases = [*report.get("capacity_phases", {}).values(), *report["strategies"].values()]
+    if "hot_prompt" in report:
+        phases += [report["hot_capacity_phase"], report["hot_prompt"]]
+    for ph in phases:
+        late = max(ph["engine_steps_later_than_10ms"])
+        lines.append(
+            f"{ph['phase']:26} {ph['rate_per_s']:6.1f} {fmt(ph['hit_rate'], '6.1%')}"
+            f" {fmt(ph['ttft_mean_ms'], '8.1f')}ms {fmt(ph['ttft_p99_ms'], '7.0f')}ms"
+            f" {ph['goodput_per_s']:8.2f} {ph['engine_completed_per_s']:7.2f}"
+            f" {fmt(ph['routing']['pick_us_mean'], '8.1f')} {late:10.1%}  {ph['request_share_per_engine']}"
+        )
+    for name, goal in report["goals"].items():
+        lines.append(
+            f"{name:34} {fmt(goal['value'], '.3f'):>7} (goal {goal['goal']}): {'met' if goal['met'] else 'MISSED'}"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--serve-oracle", metavar="POLICY", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=GATEWAY_PORT, help=argparse.SUPPRESS)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--time-scale", type=float, default=3.0)
+    parser.add_argument("--time-scale", type=float, default=4.0)
     parser.add_argument("--phase-s", type=float, default=120.0, help="wall seconds of load per phase")
     parser.add_argument("--warmup", type=float, default=0.35, help="share of each phase before the window")
     parser.add_argument("--load", type=float, default=0.7, help="offered load as a share of capacity")
     parser.add_argument("--capacity", type=float, default=None, help="skip measuring: C in simulated req/s")
+    parser.add_argument(
+        "--capacity-strategies",
+        default="prefix_affinity",
+        help="strategies whose flood is measured; C is the first one's completions/s",
+    )
+    parser.add_argument("--flood-rate", type=float, default=120.0, help="simulated req/s offered in a flood")
     parser.add_argument("--hot", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--hot-time-scale",
+        type=float,
+        default=12.0,
+        help="K of the hot-prompt phases: short cached requests stream ~4x the tokens per second",
+    )
+    parser.add_argument("--hot-flood-rate", type=float, default=400.0, help="simulated req/s of the hot flood")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("loadtests/results/routing"))
     args = parser.parse_args(argv)
@@ -382,22 +471,36 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"time_scale": args.time_scale, "phase_s": args.phase_s, "warmup": args.warmup}
     capacity = args.capacity
     if capacity is None:
-        flood = run_phase("capacity", "least_load", workload, 150.0, args, args.warmup)
-        capacity = flood["completed_per_s"]
-        report["capacity_phase"] = flood
+        floods = {
+            s: run_phase(f"capacity-{s}", s, workload, args.flood_rate, args, args.warmup, flood=True)
+            for s in args.capacity_strategies.split(",")
+        }
+        capacity = next(iter(floods.values()))["engine_completed_per_s"]
+        report["capacity_phases"] = floods
+        report["capacity_strategy"] = next(iter(floods))
     report["C"] = capacity
     print(f"capacity C = {capacity:.2f} simulated requests/s; offered {args.load:g} C", flush=True)
     results = {
-        s: run_phase(s, s, workload, args.load * capacity, args, args.warmup) for s in args.strategies.split(",")
+        s: run_phase(s, s, workload, args.load * capacity, args, args.warmup) for s in args.strategies.split(",") if s
     }
     report["strategies"] = results
     report["goals"] = goals(results)
     if args.hot:
         hot = load_workload(WORKLOADS / "routing-hot.yaml")
-        report["hot_prompt"] = run_phase("hot-prompt", "prefix_affinity", hot, capacity / 2, args, 0.2)
+        hot_args = argparse.Namespace(**{**vars(args), "time_scale": args.hot_time_scale})
+        hot_flood = run_phase("capacity-hot", "least_load", hot, args.hot_flood_rate, hot_args, args.warmup, flood=True)
+        report["hot_capacity_phase"] = hot_flood
+        one_engine = hot_flood["engine_completed_per_s"] / ENGINES
+        report["hot_prompt"] = run_phase("hot-prompt", "prefix_affinity", hot, 2 * one_engine, hot_args, 0.2)
+        # offered twice one engine's capacity, an engine serving more than half of it would be overloaded
+        top = max(report["hot_prompt"]["request_share_per_engine"])
+        report["goals"]["hot_prompt_top_engine_share"] = {"value": top, "goal": "<= 0.5", "met": top <= 0.5}
     print(json.dumps({"C": capacity, "goals": report["goals"]}, indent=1), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "routing.json").write_text(json.dumps(report, indent=1))
+    text = summary(report)
+    (args.out / "summary.txt").write_text(text)
+    print(text, flush=True)
     return 0
 
 

@@ -100,9 +100,17 @@ class FakeBackend:
 
     async def _stream(self, document: dict[str, Any], send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-        include_usage = bool((document.get("stream_options") or {}).get("include_usage"))
+        options = document.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
         base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": document["model"]}
-        extra = {"usage": None} if include_usage else {}
+        extra: dict[str, Any] = {"usage": None} if include_usage else {}
+
+        def so_far(tokens: int) -> dict[str, Any]:
+            """vLLM's per-chunk usage with ``continuous_usage_stats``, else ``extra``."""
+            if not continuous:
+                return extra
+            return {"usage": {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}}
 
         async def event(payload: dict[str, Any]) -> None:
             await send(
@@ -115,7 +123,7 @@ class FakeBackend:
                 "choices": [
                     {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 ],
-                **extra,
+                **so_far(0),
             }
         )
         for i in range(self.tokens):
@@ -130,11 +138,15 @@ class FakeBackend:
                 {
                     **base,
                     "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "logprobs": None, "finish_reason": None}],
-                    **extra,
+                    **so_far(i + 1),
                 }
             )
         await event(
-            {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}], **extra}
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}],
+                **so_far(self.tokens),
+            }
         )
         if include_usage:
             await event(

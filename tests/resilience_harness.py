@@ -259,6 +259,8 @@ class Stream:
     detail: str = ""
     t_end: float | None = None
     outcome: Outcome | None = None
+    usage: dict[str, Any] | None = None  # the usage chunk, when the load asks for it
+    prompt: str = ""
 
     @property
     def ttft_s(self) -> float | None:
@@ -284,6 +286,8 @@ class Stream:
         choices = event.get("choices") or []
         if choices and (choices[0].get("delta") or {}).get("content"):
             self.token_times.append(now)
+        if not choices and isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
 
     def finish(self) -> Outcome:
         if not self.done:
@@ -331,9 +335,11 @@ class Load:
         deadline_s: float = 10.0,
         total: int | None = None,
         disconnect: Disconnect | None = None,
+        include_usage: bool = False,
         seed: int = 6,
     ) -> None:
         self.url = url + "/v1/chat/completions"
+        self.include_usage = include_usage
         self.clients = clients
         self.max_tokens = max_tokens
         self.deadline_s = deadline_s
@@ -411,12 +417,15 @@ class Load:
         return self._rng.uniform(0, plan.within_s)
 
     async def _request(self, session: aiohttp.ClientSession, stream: Stream, hang_up: float | None) -> None:
-        body = {
+        stream.prompt = f"Tell me a story, number {stream.index}."
+        body: dict[str, Any] = {
             "model": MODEL,
-            "messages": [{"role": "user", "content": f"Tell me a story, number {stream.index}."}],
+            "messages": [{"role": "user", "content": stream.prompt}],
             "max_tokens": stream.max_tokens,
             "stream": True,
         }
+        if self.include_usage:
+            body["stream_options"] = {"include_usage": True}
         try:
             async with asyncio.timeout(self.deadline_s):
                 async with asyncio.timeout(hang_up) as hanging:

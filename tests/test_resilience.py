@@ -7,16 +7,19 @@ streaming clients (``tests/resilience_harness.py``) keep it busy. Every request 
 scenario is accounted for: completed, or answered with an explicit error (an error status, or
 an SSE error event followed by ``[DONE]``), or hung up on by its own client on purpose; none
 may reach its deadline or end any other way (``Outcome.DEADLINE``, ``Outcome.BROKEN``).
-Stream migration is not implemented: a stream cut after its first token ends with an error event.
+A stream cut after its first token is continued on another engine (``gateway/migration.py``),
+or, with ``retry.migrate_streams: false``, ends with an error event.
 """
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 
 import pytest
 
+from loadtests.sim.tokenizer import render_chat, tokenize
 from tests.resilience_harness import (
     Disconnect,
     Fleet,
@@ -50,18 +53,28 @@ def assert_accounted(load: Load, allowed: tuple[Outcome, ...] = ANSWERED) -> Non
     assert all(s.t_end is not None for s in load.streams)
 
 
+def prompt_tokens(content: str) -> int:
+    """The prompt tokens the simulator counts for one user message (what usage must report)."""
+    messages = [{"role": "user", "content": content}]
+    return len(tokenize(render_chat(messages, add_generation_prompt=True, continue_final_message=False)))
+
+
 def report(name: str, **figures: object) -> None:
     print(f"\n[{name}] " + ", ".join(f"{k}={v}" for k, v in figures.items()))
 
 
-def test_a_killed_engine_ends_its_streams_with_an_error_event_and_new_requests_go_elsewhere() -> None:
+@pytest.mark.parametrize("migrate", [True, False], ids=["migrated", "error_event"])
+def test_a_killed_engine_s_streams_continue_elsewhere_or_end_with_an_error_event(migrate: bool) -> None:
     breaker = "{consecutive_failures: 5, open_s: 1, max_open_s: 2}"  # a restarted engine is probed after 1 s
+    retry = f"{{max_retries: 2, migrate_streams: {str(migrate).lower()}}}"
     with engines(1, names=["victim"]) as doomed, engines(2) as healthy:
         victim = doomed.engines[0]
         with (
-            gateway(policy([victim, *healthy.engines], breaker=breaker)) as gw,
-            Load(gw.url, clients=24, max_tokens=(40, 60)) as load,
+            gateway(policy([victim, *healthy.engines], breaker=breaker, retry=retry)) as gw,
+            Load(gw.url, clients=24, max_tokens=(40, 60), include_usage=True) as load,
         ):
+            # Enough traffic first that the retry budget (20% of recent requests) covers the migrations.
+            wait_until(lambda: load.count(Outcome.COMPLETED) >= 150, timeout=20, what="a warmed-up load")
             wait_until(lambda: len(load.streaming(victim.id)) >= 4, what="streams on the victim")
             cut = {s.index for s in load.streaming(victim.id) if len(s.token_times) < s.max_tokens - 10}
             served_before = sum(healthy.metric(e, "vllm:request_success_total") for e in healthy.engines)
@@ -91,10 +104,27 @@ def test_a_killed_engine_ends_its_streams_with_an_error_event_and_new_requests_g
                 )
                 back_after_s = time.perf_counter() - t_restart
                 breaker_state = gw.metric("gateway_breaker_state", backend="victim")
+            migrations = gw.samples("gateway_stream_migrations_total")
     assert_accounted(load)
     victims = [s for s in load.streams if s.index in cut]
-    assert all(s.outcome is Outcome.ERROR_EVENT and s.done for s in victims), [(s.outcome, s.detail) for s in victims]
-    assert all(s.t_error is not None and s.t_error - t_kill < 1.0 for s in victims)
+    if migrate:
+        # One unbroken stream: every token, one [DONE], usage of the original prompt and all tokens.
+        outcomes = [(s.outcome, s.error_code) for s in victims]
+        assert all(s.outcome is Outcome.COMPLETED for s in victims), (outcomes, migrations)
+        for s in victims:
+            assert s.usage is not None
+            assert s.usage["completion_tokens"] == s.max_tokens == len(s.token_times)
+            assert s.usage["prompt_tokens"] == prompt_tokens(s.prompt)
+            assert s.usage["total_tokens"] == s.usage["prompt_tokens"] + s.max_tokens
+        continued = sum(v for labels, v in migrations.items() if ("outcome", "continued") in labels)
+        assert continued >= len(victims)
+        gaps = [max(b - a for a, b in itertools.pairwise(s.token_times)) for s in victims]
+    else:
+        assert all(s.outcome is Outcome.ERROR_EVENT and s.done for s in victims), [
+            (s.outcome, s.detail) for s in victims
+        ]
+        assert all(s.t_error is not None and s.t_error - t_kill < 1.0 for s in victims)
+        gaps = []
     later = [s for s in load.streams if t_kill + 1 <= s.t_start and (s.t_end or t_check) < t_check]
     assert later
     assert all(s.outcome is Outcome.COMPLETED and s.engine != victim.id for s in later)
@@ -103,9 +133,10 @@ def test_a_killed_engine_ends_its_streams_with_an_error_event_and_new_requests_g
     assert breaker_state == 0
     assert any(s.engine == back.id and s.outcome is Outcome.COMPLETED for s in load.streams)
     report(
-        "kill",
+        f"kill, migrate_streams={migrate}",
         outcomes=load.by_outcome(),
         cut_streams=len(victims),
+        longest_gap_in_migrated_streams_ms=round(max(gaps, default=0) * 1000),
         error_codes=sorted({str(s.error_code) for s in victims}),
         out_of_routing_ms=round(out_after_s * 1000),
         retries_on_victim=attempts_at_end,
@@ -180,15 +211,24 @@ def test_an_engine_answering_503_is_retried_within_the_budget_and_its_breaker_op
     )
 
 
-def test_a_stalled_engine_ends_its_streams_with_upstream_stalled_within_the_stall_timeout() -> None:
+@pytest.mark.parametrize("migrate", [True, False], ids=["migrated", "error_event"])
+def test_a_stalled_engine_s_streams_end_within_the_stall_timeout(migrate: bool) -> None:
     stall_s, after = 0.5, 5
     fault = ("--fault", "stall", "--fault-after-tokens", str(after), "--fault-engine", "2")
+    retry = f"{{max_retries: 2, migrate_streams: {str(migrate).lower()}}}"
     with engines(3, fault=fault) as fleet:
         stalled = fleet.engines[2]
-        with gateway(policy(fleet.engines, between_chunks_s=stall_s)) as gw:
-            with Load(gw.url, clients=12, max_tokens=(12, 20)) as load:
+        with gateway(policy(fleet.engines, between_chunks_s=stall_s, retry=retry)) as gw:
+            with Load(gw.url, clients=12, max_tokens=(12, 20), include_usage=True) as load:
                 # Five stalled streams are five breaker failures: the stalling engine is taken out.
-                wait_until(lambda: len(load.of(Outcome.ERROR_EVENT)) >= 5, timeout=20, what="stalled streams to end")
+                wait_until(
+                    lambda: (
+                        fleet.metric(stalled, "sim:faults_injected_total", mode="stall") >= 5
+                        and not load.streaming(stalled.id)
+                    ),
+                    timeout=20,
+                    what="stalled streams to end",
+                )
                 wait_until(
                     lambda: gw.metric("gateway_breaker_state", backend=stalled.name) == 2, what="the breaker to open"
                 )
@@ -200,27 +240,35 @@ def test_a_stalled_engine_ends_its_streams_with_upstream_stalled_within_the_stal
                 what="the engine to see every stalled request closed",
             )
             retries = gw.metric("gateway_upstream_retries_total")
+            continued = gw.metric("gateway_stream_migrations_total", outcome="continued")
             running = fleet.metric(stalled, "vllm:num_requests_running")
             breaker_state = gw.metric("gateway_breaker_state", backend=stalled.name)
     assert_accounted(load)
-    on_stalled = [s for s in load.streams if s.engine == stalled.id]
+    on_stalled = [s for s in load.streams if s.engine == stalled.id]  # the first engine names the stream
     others = [s for s in load.streams if s.engine != stalled.id]
     assert on_stalled
     assert len(on_stalled) == injected
-    assert all(s.outcome is Outcome.ERROR_EVENT and s.error_code == "upstream_stalled" for s in on_stalled)
-    assert all(len(s.token_times) == after for s in on_stalled)
-    gaps = [s.t_error - s.token_times[-1] for s in on_stalled]  # type: ignore[operator]
+    if migrate:
+        # Each went quiet for the stall timeout after its fifth token, then went on elsewhere, whole.
+        assert all(s.outcome is Outcome.COMPLETED for s in on_stalled), [(s.outcome, s.error_code) for s in on_stalled]
+        assert all(s.usage is not None and s.usage["completion_tokens"] == s.max_tokens for s in on_stalled)
+        gaps = [s.token_times[after] - s.token_times[after - 1] for s in on_stalled]
+        assert retries == continued == injected, "each stalled stream was continued once, nothing else retried"
+    else:
+        assert all(s.outcome is Outcome.ERROR_EVENT and s.error_code == "upstream_stalled" for s in on_stalled)
+        assert all(len(s.token_times) == after for s in on_stalled)
+        gaps = [s.t_error - s.token_times[-1] for s in on_stalled]  # type: ignore[operator]
+        assert retries == 0, "a stream that reached its client must not be retried"
     assert all(stall_s - 0.05 <= gap <= stall_s + 0.5 for gap in gaps), gaps
     assert all(s.outcome is Outcome.COMPLETED for s in others)
-    assert retries == 0, "a stream that reached its client must not be retried"
     assert breaker_state == 2, "a backend that stalls every stream must be taken out of routing"
     assert running == 0
     report(
-        "stall",
+        f"stall, migrate_streams={migrate}",
         outcomes=load.by_outcome(),
         stalled_streams=len(on_stalled),
-        stall_to_error_ms_min=round(min(gaps) * 1000),
-        stall_to_error_ms_max=round(max(gaps) * 1000),
+        stall_gap_ms_min=round(min(gaps) * 1000),  # to the error event, or to the next token (migrated)
+        stall_gap_ms_max=round(max(gaps) * 1000),
         engine_aborts=injected,
         breaker_state_of_stalled=breaker_state,  # stalls after the headers count as breaker failures
     )

@@ -107,7 +107,8 @@ def test_without_include_usage_the_backend_is_asked_for_it_and_the_client_gets_n
     backend.tokens = 3
     response = http.post("/v1/chat/completions", json=stream_body())
     assert response.status_code == 200
-    assert backend.received[-1].body["stream_options"] == {"include_usage": True}
+    # Usage at the end, and in every chunk: the exact token count a stream migration needs.
+    assert backend.received[-1].body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     events = chunks(sse_payloads(response.text))
     assert all(event["choices"] for event in events), "a usage-only chunk reached the client"
     assert not any(event.get("usage") for event in events)
@@ -119,9 +120,11 @@ def test_include_usage_false_is_overridden_upstream_and_the_usage_chunk_stripped
 ) -> None:
     body = stream_body(stream_options={"include_usage": False, "continuous_usage_stats": False})
     response = http.post("/v1/chat/completions", json=body)
-    assert backend.received[-1].body["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+    # The gateway asks for per-chunk usage (stream migration needs it); the client sees none.
+    assert backend.received[-1].body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     events = chunks(sse_payloads(response.text))
     assert all(event["choices"] for event in events)
+    assert not any("usage" in event for event in events)
 
 
 def test_a_client_that_asks_for_usage_gets_the_usage_chunk_last(client: openai.OpenAI, backend: FakeBackend) -> None:
@@ -130,7 +133,8 @@ def test_a_client_that_asks_for_usage_gets_the_usage_chunk_last(client: openai.O
         model=CHAT_MODEL, messages=[USER], max_tokens=8, stream=True, stream_options={"include_usage": True}
     )
     received = list(stream)
-    assert backend.received[-1].body["stream_options"] == {"include_usage": True}
+    assert backend.received[-1].body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert all(chunk.usage is None for chunk in received[:-1]), "per-chunk usage the client did not ask for"
     last = received[-1]
     assert last.choices == []
     assert last.usage is not None

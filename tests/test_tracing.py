@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway import tracing as t
+from gateway.policy.model import TracingConfig
 from gateway.tracelog import ItlSummary
-from gateway.tracing import Tracing, TracingConfig
+from gateway.tracing import Tracing
 from gateway.types import Api
+from loadtests.otlp_sink import SinkSpan, decode, resource_of
 
 EPOCH = 1_700_000_000.0
 CLIENT_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+SERVER, CLIENT, ERROR = 2, 3, 2  # OTLP's SPAN_KIND_SERVER, SPAN_KIND_CLIENT, STATUS_CODE_ERROR
+
+
+class Collector:
+    """Stands for the collector: keeps each export request's protobuf bytes."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def __call__(self, body: bytes) -> None:
+        self.bodies.append(body)
+
+    def spans(self) -> list[SinkSpan]:
+        return [span for body in self.bodies for span in decode(body)]
 
 
 @pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    yield exporter
-    exporter.shutdown()
+def exporter() -> Collector:
+    return Collector()
 
 
-def traced(exporter: InMemorySpanExporter, **config: object) -> Tracing:
-    return Tracing(TracingConfig(enabled=True, **config), epoch_offset=EPOCH, exporter=exporter)  # type: ignore[arg-type]
+def traced(exporter: Collector, **config: object) -> Tracing:
+    return Tracing(TracingConfig(enabled=True, **config), epoch_offset=EPOCH, sender=exporter)  # type: ignore[arg-type]
 
 
 def run_request(tracing: Tracing, traceparent: str | None = None) -> dict[str, str]:
@@ -50,70 +59,71 @@ def run_request(tracing: Tracing, traceparent: str | None = None) -> dict[str, s
         t=11.5, status=200, outcome="completed", input_tokens=12, output_tokens=5, finish_reasons=["stop"],
         ttft_s=0.5, itl=ItlSummary(4, 0.25, 0.2, 0.4, 0.4),
     )  # fmt: skip
+    tracing.flush()
     return headers
 
 
-def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
-    return {span.name: span for span in exporter.get_finished_spans()}
+def by_name(exporter: Collector) -> dict[str, SinkSpan]:
+    return {span.name: span for span in exporter.spans()}
 
 
-def test_a_request_is_a_server_span_with_queue_route_and_attempt_children(exporter: InMemorySpanExporter) -> None:
+def test_a_request_is_a_server_span_with_queue_route_and_attempt_children(exporter: Collector) -> None:
     run_request(traced(exporter))
     spans = by_name(exporter)
     assert set(spans) == {"chat test/chat", "queue", "route", "upstream b1", "upstream b2"}
     server = spans["chat test/chat"]
-    assert server.kind is SpanKind.SERVER
-    assert server.context is not None
+    assert server.kind == SERVER
+    assert server.parent_id == ""
     for name in ("queue", "route", "upstream b1", "upstream b2"):
-        assert spans[name].parent is not None
-        assert spans[name].parent.span_id == server.context.span_id, name
-    assert spans["upstream b1"].kind is SpanKind.CLIENT
-    assert server.start_time == int((EPOCH + 10.0) * 1e9)
-    assert server.end_time == int((EPOCH + 11.5) * 1e9)
-    assert spans["queue"].attributes is not None
+        assert spans[name].parent_id == server.span_id, name
+        assert spans[name].trace_id == server.trace_id, name
+    assert spans["upstream b1"].kind == CLIENT
+    assert server.start_ns == int((EPOCH + 10.0) * 1e9)
+    assert server.end_ns == int((EPOCH + 11.5) * 1e9)
     assert spans["queue"].attributes[t.QUEUE_S] == pytest.approx(0.249)
 
 
-def test_the_server_span_carries_genai_attributes_and_latency_percentiles(exporter: InMemorySpanExporter) -> None:
+def test_the_server_span_carries_genai_attributes_and_latency_percentiles(exporter: Collector) -> None:
     run_request(traced(exporter))
-    attributes = dict(by_name(exporter)["chat test/chat"].attributes or {})
+    attributes = by_name(exporter)["chat test/chat"].attributes
     assert attributes[t.GEN_AI_OPERATION_NAME] == "chat"
     assert attributes[t.GEN_AI_REQUEST_MODEL] == "test/chat"
     assert attributes[t.GEN_AI_REQUEST_MAX_TOKENS] == 16
     assert attributes[t.GEN_AI_USAGE_INPUT_TOKENS] == 12
     assert attributes[t.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
-    assert attributes[t.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
-    assert (attributes[t.TTFT_S], attributes[t.ITL_P50_S], attributes[t.ITL_P99_S]) == (0.5, 0.2, 0.4)
+    assert attributes[t.GEN_AI_RESPONSE_FINISH_REASONS] == ["stop"]
+    assert attributes[t.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == 0.5
+    assert (attributes[t.ITL_P50_S], attributes[t.ITL_P99_S]) == (0.2, 0.4)
     assert (attributes[t.TENANT], attributes[t.CLASS], attributes[t.BACKEND]) == ("acme", "interactive", "b1")
 
 
-def test_the_route_span_names_the_backend_and_every_candidates_score(exporter: InMemorySpanExporter) -> None:
+def test_the_route_span_names_the_backend_and_every_candidates_score(exporter: Collector) -> None:
     run_request(traced(exporter))
-    attributes = dict(by_name(exporter)["route"].attributes or {})
+    attributes = by_name(exporter)["route"].attributes
     assert attributes[t.ROUTING_REASON] == "prefix_match"
     assert attributes[t.ROUTING_MATCHED_BLOCKS] == 3
-    assert attributes[t.ROUTING_CANDIDATES] == ("b1", "b2")
-    assert attributes[t.ROUTING_SCORES] == (0.9, 0.4)
+    assert attributes[t.ROUTING_CANDIDATES] == ["b1", "b2"]
+    assert attributes[t.ROUTING_SCORES] == [0.9, 0.4]
 
 
-def test_the_first_token_is_an_event_and_a_failed_attempt_is_an_error(exporter: InMemorySpanExporter) -> None:
+def test_the_first_token_is_an_event_and_a_failed_attempt_is_an_error(exporter: Collector) -> None:
     run_request(traced(exporter))
     spans = by_name(exporter)
     (event,) = spans["chat test/chat"].events
-    assert (event.name, event.timestamp) == (t.FIRST_TOKEN_EVENT, int((EPOCH + 10.5) * 1e9))
+    assert event == (t.FIRST_TOKEN_EVENT, int((EPOCH + 10.5) * 1e9))
     failed = spans["upstream b2"]
-    assert failed.status.status_code is StatusCode.ERROR
-    assert (failed.attributes or {})[t.ERROR_TYPE] == "upstream_connect_error"
+    assert failed.status_code == ERROR
+    assert failed.attributes[t.ERROR_TYPE] == "upstream_connect_error"
+    assert spans["upstream b1"].status_code == 0
 
 
-def test_the_upstream_traceparent_names_the_attempt_in_the_clients_trace(exporter: InMemorySpanExporter) -> None:
+def test_the_upstream_traceparent_names_the_attempt_in_the_clients_trace(exporter: Collector) -> None:
     headers = run_request(traced(exporter), traceparent=CLIENT_TRACEPARENT)
     attempt = by_name(exporter)["upstream b1"]
-    assert attempt.context is not None
-    assert headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-{attempt.context.span_id:016x}-01"
+    assert headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-{attempt.span_id}-01"
     server = by_name(exporter)["chat test/chat"]
-    assert server.parent is not None
-    assert server.parent.span_id == 0xB7AD6B7169203331
+    assert server.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    assert server.parent_id == "b7ad6b7169203331"
 
 
 @pytest.mark.parametrize(
@@ -121,28 +131,28 @@ def test_the_upstream_traceparent_names_the_attempt_in_the_clients_trace(exporte
     [(False, False), (True, True)],
     ids=["prompt and completion are never recorded by default", "the capture flag opts in to recording them"],
 )
-def test_content_capture(exporter: InMemorySpanExporter, capture: bool, recorded: bool) -> None:
+def test_content_capture(exporter: Collector, capture: bool, recorded: bool) -> None:
     run_request(traced(exporter, capture_content=capture))
-    attributes = by_name(exporter)["chat test/chat"].attributes or {}
+    attributes = by_name(exporter)["chat test/chat"].attributes
     assert (t.GEN_AI_INPUT_MESSAGES in attributes) is recorded
     assert (t.GEN_AI_OUTPUT_MESSAGES in attributes) is recorded
 
 
-def test_a_zero_sampling_ratio_exports_nothing_but_still_propagates(exporter: InMemorySpanExporter) -> None:
+def test_a_zero_sampling_ratio_exports_nothing_but_still_propagates(exporter: Collector) -> None:
     headers = run_request(traced(exporter, sampling_ratio=0.0))
-    assert exporter.get_finished_spans() == ()
+    assert exporter.spans() == []
     flags = int(headers["traceparent"].rsplit("-", 1)[1], 16)
     assert flags & 1 == 0  # not sampled: the backend should not sample either
 
 
-def test_disabled_tracing_creates_no_spans_and_shares_one_inert_recorder(exporter: InMemorySpanExporter) -> None:
-    tracing = Tracing(TracingConfig(enabled=False), epoch_offset=EPOCH, exporter=exporter)
+def test_disabled_tracing_creates_no_spans_and_shares_one_inert_recorder(exporter: Collector) -> None:
+    tracing = Tracing(TracingConfig(enabled=False), epoch_offset=EPOCH, sender=exporter)
     first = tracing.start_request(t=1.0, request_id="a", api=Api.CHAT)
     second = tracing.start_request(t=1.0, request_id="b", api=Api.EMBEDDINGS)
     assert first is second
     assert not first.recording
     assert run_request(tracing) == {}
-    assert exporter.get_finished_spans() == ()
+    assert exporter.bodies == []
 
 
 @pytest.mark.parametrize(
@@ -173,15 +183,35 @@ def test_config_from_the_standard_environment(env: dict[str, str], expected: Tra
     assert TracingConfig.from_env(env) == expected
 
 
-def test_the_otlp_exporter_is_built_when_no_exporter_is_given() -> None:
-    tracing = Tracing(TracingConfig(enabled=True, endpoint="http://127.0.0.1:1/v1/traces"), epoch_offset=EPOCH)
-    tracing.shutdown()  # nothing was recorded, so nothing is sent
+def test_an_unreachable_collector_costs_the_traces_never_the_request() -> None:
+    dropped: list[int] = []
+    config = TracingConfig(enabled=True, endpoint="http://127.0.0.1:1/v1/traces")  # nothing listens there
+    tracing = Tracing(config, epoch_offset=EPOCH, on_dropped=dropped.append)
+    span = tracing.start_request(t=10.0, request_id="req-1", api=Api.CHAT)
+    span.finish(t=10.5, status=200, outcome="completed")
+    tracing.shutdown()  # flushes: the POST fails, the spans are counted as dropped
+    assert dropped == [1]
 
 
-def test_the_fast_path_sets_the_queue_time_without_a_queue_span(exporter: InMemorySpanExporter) -> None:
+def test_the_resource_names_the_service_and_the_sdk(exporter: Collector) -> None:
+    run_request(traced(exporter, service_name="gw-eu"))
+    resource = resource_of(exporter.bodies[0])
+    assert resource["service.name"] == "gw-eu"
+    assert resource["telemetry.sdk.language"] == "python"
+
+
+def test_the_otlp_headers_variable_is_parsed_as_the_spec_says() -> None:
+    config = TracingConfig.from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_HEADERS": "Api-Key=a%20b, x-tenant=gw"}
+    )
+    assert config.headers == {"api-key": "a b", "x-tenant": "gw"}
+
+
+def test_the_fast_path_sets_the_queue_time_without_a_queue_span(exporter: Collector) -> None:
     tracing = traced(exporter)
     span = tracing.start_request(t=10.0, request_id="req-1", api=Api.CHAT)
     span.queue(start=10.0001, end=10.0002, class_name="interactive")
     span.finish(t=10.5, status=200, outcome="completed")
-    (server,) = exporter.get_finished_spans()
-    assert (server.attributes or {})[t.QUEUE_S] == pytest.approx(0.0001)
+    tracing.flush()
+    (server,) = exporter.spans()
+    assert server.attributes[t.QUEUE_S] == pytest.approx(0.0001)

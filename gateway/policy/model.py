@@ -31,9 +31,12 @@ a named shared prefix-cache scope declared under ``cache_scopes`` (see ``CacheSc
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -235,6 +238,10 @@ class Backend(Strict):
     timeouts: Timeouts = Timeouts()
     engine_priority: bool = False
     """Pass the class on as the request's ``priority`` (vLLM needs ``--scheduling-policy priority``)."""
+    price_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None
+    """What one of its GPUs costs an hour (dollars); unset: the backend costs nothing (``gateway/cost.py``)."""
+    gpus: PositiveInt = 1
+    """GPUs the backend holds (tensor parallel, ...): it costs ``price_per_gpu_hour × gpus`` an hour."""
 
     @field_validator("url")
     @classmethod
@@ -315,7 +322,11 @@ class RetryPolicy(Strict):
 
         retry: {max_retries: 2, backoff_base_s: 0.025, backoff_cap_s: 0.25,
                 retryable_statuses: [429, 502, 503],
-                budget_ratio: 0.2, budget_min_per_s: 3, budget_window_s: 10}
+                budget_ratio: 0.2, budget_min_per_s: 3, budget_window_s: 10,
+                migrate_streams: true}
+
+    ``migrate_streams`` continues a stream whose backend died on another backend
+    (``gateway/migration.py``); a migration is a retry: same budget, same attempt bound.
     """
 
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
@@ -325,6 +336,7 @@ class RetryPolicy(Strict):
     budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
     budget_min_per_s: Annotated[float, Field(ge=0)] = 3.0
     budget_window_s: PositiveFloat = 10.0
+    migrate_streams: bool = True
 
     @field_validator("retryable_statuses")
     @classmethod
@@ -381,10 +393,95 @@ class Lifecycle(Strict):
     watch_interval_s: Annotated[float, Field(ge=0)] = 1.0
 
 
+class TracingConfig(Strict):
+    """OpenTelemetry traces (``gateway/tracing.py``): whether, how many, and where to.
+
+    ``endpoint`` is the OTLP/HTTP traces URL (``http://collector:4318/v1/traces``); when None
+    the exporter reads ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``.
+    A policy without ``telemetry.tracing`` takes the standard ``OTEL_*`` variables
+    (``from_env``). ``headers`` go with every export (a collector's credentials: name an
+    environment variable's value there through ``OTEL_EXPORTER_OTLP_HEADERS`` rather than
+    writing a secret into the policy). ``capture_content`` records prompts and completions:
+    off unless opted in.
+    """
+
+    enabled: bool = False
+    sampling_ratio: Annotated[float, Field(ge=0, le=1)] = 1.0
+    endpoint: str | None = None
+    headers: dict[str, str] = {}
+    service_name: str = "inference-gateway"
+    capture_content: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TracingConfig:
+        """The standard variables: on when an OTLP endpoint is set and the SDK is not disabled."""
+        env = os.environ if env is None else env
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        generic = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        disabled = env.get("OTEL_SDK_DISABLED", "").lower() == "true" or env.get("OTEL_TRACES_EXPORTER") == "none"
+        ratio = env.get("OTEL_TRACES_SAMPLER_ARG")
+        headers = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
+        return cls(
+            enabled=bool(endpoint or generic) and not disabled,
+            sampling_ratio=float(ratio) if ratio else 1.0,
+            endpoint=endpoint or (generic.rstrip("/") + "/v1/traces" if generic else None),
+            headers=_otlp_headers(headers),
+            service_name=env.get("OTEL_SERVICE_NAME", "inference-gateway"),
+        )
+
+
+def _otlp_headers(text: str) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS``: ``key1=value1,key2=value2``, values URL-encoded."""
+    pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
+    return {unquote(k.strip()).lower(): unquote(v.strip()) for k, v in pairs}
+
+
 class Telemetry(Strict):
-    """Label bounds: tenants beyond the ``top_tenants`` busiest are counted as ``other``."""
+    """Label bounds: tenants beyond the ``top_tenants`` busiest are counted as ``other``.
+
+    Cost is charged per accounting interval of ``cost_interval_s`` seconds (``gateway/cost.py``):
+    a few times the typical E2E, so that a request rarely straddles two intervals."""
 
     top_tenants: Annotated[int, Field(ge=0, le=1000)] = 50
+    cost_interval_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    tracing: TracingConfig | None = None
+    """None: configured by the standard ``OTEL_*`` environment variables."""
+
+
+class StatePolicy(Strict):
+    """Where tenant limits (rpm, tpm, concurrency) live (``gateway/state/``).
+
+    Usage in a policy file::
+
+        state: {backend: redis, redis_url: "redis://redis:6379/0", key_prefix: "gw:", timeout_ms: 50}
+
+    ``memory`` (the default) keeps them in the process: right for one replica. ``redis`` shares
+    them between replicas; the environment variable named by ``url_env`` replaces ``redis_url``
+    when set (use it, from a Secret, when the URL carries a password), and one of the two is
+    required. When Redis is unreachable or slower than ``timeout_ms``, every replica enforces
+    the limits on its own until Redis answers again (fail open, ``gateway/state/redis.py``).
+    A replica renews its concurrency leases every ``ping_interval_s``; a dead replica's slots
+    are freed ``lease_ttl_s`` after its last renewal. Read at start-up only: a reload that
+    changes this section is logged and takes effect at the next restart.
+    """
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: Annotated[str, Field(pattern=r"^(rediss?|unix)://\S+$")] | None = None
+    url_env: EnvName = "GATEWAY_REDIS_URL"
+    key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,64}$")] = "gw:"
+    timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 50.0
+    ping_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    lease_ttl_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+
+    @model_validator(mode="after")
+    def _leases_outlive_renewals(self) -> StatePolicy:
+        if self.lease_ttl_s < 3 * self.ping_interval_s:
+            raise ValueError("lease_ttl_s must be at least 3 x ping_interval_s (leases are renewed at every ping)")
+        return self
+
+    def resolved_url(self, env: Mapping[str, str] | None = None) -> str | None:
+        """The Redis URL in force: the ``url_env`` variable when set, else ``redis_url``."""
+        return (os.environ if env is None else env).get(self.url_env) or self.redis_url
 
 
 class Policy(Strict):
@@ -405,4 +502,5 @@ class Policy(Strict):
     retry: RetryPolicy = RetryPolicy()
     breaker: BreakerPolicy = BreakerPolicy()
     telemetry: Telemetry = Telemetry()
+    state: StatePolicy = StatePolicy()
     kind: Literal["gateway-policy"] = "gateway-policy"

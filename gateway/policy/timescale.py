@@ -3,7 +3,8 @@
 A simulator run with time scale K makes every duration K times longer, so the policy the
 gateway runs with must stretch its SLOs, queue waits and deadlines by the same K, or every
 request would miss its objectives by construction. Intervals that are about the gateway's
-own work (health checks, scrapes, connect timeouts) stay as they are.
+own work (health checks, scrapes, connect timeouts) stay as they are. Prices per GPU-hour are
+divided by K: a simulated second lasts K real seconds, and cost attribution charges real time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from gateway.policy.loader import PolicySnapshot, parse_policy
 
 def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
     """``snapshot`` with every class's SLOs, ``max_wait_s`` and ``deadline_s``, and every backend's
-    first-byte and between-chunk timeouts, multiplied by ``k``."""
+    first-byte and between-chunk timeouts, multiplied by ``k``; prices divided by ``k``."""
     if k == 1:
         return snapshot
     data: dict[str, Any] = snapshot.policy.model_dump(mode="json", exclude_none=True)
@@ -32,6 +33,8 @@ def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
         for name in ("first_byte_s", "between_chunks_s"):
             if name in timeouts:
                 timeouts[name] *= k
+        if backend.get("price_per_gpu_hour"):
+            backend["price_per_gpu_hour"] /= k
     scaled = parse_policy(yaml.safe_dump(data), f"{snapshot.source} (time scale {k:g})")
     # The file's digest, not the scaled text's: the hot-reload watcher compares digests and must
     # not take the scaling for an edit of the file (it would load the unscaled policy).

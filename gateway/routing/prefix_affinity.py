@@ -3,7 +3,8 @@
 The rule, per request, among the candidates (healthy, serving the model, with room):
 
 1. Keys: the prompt's chained block hashes, seeded with the tenant's scope and the model
-   (``prefix_keys.py``), computed once per request.
+   (``prefix_keys.py``), computed once per request; a conversation's next turn continues the
+   chain of its previous turn from the router's ``ChainMemo`` instead of rehashing it.
 2. Affinity: ``matched_b``, the leading blocks backend b served within the index TTL
    (``prefix_index.py``); the prefix scorer rates it ``matched_b / blocks``.
 3. Load: the in-flight, queue-depth and KV-usage scorers rate each backend's headroom.
@@ -37,7 +38,7 @@ from gateway.policy.model import Routing, Tenant
 from gateway.routing.base import RouteDetail, RoutingDecision
 from gateway.routing.framework import Cycle, Profile, load_bound, rendezvous
 from gateway.routing.prefix_index import BackendIndexes
-from gateway.routing.prefix_keys import Splitter, prefix_keys
+from gateway.routing.prefix_keys import ChainMemo, Splitter, prefix_keys
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 class PrefixAffinityRouter:
     """Scored prefix affinity with bounded load (see the module docstring for the rule)."""
 
-    __slots__ = ("_clock", "_fresh_s", "_indexes", "_tokenizer", "profile", "routing")
+    __slots__ = ("_clock", "_fresh_s", "_indexes", "_memo", "_tokenizer", "profile", "routing")
     strategy = "prefix_affinity"
 
     def __init__(
@@ -59,11 +60,12 @@ class PrefixAffinityRouter:
         self._fresh_s = fresh_s
         self._tokenizer = tokenizer
         self._indexes = BackendIndexes(routing.index.ttl_s)
+        self._memo = ChainMemo()
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
         start = perf_counter()
         now = self._clock.now()
-        keys = prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer)
+        keys = prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self._memo)
         matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
         if len(candidates) == 1:  # nothing to weigh: skip the scorers, keep what the metrics need
             only = candidates[0]

@@ -21,12 +21,21 @@ the previous turn.
 Cost: one join and one encode of the prompt, then one ``xxh64`` per block over a memoryview
 slice (no copy, no per-token Python loop). Keys are computed once per request and kept on
 ``InferenceRequest.prefix_keys``: a queued request may be picked several times.
+
+Most of that cost is the per-block call, and a conversation's next turn resends the previous
+prompt whole, so a router may pass a ``ChainMemo``: the chains of recent prompts by a 128-bit
+digest of their exact rendered bytes (and the root). A new prompt looks up its own prefixes
+ending at its last few message starts (``\x1e``), one ``xxh3_128`` each (about a microsecond for
+20 kB), and hashes only the blocks after the longest one found. A chain depends on nothing but
+the root and the bytes, so a continued chain equals a recomputed one; a false match needs a
+128-bit collision. Token-id prompts and configured tokenizers do not use the memo.
 """
 
 from __future__ import annotations
 
 import re
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,7 +73,11 @@ def scope_root(scope: str, model: str) -> int:
 
 
 def prefix_keys(
-    request: InferenceRequest, tenant: Tenant, block_tokens: int, tokenizer: Splitter | None = None
+    request: InferenceRequest,
+    tenant: Tenant,
+    block_tokens: int,
+    tokenizer: Splitter | None = None,
+    memo: ChainMemo | None = None,
 ) -> PrefixKeys:
     """The request's keys, from its cache when they were computed with the same scope and block size."""
     root = scope_root(tenant_scope(tenant), request.model)
@@ -75,7 +88,9 @@ def prefix_keys(
     if isinstance(text_or_ids, array):
         blocks = chain(text_or_ids.tobytes(), 4 * block_tokens, root)
     elif tokenizer is None:
-        blocks = chain(text_or_ids.encode(), CHARS_PER_TOKEN * block_tokens, root)
+        data = text_or_ids.encode()
+        block_bytes = CHARS_PER_TOKEN * block_tokens
+        blocks = chain(data, block_bytes, root) if memo is None else memo.chain(data, block_bytes, root)
     else:
         blocks = chain_tokens(tokenizer(text_or_ids), block_tokens, root)
     keys = PrefixKeys(root, block_tokens, blocks)
@@ -83,15 +98,68 @@ def prefix_keys(
     return keys
 
 
-def chain(data: bytes, block_bytes: int, root: int) -> tuple[int, ...]:
-    """Chained xxh64 of each full ``block_bytes`` block of ``data``."""
+def chain(data: bytes, block_bytes: int, root: int, start: int = 0) -> tuple[int, ...]:
+    """Chained xxh64 of each full ``block_bytes`` block of ``data`` from byte ``start`` (a block
+    boundary), continuing from ``root`` (the root, or the hash of the block before ``start``)."""
     view = memoryview(data)
     h = root
-    out = []
-    for start in range(0, len(data) - block_bytes + 1, block_bytes):
-        h = xxhash.xxh64_intdigest(view[start : start + block_bytes], h)
-        out.append(h)
-    return tuple(out)
+    digest = xxhash.xxh64_intdigest
+    return tuple(
+        [h := digest(view[i : i + block_bytes], h) for i in range(start, len(data) - block_bytes + 1, block_bytes)]
+    )
+
+
+class ChainMemo:
+    """Chains of recently keyed prompts, to continue a conversation's chain (module docstring).
+
+    Bounded by the blocks it holds (``max_blocks``, LRU); a router owns one, so it is only ever
+    used from the event loop's thread.
+    """
+
+    __slots__ = ("_chains", "_held", "lookback", "max_blocks")
+
+    def __init__(self, max_blocks: int = 262_144, lookback: int = 4) -> None:
+        self.max_blocks = max_blocks
+        self.lookback = lookback
+        self._chains: OrderedDict[tuple[int, int], tuple[int, ...]] = OrderedDict()
+        self._held = 0
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def chain(self, data: bytes, block_bytes: int, root: int) -> tuple[int, ...]:
+        """``chain(data, block_bytes, root)``, reusing the chain of a memoised prefix of ``data``."""
+        view = memoryview(data)
+        known: tuple[int, ...] = ()
+        end = len(data)
+        for _ in range(self.lookback):
+            if end < block_bytes:
+                break
+            key = (xxhash.xxh3_128_intdigest(view[:end], root), block_bytes)
+            found = self._chains.get(key)
+            if found is not None:
+                known = found
+                if end == len(data):  # the very same prompt (a retry, a repeated question)
+                    self._chains.move_to_end(key)
+                    return found
+                break
+            end = data.rfind(b"\x1e", 0, end)
+        blocks = known + chain(data, block_bytes, known[-1] if known else root, len(known) * block_bytes)
+        self._remember((xxhash.xxh3_128_intdigest(view, root), block_bytes), blocks)
+        return blocks
+
+    def _remember(self, key: tuple[int, int], blocks: tuple[int, ...]) -> None:
+        if not blocks or len(blocks) > self.max_blocks:
+            return
+        chains = self._chains
+        old = chains.pop(key, None)
+        if old is not None:
+            self._held -= len(old)
+        chains[key] = blocks
+        self._held += len(blocks)
+        while self._held > self.max_blocks:
+            _key, dropped = chains.popitem(last=False)
+            self._held -= len(dropped)
 
 
 def chain_tokens(tokens: list[str], block_tokens: int, root: int) -> tuple[int, ...]:

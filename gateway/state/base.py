@@ -1,8 +1,9 @@
 """Where shared admission state lives: the ``LimitStore`` protocol.
 
 Rate limits must hold across gateway replicas, so their state sits behind this interface:
-``state/memory.py`` keeps it in the process (one replica, the default), a Redis store keeps
-it shared. Every operation is one atomic step on one key, so that a Redis implementation is
+``state/memory.py`` keeps it in the process (one replica, the default), ``state/redis.py``
+shares it between replicas through Redis (the policy's ``state`` section picks one,
+``state/factory.py`` builds it). Every operation is one atomic step on one key, so that a Redis implementation is
 one Lua script per call and never a read-modify-write race between replicas.
 """
 

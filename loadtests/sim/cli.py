@@ -26,6 +26,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--model", default=None, help="served model name (default: the profile's model)")
     parser.add_argument("--ttft-ms", type=float, default=None, help="fixed profile: time to first token")
     parser.add_argument("--itl-ms", type=float, default=None, help="fixed profile: inter-token delay")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM's --gpu-memory-utilization, which sizes the KV cache (default: the profile's, 0.9)",
+    )
     faults = parser.add_argument_group(
         "fault injection", "as POST /admin/fault on each engine; see loadtests/sim/faults.py"
     )
@@ -56,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         ttft_ms=args.ttft_ms,
         itl_ms=args.itl_ms,
         faults=faults,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, contextlib.suppress(KeyboardInterrupt):
         runner.run(main)

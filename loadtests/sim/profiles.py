@@ -190,8 +190,19 @@ def profile_names() -> list[str]:
     return sorted(_builtin())
 
 
-def get_profile(name: str, *, ttft_ms: float | None = None, itl_ms: float | None = None) -> Profile:
-    """Look a profile up by name; `ttft_ms`/`itl_ms` override the `fixed` profile's delays."""
+def get_profile(
+    name: str,
+    *,
+    ttft_ms: float | None = None,
+    itl_ms: float | None = None,
+    gpu_memory_utilization: float | None = None,
+) -> Profile:
+    """Look a profile up by name; `ttft_ms`/`itl_ms` override the `fixed` profile's delays.
+
+    `gpu_memory_utilization` overrides vLLM's ``--gpu-memory-utilization`` and so the KV cache
+    size: a GPU shared with another process, or a benchmark that must fill the cache in a
+    short run, sets it lower than the default 0.9.
+    """
     try:
         profile = _builtin()[name]
     except KeyError:
@@ -200,4 +211,8 @@ def get_profile(name: str, *, ttft_ms: float | None = None, itl_ms: float | None
         profile = replace(profile, ttft_s=ttft_ms / 1000.0)
     if itl_ms is not None:
         profile = replace(profile, itl_s=itl_ms / 1000.0)
+    if gpu_memory_utilization is not None:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        profile = replace(profile, gpu_memory_utilization=gpu_memory_utilization)
     return profile

@@ -5,7 +5,10 @@ Shapes follow vLLM's ``entrypoints/openai/protocol.py`` and ``serving_chat.py`` 
 ``{"role": "assistant", "content": ""}``; content chunks carry ``"logprobs": null`` and
 ``"finish_reason": null`` (and ``"usage": null`` when ``stream_options.include_usage``); the last
 content chunk carries ``finish_reason`` and ``stop_reason``; with ``include_usage`` a final chunk
-has ``"choices": []`` and the usage totals; then ``data: [DONE]``. Errors use vLLM's shape
+has ``"choices": []`` and the usage totals; then ``data: [DONE]``. With
+``stream_options.continuous_usage_stats`` (and ``include_usage``) every chunk carries the usage so
+far instead of ``null``, as vLLM does: the gateway reads the exact count of tokens already streamed
+from it when it migrates a broken stream to another engine. Errors use vLLM's shape
 ``{"error": {"message", "type", "param", "code"}}``.
 
 Content chunks are built from pre-rendered byte templates: the per-token cost is one
@@ -60,6 +63,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     priority: int
+    continuous_usage: bool
     cache_salt: str | None
 
 
@@ -146,23 +150,39 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_
         stream=_get(body, "stream", bool, False),
         include_usage=bool(options.get("include_usage", False)),
         priority=_get(body, "priority", int, 0),
+        continuous_usage=bool(options.get("include_usage")) and bool(options.get("continuous_usage_stats")),
         cache_salt=salt,
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """vLLM's ``UsageInfo``; the per-chunk usage of continuous stats has no details."""
+    use: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if cached_tokens is not None:
+        use["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return use
 
 
 class StreamRenderer:
-    """SSE byte chunks of one streamed chat or text completion."""
+    """SSE byte chunks of one streamed chat or text completion.
 
-    def __init__(self, endpoint: Endpoint, req_id: str, model: str, created: int, include_usage: bool) -> None:
+    With ``continuous_prompt`` set (the prompt's token count), every chunk carries the usage so
+    far (vLLM's ``continuous_usage_stats``); ``completion_tokens`` is the count including the chunk.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        req_id: str,
+        model: str,
+        created: int,
+        include_usage: bool,
+        continuous_prompt: int | None = None,
+    ) -> None:
         self.chat = endpoint is Endpoint.CHAT
         self._head = {
             "id": req_id,
@@ -171,6 +191,7 @@ class StreamRenderer:
             "model": model,
         }
         self._include_usage = include_usage
+        self._continuous_prompt = continuous_prompt
         head = orjson.dumps(self._head)[:-1]
         if self.chat:
             self._open = b"data: " + head + b',"choices":[{"index":0,"delta":{"content":'
@@ -178,29 +199,34 @@ class StreamRenderer:
         else:
             self._open = b"data: " + head + b',"choices":[{"index":0,"text":'
             self._close = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
-        self._close += (b',"usage":null}' if include_usage else b"}") + b"\n\n"
+        if continuous_prompt is None:
+            self._close += (b',"usage":null}' if include_usage else b"}") + b"\n\n"
 
     def role_chunk(self) -> bytes:
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return self._event({**self._head, "choices": [choice]})
+        return self._event({**self._head, "choices": [choice]}, 0)
 
-    def content(self, text: str) -> bytes:
-        return self._open + orjson.dumps(text) + self._close
+    def content(self, text: str, completion_tokens: int = 0) -> bytes:
+        if self._continuous_prompt is None:
+            return self._open + orjson.dumps(text) + self._close
+        use = usage(self._continuous_prompt, completion_tokens, None)
+        return self._open + orjson.dumps(text) + self._close + b',"usage":' + orjson.dumps(use) + b"}\n\n"
 
-    def final(self, text: str, finish_reason: str) -> bytes:
+    def final(self, text: str, finish_reason: str, completion_tokens: int = 0) -> bytes:
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None}
         else:
             choice = {"index": 0, "text": text, "logprobs": None}
         choice.update(finish_reason=finish_reason, stop_reason=None)
-        return self._event({**self._head, "choices": [choice]})
+        return self._event({**self._head, "choices": [choice]}, completion_tokens)
 
     def usage_chunk(self, prompt: int, completion: int, cached: int) -> bytes:
-        return self._event({**self._head, "choices": [], "usage": usage(prompt, completion, cached)})
+        return self._event({**self._head, "choices": [], "usage": usage(prompt, completion, cached)}, completion)
 
-    def _event(self, obj: dict[str, Any]) -> bytes:
+    def _event(self, obj: dict[str, Any], completion_tokens: int) -> bytes:
         if self._include_usage and "usage" not in obj:
-            obj["usage"] = None
+            prompt = self._continuous_prompt
+            obj["usage"] = None if prompt is None else usage(prompt, completion_tokens, None)
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 

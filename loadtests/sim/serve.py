@@ -42,13 +42,22 @@ async def serve_engines(
     ttft_ms: float | None = None,
     itl_ms: float | None = None,
     faults: Mapping[int, Fault] | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> None:
     """Serve one engine per port in the running loop until cancelled (or signalled).
 
     ``faults`` maps an engine's index (0 for the first port) to the fault it injects from the start.
     """
     apps = [
-        build_engine_app(profile, model=model, time_scale=time_scale, ttft_ms=ttft_ms, itl_ms=itl_ms, index=i)
+        build_engine_app(
+            profile,
+            model=model,
+            time_scale=time_scale,
+            ttft_ms=ttft_ms,
+            itl_ms=itl_ms,
+            index=i,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
         for i in range(len(ports))
     ]
     for index, fault in (faults or {}).items():

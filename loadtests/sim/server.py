@@ -221,7 +221,8 @@ class EngineApp:
         self, req: ParsedRequest, req_id: str, stream: TokenStream, send: Send, close_at: int | None = None
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage)
+        continuous = stream.prompt_tokens if req.continuous_usage else None
+        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage, continuous)
         last = req.max_tokens - 1
         first = True
         sent = 0
@@ -230,7 +231,7 @@ class EngineApp:
             first = False
             for i in batch:
                 text = output_text(i)
-                parts.append(renderer.final(text, "length") if i == last else renderer.content(text))
+                parts.append(renderer.final(text, "length", i + 1) if i == last else renderer.content(text, i + 1))
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
             sent += len(batch)
         if sent == close_at:
@@ -268,10 +269,11 @@ class EngineApp:
             stream.num_tokens = n
             await _respond(send, 200, self._unary_body(req, req_id, stream))
             return
-        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage)
+        continuous = prompt if req.continuous_usage else None
+        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage, continuous)
         parts = [renderer.role_chunk()] if renderer.chat else []
-        parts.extend(renderer.content(output_text(i)) for i in range(n - 1))
-        parts.append(renderer.final(output_text(n - 1), "length"))
+        parts.extend(renderer.content(output_text(i), i + 1) for i in range(n - 1))
+        parts.append(renderer.final(output_text(n - 1), "length", n))
         if req.include_usage:
             parts.append(renderer.usage_chunk(prompt, n, 0))
         parts.append(DONE)
@@ -322,9 +324,10 @@ def build_engine_app(
     itl_ms: float | None = None,
     index: int = 0,
     clock: Clock | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> EngineApp:
     """One engine's ASGI app; its step loop runs between lifespan startup and shutdown."""
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
-    spec = get_profile(profile, ttft_ms=ttft_ms, itl_ms=itl_ms)
+    spec = get_profile(profile, ttft_ms=ttft_ms, itl_ms=itl_ms, gpu_memory_utilization=gpu_memory_utilization)
     return EngineApp(spec, model=model or spec.model.name, index=index, time_scale=time_scale, clock=clock)

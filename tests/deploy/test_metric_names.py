@@ -16,7 +16,9 @@ import httpx
 import pytest
 import yaml
 
+from tests.conftest import BackendServer, policy_text, run_gateway
 from tests.deploy.conftest import ALERTS, DASHBOARD, METRICS_DOC
+from tests.state.redis_server import REDIS_URL, drop_keys, state_section, unique_prefix
 
 # A metric name, not part of a recording rule's level:name:operations.
 _NAME = re.compile(r"(?<![\w:])(gateway_[a-z0-9_]+)(?![\w:])")
@@ -75,8 +77,13 @@ def alert_names() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def on_metrics(gateway_url: str) -> set[str]:
-    return exposed(httpx.get(f"{gateway_url}/metrics").text)
+def on_metrics(backend_server: BackendServer, backend_credential: str) -> Iterator[set[str]]:
+    """/metrics of the test gateway with its limits in Redis: only such a gateway exports the
+    Redis metrics (one without Redis has no ``gateway_redis_up`` for an alert to fire on)."""
+    prefix = unique_prefix()
+    with run_gateway(policy_text(backend_server.url) + state_section(REDIS_URL, prefix)) as url:
+        yield exposed(httpx.get(f"{url}/metrics").text)
+    drop_keys(REDIS_URL, prefix)
 
 
 @pytest.mark.parametrize("used", [dashboard_names, alert_names], ids=["the dashboard's metrics", "the alerts' metrics"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from tests.routing.conftest import MODEL, SYSTEM, policy_text
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
-    body = {
+    body: dict[str, Any] = {
         "model": MODEL,
         "max_tokens": 16,
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is my order?"}],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.policy.loader import PolicySnapshot
-from gateway.routing.prefix_keys import TOKENIZERS, prefix_keys, render
+from gateway.routing.prefix_keys import TOKENIZERS, ChainMemo, prefix_keys, render
 from gateway.types import Api
 from tests.routing.conftest import chat_request, tenant
 
@@ -35,6 +35,46 @@ def test_a_conversations_next_turn_extends_the_previous_chain(snapshot: PolicySn
     second = keys_of(snapshot, "acme", "What is the capital of France? " * 4, "Paris. " * 20, "And of Spain?")
     assert len(second) > len(first)
     assert second[: len(first)] == first
+
+
+def memo_keys(snapshot: PolicySnapshot, memo: ChainMemo, who: str, *turns: str) -> tuple[int, ...]:
+    return prefix_keys(chat_request(snapshot, *turns), tenant(snapshot, who), BLOCK, memo=memo).blocks
+
+
+def test_the_memo_continues_a_conversation_with_the_keys_a_full_hash_gives(snapshot: PolicySnapshot) -> None:
+    memo = ChainMemo()
+    turns = ["What is the capital of France? " * 4, "Paris. " * 20, "And of Spain? " * 3, "Madrid. " * 30, "Why?"]
+    for n in range(1, len(turns) + 1, 2):
+        assert memo_keys(snapshot, memo, "acme", *turns[:n]) == keys_of(snapshot, "acme", *turns[:n])
+    assert len(memo) == 3  # one chain per turn sent, the last one continuing the second
+
+
+def test_the_memo_reuses_a_previous_turns_chain(snapshot: PolicySnapshot) -> None:
+    memo = ChainMemo()
+    first = memo_keys(snapshot, memo, "acme", "What is the capital of France? " * 4)
+    rendered = render(Api.CHAT, chat_request(snapshot, "What is the capital of France? " * 4).body)
+    assert isinstance(rendered, str)
+    # plant a wrong chain under the first turn's digest: a continued chain must start from it
+    ((key, chain),) = memo._chains.items()
+    memo._chains[key] = tuple(h + 1 for h in chain)
+    second = memo_keys(snapshot, memo, "acme", "What is the capital of France? " * 4, "Paris. " * 20, "And?")
+    assert second[: len(first)] == tuple(h + 1 for h in first)
+
+
+def test_the_memo_never_serves_one_tenants_chain_to_another(snapshot: PolicySnapshot) -> None:
+    memo = ChainMemo()
+    acme = memo_keys(snapshot, memo, "acme", "Hello " * 40)
+    globex = memo_keys(snapshot, memo, "globex", "Hello " * 40, "Hi. " * 30, "More")
+    assert not set(acme) & set(globex)
+    assert globex == keys_of(snapshot, "globex", "Hello " * 40, "Hi. " * 30, "More")
+
+
+def test_the_memo_is_bounded_by_the_blocks_it_holds(snapshot: PolicySnapshot) -> None:
+    memo = ChainMemo(max_blocks=100)
+    for i in range(20):
+        memo_keys(snapshot, memo, "acme", f"Question {i} " * 40)
+    assert 0 < memo._held <= 100
+    assert memo._held == sum(len(c) for c in memo._chains.values())
 
 
 def test_a_different_system_prompt_changes_every_block(snapshot: PolicySnapshot) -> None:

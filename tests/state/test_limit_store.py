@@ -8,15 +8,27 @@ import pytest
 
 from gateway.state.base import LimitStore
 from gateway.state.memory import MemoryLimitStore
+from gateway.state.redis import RedisConfig, RedisLimitStore
 from tests.fake_clock import FakeClock
+from tests.state.redis_server import REDIS_URL, drop_keys, unique_prefix
 
 
-@pytest.fixture(params=["memory"])
+@pytest.fixture(params=["memory", "redis"])
 async def store_and_clock(request: pytest.FixtureRequest) -> AsyncIterator[tuple[LimitStore, FakeClock]]:
+    """Each implementation, on a fake clock (Redis's scripts take it instead of the server's TIME)."""
     clock = FakeClock()
-    store = MemoryLimitStore(clock)
+    if request.param == "memory":
+        memory = MemoryLimitStore(clock)
+        yield memory, clock
+        await memory.aclose()
+        return
+    prefix = unique_prefix()
+    store = RedisLimitStore(RedisConfig(url=REDIS_URL, key_prefix=prefix, timeout_s=1.0), clock=clock)
+    assert await store.check(), f"Redis at {REDIS_URL} does not answer"
     yield store, clock
+    assert store.up, "a Redis command failed: the test ran (partly) on the fallback"
     await store.aclose()
+    drop_keys(REDIS_URL, prefix)
 
 
 async def test_a_full_bucket_allows_up_to_its_capacity_then_refuses(

@@ -1,0 +1,110 @@
+"""Cost on the running gateway: finished requests feed a ``CostAccountant``; each closed
+interval is added to the ``gateway_cost_*`` counters.
+
+Why a module of its own: ``gateway/cost.py`` is the arithmetic (no clock, no metrics, no
+policy), and the ``Gateway`` should only say *when* things happen: a request finished
+(``record``), the policy changed (``reprice``), and a timer fired (``run`` closes an interval
+every ``telemetry.cost_interval_s`` seconds, read again each time so a reload applies).
+
+What is exported at each close: per (tenant label, model, class) the dollars, requests and
+goodput requests of the interval; per backend the dollars nobody could be charged
+(``gateway_cost_unattributed_dollars_total``, a priced backend that finished nothing: idle,
+down, or drained), so that attributed plus unattributed dollars add up to the bill; and the
+dollars per goodput request since start per model and class, a gauge to read at a glance.
+
+A reload that changes prices or the backend list first charges the running interval at the
+old prices, then the new list applies: a removed backend stops costing (requests still in
+flight on it finish and count, at 0 dollars), an added one costs from the reload on.
+
+Usage (what ``gateway/app.py`` does)::
+
+    costs = CostMeter(metrics, snapshot.policy.backends, clock)
+    costs.record(exchange, tenant_label, met)          # in Gateway.record, once per request
+    costs.reprice(new_snapshot.policy.backends)        # on a policy reload
+    spawn(costs.run(lambda: policy().telemetry.cost_interval_s))
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway.clock import Clock
+from gateway.cost import CostAccountant, CostKey, CostTotal, Priced, prices_per_hour
+from gateway.telemetry import Metrics
+
+if TYPE_CHECKING:
+    from gateway.proxy import Exchange
+
+
+def used_tokens(usage: Mapping[str, Any] | None) -> int:
+    """Prompt plus completion tokens of a backend's usage report (0 without one)."""
+    if not usage:
+        return 0
+    return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+
+
+class CostMeter:
+    """The gateway's one ``CostAccountant``, fed per request and exported per interval."""
+
+    def __init__(self, metrics: Metrics, backends: Iterable[Priced], clock: Clock) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        prices = prices_per_hour(backends)
+        self.accountant = CostAccountant(prices, now=clock.now())
+        self._show_prices(prices)
+
+    def record(self, exchange: Exchange, tenant: str, goodput: bool) -> None:
+        """One finished request, under its tenant *label*; one that reached no backend used no GPU time."""
+        if not exchange.backend:
+            return
+        timer = exchange.timer
+        self.accountant.record(
+            backend=exchange.backend,
+            key=CostKey(tenant, exchange.model, exchange.klass),
+            tokens=used_tokens(timer.usage if timer else None),
+            goodput=goodput,
+        )
+
+    def reprice(self, backends: Iterable[Priced], now: float | None = None) -> None:
+        """A reloaded policy: charge the running interval at the old prices, then follow the new ones."""
+        prices = prices_per_hour(backends)
+        if prices == self.accountant.prices:
+            return  # unchanged: keep the interval running
+        self._export(self.accountant.set_prices(prices, now=self._clock.now() if now is None else now))
+        self._show_prices(prices)
+
+    def close_interval(self, now: float | None = None) -> dict[CostKey, CostTotal]:
+        """Charge the interval ending ``now`` (the clock's by default), export it, return its deltas."""
+        deltas = self.accountant.close_interval(self._clock.now() if now is None else now)
+        self._export(deltas)
+        return deltas
+
+    async def run(self, interval_s: Callable[[], float]) -> None:
+        """Close an interval every ``interval_s()`` seconds (its length is the clock's, not the sleep's)."""
+        while True:
+            await asyncio.sleep(interval_s())
+            self.close_interval()
+
+    def _export(self, deltas: Mapping[CostKey, CostTotal]) -> None:
+        m = self._metrics
+        for key, delta in deltas.items():
+            labels = (key.tenant, key.model, key.class_name)
+            m.child(m.cost_dollars, *labels).inc(delta.dollars)
+            m.child(m.cost_requests, *labels).inc(delta.requests)
+            m.child(m.cost_goodput_requests, *labels).inc(delta.goodput_requests)
+        for backend, dollars in self.accountant.last_unattributed.items():
+            m.child(m.cost_unattributed, backend).inc(dollars)
+        for key, total in self.accountant.by(model=True, class_name=True).items():
+            per_goodput = total.per_goodput_request
+            if per_goodput is not None:
+                m.child(m.cost_per_goodput_request, key.model, key.class_name).set(per_goodput)
+
+    def _show_prices(self, prices: Mapping[str, float]) -> None:
+        """The price gauge follows the policy; every priced backend gets its unattributed series at 0."""
+        m = self._metrics
+        m.backend_price.clear()
+        for backend, per_hour in prices.items():
+            m.backend_price.labels(backend).set(per_hour)
+            m.child(m.cost_unattributed, backend)

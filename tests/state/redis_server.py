@@ -1,0 +1,103 @@
+"""Redis for the tests: the shared server on 127.0.0.1:6379, and private ones to kill.
+
+Every test works under a key prefix of its own (``unique_prefix``), so runs and tests that
+share the Redis never see each other's limits. ``RedisProcess`` runs a private
+``redis-server`` on a free port, without persistence, which a test may kill and start again
+on the same port (an outage and a recovery).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+import redis
+
+from tests.servers import free_port, wait_until
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def unique_prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}:"
+
+
+def shared_client() -> redis.Redis:
+    return redis.Redis.from_url(REDIS_URL, socket_timeout=2)
+
+
+def drop_keys(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` (tidy up the shared Redis after a test)."""
+    with redis.Redis.from_url(url, socket_timeout=2) as client:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def state_section(url: str, prefix: str, *, timeout_ms: float = 1000, ping_interval_s: float = 0.05) -> str:
+    """A policy ``state`` section that puts the limits in Redis at ``url`` under ``prefix``.
+
+    The timeout is generous: the test machine is shared and busy, and a command slower than
+    it would (rightly) send the gateway to its fallback for a ping interval. A killed Redis
+    refuses connections at once, so it does not make the outage tests slower."""
+    return (
+        f"\nstate: {{backend: redis, redis_url: '{url}', key_prefix: '{prefix}', timeout_ms: {timeout_ms}, "
+        f"ping_interval_s: {ping_interval_s}, lease_ttl_s: {max(1.0, 3 * ping_interval_s)}}}\n"
+    )
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], within: float = 10.0, what: str = "condition") -> None:
+    """``wait_until`` for an async condition: poll it, on the event loop, until a deadline."""
+    deadline = time.monotonic() + within
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+class RedisProcess:
+    """A private ``redis-server`` on a loopback port: ``start()``, ``kill()``, ``start()`` again."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server not installed (apt-get install redis-server; .ci/run does)")
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert self.process is None, "already running"
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(self.answers, what=f"redis-server on port {self.port} to answer PING")
+
+    def answers(self) -> bool:
+        try:
+            with redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5) as client:
+                return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=2)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, connections cut at once, every key and script lost."""
+        assert self.process is not None, "not running"
+        self.process.kill()
+        self.process.wait(timeout=10)
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.kill()

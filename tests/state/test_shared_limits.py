@@ -1,0 +1,89 @@
+"""Gateways sharing their tenant limits through Redis, seen by a client (the ``openai`` SDK).
+
+Two gateway replicas on one Redis and one key prefix enforce one tenant's requests per minute
+together; a replica whose Redis is killed keeps serving (fail open, ``gateway_redis_up`` 0) and
+shares its limits again once Redis is back on the same port (``gateway_redis_up`` 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
+from tests.fake_backend import FakeBackend
+from tests.servers import wait_until
+from tests.state.redis_server import REDIS_URL, RedisProcess, drop_keys, state_section, unique_prefix
+
+ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
+
+
+def sdk(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=5)
+
+
+def chat(client: openai.OpenAI) -> str | None:
+    reply = client.chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+    )
+    return reply.choices[0].message.content
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    value = unique_prefix()
+    yield value
+    drop_keys(REDIS_URL, value)
+
+
+def test_a_gateway_without_redis_exports_no_redis_up(gateway_url: str) -> None:
+    """So that an alert on ``gateway_redis_up == 0`` never fires on a gateway that does not use Redis."""
+    assert "gateway_redis_up" not in httpx.get(f"{gateway_url}/metrics").text
+
+
+def test_two_replicas_share_a_tenants_requests_per_minute(
+    backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway, prefix: str
+) -> None:
+    text = policy_text(backend_server.url, **{ACME_LIMITS: "limits: {rpm: 3}"}) + state_section(REDIS_URL, prefix)
+    with start_gateway(text) as first, start_gateway(text) as second, sdk(first) as one, sdk(second) as two:
+        assert metric(first, "gateway_redis_up") == 1
+        assert metric(second, "gateway_redis_up") == 1
+        for _ in range(3):
+            assert chat(one)
+        with pytest.raises(openai.RateLimitError) as refused:
+            chat(two)  # its first request for acme: the minute's three were spent on the other replica
+        assert refused.value.code == "tenant_rate_limited"
+        assert "3 requests per minute" in refused.value.message
+        assert metric(second, "gateway_rejections_total", reason="tenant_rate_limited") == 1
+
+
+def test_a_replica_keeps_serving_while_redis_is_down_and_shares_again_when_it_is_back(
+    backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway, prefix: str
+) -> None:
+    redis_server = RedisProcess()
+    redis_server.start()
+    try:
+        text = policy_text(backend_server.url) + state_section(redis_server.url, prefix)
+        with start_gateway(text) as url, sdk(url) as client:
+            wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1")
+            assert chat(client)
+            with redis_server.client() as redis_client:
+                assert redis_client.exists(f"{prefix}rpm:acme"), "the limits did not go to Redis"
+
+            redis_server.kill()
+            for _ in range(5):
+                assert chat(client)  # served from the per-replica fallback, never a 5xx
+            wait_until(lambda: metric(url, "gateway_redis_up") == 0, what="gateway_redis_up 0")
+            assert metric(url, "gateway_redis_errors_total") >= 1
+            assert metric(url, "gateway_redis_fallback_operations_total", operation="take") >= 5
+
+            redis_server.start()  # same port, empty: no keys, no scripts
+            wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1 again")
+            assert chat(client)
+            with redis_server.client() as redis_client:
+                assert redis_client.exists(f"{prefix}rpm:acme"), "the limits did not go back to Redis"
+    finally:
+        redis_server.stop()

@@ -1,0 +1,71 @@
+"""The policy's ``state`` section: validated at load, and the store the gateway builds from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.model import StatePolicy
+from gateway.state.factory import build_limit_store, redis_config
+from gateway.state.memory import MemoryLimitStore
+from gateway.state.redis import RedisLimitStore
+from tests.conftest import POLICY_TEMPLATE
+from tests.fake_clock import FakeClock
+
+
+def with_state(section: str) -> str:
+    return f"{POLICY_TEMPLATE}\nstate: {section}\n"
+
+
+@pytest.mark.parametrize(
+    ("section", "problem"),
+    [
+        pytest.param("{backend: etcd}", "state.backend: must be 'memory' or 'redis'", id="an unknown backend"),
+        pytest.param(
+            "{backend: redis, redis_url: 'http://cache:6379'}",
+            "state.redis_url: must match pattern '^(rediss?|unix)://\\S+$'",
+            id="a URL that is not redis:// or rediss://",
+        ),
+        pytest.param("{timeout_ms: 0}", "state.timeout_ms: must be greater than 0", id="a zero timeout"),
+        pytest.param("{key_prefix: 'gw {x}'}", "state.key_prefix: must match pattern", id="a prefix with spaces"),
+        pytest.param(
+            "{ping_interval_s: 5, lease_ttl_s: 10}",
+            "state: lease_ttl_s must be at least 3 x ping_interval_s",
+            id="a lease that could lapse between two renewals",
+        ),
+        pytest.param("{backend: redis, url: 'redis://x'}", "state.url: unknown key", id="an unknown key"),
+    ],
+)
+def test_a_bad_state_section_is_refused_at_load(section: str, problem: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(with_state(section), "p.yaml")
+    assert problem in str(caught.value)
+
+
+def test_the_state_is_in_memory_unless_the_policy_says_otherwise() -> None:
+    state = parse_policy(POLICY_TEMPLATE, "p.yaml").policy.state
+    assert state.backend == "memory"
+    assert isinstance(build_limit_store(state, FakeClock()), MemoryLimitStore)
+
+
+async def test_a_redis_state_builds_a_redis_store_with_its_settings() -> None:
+    section = "{backend: redis, redis_url: 'redis://cache:6379/2', key_prefix: 'eu:', timeout_ms: 20}"
+    state = parse_policy(with_state(section), "p.yaml").policy.state
+    store = build_limit_store(state, FakeClock())
+    assert isinstance(store, RedisLimitStore)
+    assert (store.config.url, store.config.key_prefix, store.config.timeout_s) == ("redis://cache:6379/2", "eu:", 0.02)
+    await store.aclose()
+
+
+def test_the_url_variable_replaces_the_policys_url() -> None:
+    state = StatePolicy(backend="redis", redis_url="redis://127.0.0.1:6379/0")
+    secret = "redis://:s3cret@redis.prod:6379/0"
+    assert redis_config(state, {"GATEWAY_REDIS_URL": secret}).url == secret
+    assert redis_config(state, {}).url == "redis://127.0.0.1:6379/0"
+    assert "s3cret" not in repr(redis_config(state, {"GATEWAY_REDIS_URL": secret}))
+
+
+def test_a_redis_state_without_any_url_is_refused_at_start_up() -> None:
+    state = StatePolicy(backend="redis", url_env="NO_SUCH_REDIS_URL_VARIABLE")
+    with pytest.raises(ValueError, match=r"neither state.redis_url nor \$NO_SUCH_REDIS_URL_VARIABLE is set"):
+        redis_config(state, {})
