@@ -10,6 +10,7 @@ there are no module globals.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -193,6 +194,10 @@ class Gateway:
     async def start(self) -> None:
         if self.trace_log is not None:
             self.trace_log.start()
+        # Everything built so far lives as long as the process: move it out of the collector's
+        # reach, so that the full collections the request path's allocations trigger do not
+        # rescan it every time (CPython's advice for long-running servers, ``gc.freeze``).
+        gc.freeze()
         policy = self.policy().policy
         if isinstance(self.limit_store, RedisLimitStore):
             await self.limit_store.check()  # fail open: a Redis down at start-up is not fatal
@@ -241,24 +246,28 @@ class Gateway:
         await asyncio.to_thread(self.tracing.shutdown)
 
     def record(self, exchange: Exchange) -> None:
-        """Count a finished request and observe its latencies (called once per request)."""
+        """Count a finished request and observe its latencies (called once per request).
+
+        Samples go through ``Metrics.pending`` (applied in bulk before each scrape)."""
         if not self.settings.telemetry:
             return
         m = self.metrics
+        p = m.pending
         model, klass = exchange.model, exchange.klass
-        m.child(m.requests, model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome).inc()
+        model_class = (model, klass)
+        p.inc(m.requests, (model, exchange.api.name.lower(), klass, str(exchange.status), exchange.outcome))
         tenant = self.tenant_labels.label(exchange.tenant)  # counts traffic; the busiest keep their name
         if exchange.status in (429, 503):
-            m.child(m.rejections, exchange.outcome, klass, tenant).inc()
+            p.inc(m.rejections, (exchange.outcome, klass, tenant))
         if exchange.backend:
-            m.child(m.queue_wait, model, klass).observe(exchange.queued_s)
+            p.observe(m.queue_wait, model_class, exchange.queued_s)
         decision = exchange.decision
         if decision is not None:
             strategy = decision.strategy
-            m.child(m.routing_decisions, model, strategy, decision.reason).inc()
-            m.child(m.routing_pick, model, strategy).observe(decision.pick_s)
+            p.inc(m.routing_decisions, (model, strategy, decision.reason))
+            p.observe(m.routing_pick, (model, strategy), decision.pick_s)
             if decision.detail is not None:
-                m.child(m.matched_blocks, model, strategy).observe(decision.matched_blocks)
+                p.observe(m.matched_blocks, (model, strategy), decision.matched_blocks)
         timer = exchange.timer
         now = self.clock.now()
         e2e = now - exchange.arrival
@@ -270,16 +279,16 @@ class Gateway:
             finish_span(exchange.span, exchange, timer, now)
         if timer is None:
             return
-        m.child(m.e2e, model, klass).observe(e2e)
+        p.observe(m.e2e, model_class, e2e)
         ttft = timer.ttft
         if ttft is not None:
-            m.child(m.ttft, model, klass).observe(ttft)
+            p.observe(m.ttft, model_class, ttft)
             if timer.gaps:
-                m.observe_many(m.child(m.itl, model, klass), timer.gaps)
+                p.observe_all(m.itl, model_class, timer.gaps)
         usage = timer.usage
         if usage:
-            m.child(m.tokens, model, "input").inc(usage.get("prompt_tokens") or 0)
-            m.child(m.tokens, model, "output").inc(usage.get("completion_tokens") or 0)
+            p.inc(m.tokens, (model, "input"), usage.get("prompt_tokens") or 0)
+            p.inc(m.tokens, (model, "output"), usage.get("completion_tokens") or 0)
 
     def _trace(self, exchange: Exchange, timer: TokenTimer | None, now: float, met: bool) -> None:
         """One line of the request trace log (no prompt or completion text, ever)."""
@@ -321,7 +330,7 @@ class Gateway:
         if slo_class is None or not (status == 200 or status >= 500 or status == 408):
             return False
         m = self.metrics
-        m.child(m.slo_requests, exchange.model, klass).inc()
+        m.pending.inc(m.slo_requests, (exchange.model, klass))
         itl = timer.gaps if timer else ()
         met = meets_slo(
             ok=exchange.outcome == "completed",
@@ -331,9 +340,9 @@ class Gateway:
             slo=slo_class.slo,
         )
         if met:
-            m.child(m.goodput_requests, exchange.model, klass).inc()
+            m.pending.inc(m.goodput_requests, (exchange.model, klass))
             usage = timer.usage if timer else None
-            m.child(m.goodput_tokens, exchange.model, klass).inc((usage or {}).get("completion_tokens") or 0)
+            m.pending.inc(m.goodput_tokens, (exchange.model, klass), (usage or {}).get("completion_tokens") or 0)
         return met
 
     def export_metrics(self) -> bytes:

@@ -229,7 +229,7 @@ class RequestSpan:
             ROUTING_MATCHED_BLOCKS: matched_blocks,
         }
         if scores:
-            attributes[ROUTING_CANDIDATES] = list(scores)
+            attributes[ROUTING_CANDIDATES] = tuple(scores)
             attributes[ROUTING_SCORES] = [float(v) for v in scores.values()]
         record.attributes[BACKEND] = backend
         self._child("route", SPAN_KIND_INTERNAL, start, end, attributes)
@@ -281,16 +281,18 @@ class RequestSpan:
         attributes = record.attributes
         attributes[HTTP_RESPONSE_STATUS_CODE] = status
         attributes[OUTCOME] = outcome
-        optional: dict[str, str | int | float | None] = {
-            GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
-            GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
-            GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached_tokens,
-            GEN_AI_RESPONSE_MODEL: response_model,
-            GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: ttft_s,  # the TTFT, under its GenAI name
-        }
-        attributes.update({k: v for k, v in optional.items() if v is not None})
+        if input_tokens is not None:
+            attributes[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
+        if output_tokens is not None:
+            attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
+        if cached_tokens is not None:
+            attributes[GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached_tokens
+        if response_model is not None:
+            attributes[GEN_AI_RESPONSE_MODEL] = response_model
+        if ttft_s is not None:
+            attributes[GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttft_s  # the TTFT, under its GenAI name
         if finish_reasons:
-            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
+            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = tuple(finish_reasons)
         if itl is not None:
             attributes.update({ITL_P50_S: itl.p50, ITL_P99_S: itl.p99, ITL_MAX_S: itl.max, ITL_MEAN_S: itl.mean})
         if outcome != "completed":

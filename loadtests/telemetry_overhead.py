@@ -12,10 +12,11 @@ own: a zero-delay simulated engine (profile ``instant``) and an OTLP/HTTP receiv
 gateways share core 1 and are loaded in turn, never together:
 
 * ``off``: ``GATEWAY_TELEMETRY=off``: no request metrics, no cost accounting, no spans;
+* ``metrics``: metrics and cost accounting on, tracing off (to tell the two costs apart);
 * ``on``: everything on, ``telemetry.tracing`` with ``sampling_ratio: 1.0`` exporting every span
-  to the receiver over OTLP/HTTP protobuf from the SDK's batch thread, as in production.
+  to the receiver over OTLP/HTTP protobuf from the export thread, as in production.
 
-Phases alternate (off, on, off, on, ...) for ``--rounds`` rounds so both see the same noise.
+Phases alternate (off, metrics, on, off, ...) for ``--rounds`` rounds so both see the same noise.
 Figures, all as on-versus-off in the same run: P50 and P99 latency of an open-loop Poisson load
 at each rate (non-streaming) and TTFT / inter-token P50/P99 of a stream load; gateway CPU per
 request (its inverse is the throughput one core can give); and the saturated throughput of a
@@ -42,7 +43,7 @@ from loadtests.harness import cpu_seconds, pin, process
 from loadtests.overhead import API_KEY, CHAT_BODY, STREAM_TOKENS, PhaseResult, _pct, _phase, _policy
 
 SPANS_PER_REQUEST = 3
-MODES = ("off", "on")
+MODES = ("off", "metrics", "on")
 
 
 @dataclass
@@ -117,7 +118,7 @@ async def _run(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, i
 
 
 def _report(runs: dict[str, ModeRun], spans_received: int) -> dict[str, object]:
-    off, on = runs["off"], runs["on"]
+    off, on, metrics_only = runs["off"], runs["on"], runs["metrics"]
     report: dict[str, object] = {"rates": {}}
     lines = []
     for rate, r_off in off.rates.items():
@@ -159,17 +160,27 @@ def _report(runs: dict[str, ModeRun], spans_received: int) -> dict[str, object]:
         f"on {_pct(s_on.itls, 99):.3f} added {stream['added_itl_p99_ms']:+.3f} ms | "  # type: ignore[index]
         f"errors {s_off.errors}/{s_on.errors}"
     )
-    f_off, f_on = off.flood, on.flood
+    f_off, f_on, f_metrics = off.flood, on.flood, metrics_only.flood
     report["flood"] = {
         "throughput_off": f_off.throughput,
+        "throughput_metrics_only": f_metrics.throughput,
         "throughput_on": f_on.throughput,
         "throughput_ratio": f_on.throughput / f_off.throughput if f_off.throughput else None,
-        "errors": {"off": f_off.errors, "on": f_on.errors},
+        "throughput_ratio_metrics_only": f_metrics.throughput / f_off.throughput if f_off.throughput else None,
+        "cpu_ms_per_request": {mode: r.flood.cpu_s * 1000 / max(r.flood.completed, 1) for mode, r in runs.items()},
+        "errors": {"off": f_off.errors, "metrics": f_metrics.errors, "on": f_on.errors},
     }
+    cpu = report["flood"]["cpu_ms_per_request"]  # type: ignore[index]
     lines.append(
-        f"flood | off {f_off.throughput:.0f} req/s, on {f_on.throughput:.0f} req/s: "
-        f"throughput x{f_on.throughput / max(f_off.throughput, 1e-9):.3f} | errors {f_off.errors}/{f_on.errors}"
+        f"flood | off {f_off.throughput:.0f} req/s, metrics only {f_metrics.throughput:.0f} "
+        f"(x{f_metrics.throughput / max(f_off.throughput, 1e-9):.3f}), metrics + tracing {f_on.throughput:.0f} "
+        f"(x{f_on.throughput / max(f_off.throughput, 1e-9):.3f}) | CPU/req off {cpu['off']:.3f} metrics "
+        f"{cpu['metrics']:.3f} on {cpu['on']:.3f} ms | errors {f_off.errors}/{f_metrics.errors}/{f_on.errors}"
     )
+    for rate, r_metrics in metrics_only.rates.items():
+        added = _pct(r_metrics.latencies, 50) - _pct(off.rates[rate].latencies, 50)
+        cpu_per_request = r_metrics.cpu_s * 1000 / r_metrics.sent
+        lines.append(f"{rate:>5.0f} req/s metrics only | P50 added {added:+.2f} ms | CPU/req {cpu_per_request:.3f} ms")
     traced = sum(r.sent for r in on.rates.values()) + on.stream.sent + f_on.completed + f_on.errors
     expected = traced * SPANS_PER_REQUEST
     report["spans"] = {"expected_at_least": expected, "received": spans_received}
@@ -195,12 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood-clients", type=int, default=64)
     parser.add_argument("--phase-s", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--port", type=int, default=18600, help="first of four consecutive ports")
+    parser.add_argument("--port", type=int, default=18600, help="first of five consecutive ports")
     parser.add_argument("--out", default=None, help="write the figures as JSON to OUT.json and text to OUT.txt")
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
     STREAM_TOKENS[0] = args.stream_tokens
     ports = {"backend": args.port, "sink": args.port + 1, "off": args.port + 2, "on": args.port + 3}
+    ports["metrics"] = args.port + 4
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     exe = [sys.executable, "-m", "gateway"]
     base = _policy(url["backend"])
@@ -208,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         base + f"telemetry:\n  tracing: {{enabled: true, sampling_ratio: 1.0, endpoint: '{url['sink']}/v1/traces'}}\n"
     )
     folder = tempfile.mkdtemp(prefix="telemetry-bench-")
-    paths = {"off": Path(folder, "off.yaml"), "on": Path(folder, "on.yaml")}
+    paths = {"off": Path(folder, "off.yaml"), "metrics": Path(folder, "metrics.yaml"), "on": Path(folder, "on.yaml")}
     paths["off"].write_text(base)
+    paths["metrics"].write_text(base)
     paths["on"].write_text(traced)
     sim = [*pin(0), *exe, "sim", "--profile", "instant", "--model", "sim-instant", "--port", str(ports["backend"])]
     sink = [*pin(0), sys.executable, "-m", "loadtests.otlp_sink", "--port", str(ports["sink"])]
@@ -224,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         process(sim, url["backend"] + "/health"),
         process(sink, url["sink"] + "/count"),
         process(serve("off"), url["off"] + "/healthz", env=env_off) as gw_off,
+        process(serve("metrics"), url["metrics"] + "/healthz") as gw_metrics,
         process(serve("on"), url["on"] + "/healthz") as gw_on,
     ):
         print(
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         paths_ = {mode: url[mode] + "/v1/chat/completions" for mode in MODES}
         t0 = time.perf_counter()
-        runs = asyncio.run(_run(args, paths_, {"off": gw_off.pid, "on": gw_on.pid}))
+        runs = asyncio.run(_run(args, paths_, {"off": gw_off.pid, "metrics": gw_metrics.pid, "on": gw_on.pid}))
         print(f"load done in {time.perf_counter() - t0:.0f}s; waiting for the last span batches", flush=True)
         gw_on.terminate()  # SIGTERM: the gateway drains and flushes its span processor before exiting
         gw_on.wait(timeout=30)

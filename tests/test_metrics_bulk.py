@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry import Metrics
 
@@ -24,3 +25,23 @@ def test_observe_many_matches_observe() -> None:
     samples = [[line for line in lines if not line.startswith(("#", "itl_created"))] for lines in expose]
     assert samples[0] == samples[1]
     assert any('le="0.001"' in line and not line.endswith(" 0.0") for line in samples[1]), "boundaries count"
+
+
+def test_pending_samples_reach_the_exposition_exactly_and_stay_bounded() -> None:
+    metrics = Metrics()
+    pending = metrics.pending
+    pending.limit = 100
+    for i in range(250):
+        pending.inc(metrics.requests, ("m", "chat", "interactive", "200", "completed"))
+        pending.observe(metrics.e2e, ("m", "interactive"), 0.01 * (i % 7))
+    assert pending.size < 100, "samples are applied once the limit is reached"
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for s in family.samples
+    }
+    request_labels = {"model": "m", "api": "chat", "class": "interactive", "status": "200", "outcome": "completed"}
+    assert samples[("gateway_requests_total", tuple(sorted(request_labels.items())))] == 250
+    assert samples[("gateway_e2e_seconds_count", (("class", "interactive"), ("model", "m")))] == 250
+    assert pending.size == 0
+    assert not pending.counts
