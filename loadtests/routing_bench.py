@@ -28,7 +28,13 @@ cost model counts tokens computed and read), so only the cache's reach changes.
   above what it can serve, routed by ``prefix_affinity``: the fleet's capacity on this
   workload is what it does with its caches used, so "70% of capacity" is a fleet 70% busy
   when routed well. Other strategies' floods (``--capacity-strategies``) are reported too:
-  the capacity each routing leaves the fleet.
+  the capacity each routing leaves the fleet. A flood makes engines take many seconds to a
+  first token: they are overloaded, not broken, so the bench's policy turns the breaker off
+  and gives upstream reads 600 simulated seconds, else the gateway's stall detection and
+  breakers would eject busy engines and the flood would measure that instead. A flood reaches
+  its window after thousands of requests, when every chat slot has cycled (the chats' steady
+  state); every phase therefore starts with its chats under way (``chats_under_way``), so
+  that a phase at 0.7 C sends the mix the flood measured.
 * strategies: the workload at 0.7 C under each strategy. Figures are taken over the window
   after ``--warmup`` (a share of the phase in which chats open and caches fill): the prefix
   cache hit rate as the engines count it (deltas of ``vllm:prefix_cache_hits_total`` over
@@ -65,6 +71,7 @@ import os
 import sys
 import threading
 import time
+import unittest.mock
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -85,6 +92,8 @@ from gateway.routing.scorers.kv_usage import KvUsageScorer
 from gateway.routing.scorers.queue_depth import QueueDepthScorer
 from gateway.types import InferenceRequest
 from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process
+from loadtests.loadgen import runner
+from loadtests.loadgen.prompts import RequestFactory
 from loadtests.loadgen.records import RequestRecord
 from loadtests.loadgen.runner import RunConfig, run_sync, run_workload
 from loadtests.loadgen.stats import percentile
@@ -191,7 +200,7 @@ def serve_oracle_gateway(policy: str, port: int) -> int:
 def gateway_policy(k: float, strategy: str) -> str:
     backends = "\n".join(
         f"""  - {{name: engine-{i}, url: "http://127.0.0.1:{ENGINE_PORT + i}", kind: sim, models: [{MODEL}],
-      engine_priority: true,
+      engine_priority: true, timeouts: {{first_byte_s: {600 * k}, between_chunks_s: {600 * k}}},
       capacity: {{max_concurrent: 96, max_tokens_in_flight: 100000000, kv_cache_tokens: {KV_CACHE_TOKENS}}}}}"""
         for i in range(ENGINES)
     )
@@ -221,6 +230,7 @@ backends:
 {backends}
 tenants:
 {tenants}
+breaker: {{consecutive_failures: null, failure_ratio: null}}
 health_checks: {{interval_s: 2, timeout_s: 2}}
 scrape: {{interval_s: 0.5, timeout_s: 1}}
 """
@@ -275,6 +285,32 @@ def gateway_routing() -> dict[str, Any]:
 
 # -- phases ------------------------------------------------------------------------------------
 
+CHATS_UNDER_WAY = 3000
+"""Requests of the chat workload planned and dropped before a phase (``chats_under_way``)."""
+
+
+@contextmanager
+def chats_under_way(skip: int) -> Iterator[None]:
+    """Start every phase with its chats already under way, at their steady state.
+
+    The load generator opens chats as requests arrive, so a run's first thousands of requests
+    are short early turns: a flood (thousands of requests) would measure C on long steady-state
+    chats while a phase at 0.7 C (a thousand requests) sends mostly early turns, a lighter
+    load. Here the generator's request factory first plans and drops ``skip`` requests (128
+    chat slots of 10-30 turns have all cycled by then, in 0.2 s), so every phase sends the
+    same steady-state mix from its first request; the engines' caches still start cold, and
+    the warmup fills them. The factory is swapped in the runner module for the phase only.
+    """
+
+    class UnderWay(RequestFactory):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for index in range(skip):
+                self.plan(index)
+
+    with unittest.mock.patch.object(runner, "RequestFactory", UnderWay):
+        yield
+
 
 def run_phase(
     name: str,
@@ -293,7 +329,7 @@ def run_phase(
     over the window of load (warmup to end), client figures over the requests sent in it.
     A ``flood`` is cut 5 simulated seconds after the load: only its engines' completions count.
     """
-    k, phase_s = args.time_scale, args.phase_s
+    k, phase_s = args.time_scale, args.flood_s if flood else args.phase_s
     with system(k, strategy):
         start_epoch = time.time()
         marks: dict[str, list[dict[str, float]]] = {"start": engine_counters()}
@@ -312,7 +348,9 @@ def run_phase(
             time_scale=k,
             drain_timeout_s=(5 if flood else 60) * k,
         )
-        result = run_sync(lambda: run_workload(workload, config, base_dir=WORKLOADS))
+        skip = CHATS_UNDER_WAY if workload.conversation is not None else 0
+        with chats_under_way(skip):
+            result = run_sync(lambda: run_workload(workload, config, base_dir=WORKLOADS))
         for timer in timers:
             timer.join()
         marks["drained"] = engine_counters()
@@ -453,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         help="strategies whose flood is measured; C is the first one's completions/s",
     )
     parser.add_argument("--flood-rate", type=float, default=120.0, help="simulated req/s offered in a flood")
+    parser.add_argument("--flood-s", type=float, default=150.0, help="wall seconds of a flood phase")
     parser.add_argument("--hot", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--hot-time-scale",

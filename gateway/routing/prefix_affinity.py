@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 class PrefixAffinityRouter:
     """Scored prefix affinity with bounded load (see the module docstring for the rule)."""
 
-    __slots__ = ("_clock", "_fresh_s", "_indexes", "_memo", "_tokenizer", "profile", "routing")
+    __slots__ = ("_clock", "_fresh_s", "_indexes", "_tokenizer", "memo", "profile", "routing")
     strategy = "prefix_affinity"
 
     def __init__(
@@ -60,12 +60,13 @@ class PrefixAffinityRouter:
         self._fresh_s = fresh_s
         self._tokenizer = tokenizer
         self._indexes = BackendIndexes(routing.index.ttl_s)
-        self._memo = ChainMemo()
+        self.memo: ChainMemo | None = ChainMemo()
+        """Chains of recent prompts (``prefix_keys.ChainMemo``); None hashes every prompt whole."""
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
         start = perf_counter()
         now = self._clock.now()
-        keys = prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self._memo)
+        keys = prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self.memo)
         matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
         if len(candidates) == 1:  # nothing to weigh: skip the scorers, keep what the metrics need
             only = candidates[0]
