@@ -146,8 +146,12 @@ class Dispatcher:
         deadline: float,
         exclude: frozenset[str] = frozenset(),
     ) -> Grant:
-        """A backend for ``request`` (see the module docstring); raises ``Overloaded``/``NoHealthyBackend``."""
-        if self.draining:
+        """A backend for ``request`` (see the module docstring); raises ``Overloaded``/``NoHealthyBackend``.
+
+        While draining, only a request's later attempts (``exclude`` names the backends it
+        tried: a retry or a stream migration) get a backend: the request is in flight, and
+        draining lets what is in flight finish."""
+        if self.draining and not exclude:
             raise system_full(
                 "draining",
                 "The gateway is shutting down and takes no new requests; retry (another replica will answer).",

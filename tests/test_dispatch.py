@@ -201,6 +201,17 @@ async def test_draining_refuses_new_requests(dispatcher: Dispatcher, snapshot: P
     assert (refused.value.status, refused.value.code) == (503, "draining")
 
 
+async def test_draining_still_serves_the_later_attempts_of_requests_in_flight(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    """A retry or a stream migration belongs to a request already in flight: drain lets it finish."""
+    dispatcher.draining = True
+    tenant, klass = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    grant = await dispatcher.acquire(request(10), tenant, "interactive", klass, deadline=1e9, exclude=frozenset({"x"}))
+    dispatcher.release("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
 async def test_a_flooding_tenant_gives_way_to_another_in_a_full_queue(
     dispatcher: Dispatcher, snapshot: PolicySnapshot
 ) -> None:
