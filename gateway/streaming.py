@@ -239,19 +239,25 @@ class SseRelay:
             if progress.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
                 progress.prompt_tokens = usage["prompt_tokens"]
         output = False
+        hide_usage = False
         if choices:
             output = _track(progress, choices)
-            if usage and not self._keep_continuous:
-                if self._strip_usage:
-                    del chunk["usage"]
-                else:
-                    chunk["usage"] = None  # what the client gets without continuous stats
-                rewrite = True
+            hide_usage = bool(usage) and not self._keep_continuous
         if not self._inspect_chunk(chunk, t):
             return False
         if output and self._on_resumed_output is not None:
             hook, self._on_resumed_output = self._on_resumed_output, None
             hook()
+        if hide_usage and not rewrite:
+            cut = _without_trailing_usage(event, null=not self._strip_usage)
+            if cut is not None:
+                return cut  # the common case: no re-serialisation of every token's chunk
+        if hide_usage:
+            if self._strip_usage:
+                del chunk["usage"]
+            else:
+                chunk["usage"] = None  # what the client gets without continuous stats
+            rewrite = True
         return b"data: " + orjson.dumps(chunk) + b"\n\n" if rewrite else True
 
     def _inspect_chunk(self, chunk: dict[str, Any], t: float) -> bool:
@@ -271,6 +277,24 @@ class SseRelay:
         if has_output:
             self._timer.on_output(t)
         return True
+
+
+def _without_trailing_usage(event: bytes, *, null: bool) -> bytes | None:
+    """``event`` without the per-chunk usage the gateway asked for, cut out of the bytes.
+
+    vLLM serialises a chunk compactly with ``usage`` as its last field and a flat object
+    (``{"prompt_tokens":..,"total_tokens":..,"completion_tokens":..}``); then the field is
+    removed (or set to ``null``, what the client gets without continuous stats) without
+    parsing and re-serialising the chunk. Anything else returns None (the caller re-serialises);
+    the pattern cannot occur inside a JSON string, where quotes are escaped.
+    """
+    start = event.rfind(b',"usage":{')
+    if start < 0:
+        return None
+    end = event.find(b"}", start)
+    if end < 0 or event[end + 1 :] != b"}\n\n":
+        return None
+    return event[:start] + (b',"usage":null' if null else b"") + event[end + 1 :]
 
 
 def _has_output(choice: dict[str, Any]) -> bool:
