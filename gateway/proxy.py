@@ -24,11 +24,12 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.admission import resolve_class
 from gateway.auth import authenticate, authorize_model
+from gateway.breaker import CircuitBreaker
 from gateway.endpoints import BackendState
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound, UpstreamError, UpstreamTimeout
 from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
 from gateway.migration import ask_for_progress, can_continue, continuation
-from gateway.policy.model import BackendKind, PriorityClass, Tenant
+from gateway.policy.model import Backend, BackendKind, PriorityClass, Tenant
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
 from gateway.routing.isolation import SALTED_KINDS, tenant_scope
@@ -336,16 +337,7 @@ class InferenceHandler:
         gateway = self.gateway
         backend = state.backend
         exchange.backend = state.name
-        if backend.engine_priority:
-            request.body["priority"] = engine_priority(backend.kind, rank)
-            request.body_modified = True
-        if backend.kind in SALTED_KINDS:
-            # Isolation: the engine's prefix cache is keyed by this; the client's own is overwritten.
-            request.body["cache_salt"] = gateway.salter.salt(tenant_scope(tenant))
-            request.body_modified = True
-        track = migrate and can_continue(request, backend.kind)
-        if track:
-            ask_for_progress(request)
+        track = self._fit_body(request, tenant, backend, rank, migrate)
         attempt = exchange.attempt
         breaker = state.breaker
         if breaker is not None and not breaker.try_acquire():
@@ -391,12 +383,21 @@ class InferenceHandler:
             await response.aclose()
             attempt.end(t=gateway.clock.now(), status=response.status_code, error=error_code)
             if breaker is not None:
-                if verdict is None:
-                    breaker.release()
-                elif verdict:
-                    breaker.on_success()
-                else:
-                    breaker.on_failure()
+                _settle(breaker, verdict)
+
+    def _fit_body(self, request: InferenceRequest, tenant: Tenant, backend: Backend, rank: int, migrate: bool) -> bool:
+        """The fields this backend needs set for this request; True when its stream is tracked."""
+        if backend.engine_priority:
+            request.body["priority"] = engine_priority(backend.kind, rank)
+            request.body_modified = True
+        if backend.kind in SALTED_KINDS:
+            # Isolation: the engine's prefix cache is keyed by this; the client's own is overwritten.
+            request.body["cache_salt"] = self.gateway.salter.salt(tenant_scope(tenant))
+            request.body_modified = True
+        track = migrate and can_continue(request, backend.kind)
+        if track:
+            ask_for_progress(request)
+        return track
 
     async def _pass_through(self, exchange: Exchange, state: BackendState, response: httpx.Response) -> None:
         body = await self.gateway.upstream.read_all(state.backend, response)
@@ -441,6 +442,16 @@ class InferenceHandler:
         end = await relay.finish(failure)
         exchange.outcome = end.value if end is not StreamEnd.COMPLETED else "completed"
         return end
+
+
+def _settle(breaker: CircuitBreaker, verdict: bool | None) -> None:
+    """An attempt's verdict to its backend's breaker: None (the client left) counts neither way."""
+    if verdict is None:
+        breaker.release()
+    elif verdict:
+        breaker.on_success()
+    else:
+        breaker.on_failure()
 
 
 def engine_priority(kind: BackendKind, rank: int) -> int:
