@@ -126,9 +126,6 @@ class SpanEncoder:
         self._resource = _field(b"\x0a", resource_body)
         self._scope = _field(b"\x0a", _field(b"\x0a", scope_name.encode()))
 
-    def encode(self, traces: Iterable[TraceRecord]) -> bytes:
-        return self.request([self.spans(t) for t in traces])
-
     def spans(self, trace: TraceRecord) -> bytes:
         """One request's spans as ``ScopeSpans.spans`` fields, ready to be joined into a batch."""
         trace_id = trace.trace_id.to_bytes(16, "big")
@@ -257,9 +254,9 @@ class BatchExporter:
 
     A trace is encoded when it is submitted, on the caller's thread (the event loop): ~10-20 µs
     spread evenly over requests. Encoding on the export thread instead would hold the GIL for
-    milliseconds per batch while the event loop waits for it (measured: a tenth of the
-    gateway's throughput lost to the contention); the thread only joins bytes and sends them,
-    and a socket releases the GIL while it writes and reads.
+    milliseconds per batch while the event loop waits for it (latency spikes on every request
+    then in flight); the thread only joins bytes and sends them, and a socket releases the GIL
+    while it writes and reads.
     """
 
     def __init__(
