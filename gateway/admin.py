@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import AuthenticationFailed, GatewayError, ModelNotAllowed
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+from gateway.policy.loader import PolicySnapshot
 
 
-def _authorize(request: Request, gateway: Gateway) -> None:
+class PolicyControl(Protocol):
+    """What the admin endpoints drive (``gateway.service.Gateway``)."""
+
+    def policy(self) -> PolicySnapshot: ...
+
+    def reload(self, reason: str) -> bool: ...
+
+    def policy_status(self) -> dict[str, object]: ...
+
+
+def _authorize(request: Request, gateway: PolicyControl) -> None:
     allowed = gateway.policy().policy.admin.key_hashes
     if not allowed:
         raise ModelNotAllowed("Admin endpoints are disabled: the policy lists no admin key.", code="admin_disabled")
@@ -37,11 +45,11 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def admin_routes(
-    gateway: Callable[[], Gateway | None], render: Callable[[GatewayError], Response]
+    gateway: Callable[[], PolicyControl | None], render: Callable[[GatewayError], Response]
 ) -> dict[str, Handler]:
     """The handlers by path, for the app's router; each checks the admin key first."""
 
-    def guarded(action: Callable[[Gateway], Response]) -> Handler:
+    def guarded(action: Callable[[PolicyControl], Response]) -> Handler:
         async def handler(request: Request) -> Response:
             current = gateway()
             if current is None:
@@ -54,11 +62,11 @@ def admin_routes(
 
         return handler
 
-    def reload(current: Gateway) -> Response:
-        result = current.source.reload("admin")
-        return JSONResponse(current.policy_status(), status_code=422 if result.error else 200)
+    def reload(current: PolicyControl) -> Response:
+        applied = current.reload("admin")
+        return JSONResponse(current.policy_status(), status_code=200 if applied else 422)
 
-    def policy(current: Gateway) -> Response:
+    def policy(current: PolicyControl) -> Response:
         return JSONResponse(current.policy_status())
 
     return {"/admin/reload": guarded(reload), "/admin/policy": guarded(policy)}

@@ -16,10 +16,10 @@ A reload that changes prices or the backend list first charges the running inter
 old prices, then the new list applies: a removed backend stops costing (requests still in
 flight on it finish and count, at 0 dollars), an added one costs from the reload on.
 
-Usage (what ``gateway/app.py`` does)::
+Usage (what ``gateway/service.py`` and the recorder do)::
 
     costs = CostMeter(metrics, snapshot.policy.backends, clock)
-    costs.record(exchange, tenant_label, met)          # in Gateway.record, once per request
+    costs.record(outcome, tenant_label, met)           # by the recorder, once per request
     costs.reprice(new_snapshot.policy.backends)        # on a policy reload
     spawn(costs.run(lambda: policy().telemetry.cost_interval_s))
 """
@@ -28,21 +28,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
 
 from gateway.clock import Clock
 from gateway.cost import CostAccountant, CostKey, CostTotal, Priced, prices_per_hour
+from gateway.outcome import RequestOutcome
 from gateway.telemetry import Metrics
-
-if TYPE_CHECKING:
-    from gateway.proxy import Exchange
-
-
-def used_tokens(usage: Mapping[str, Any] | None) -> int:
-    """Prompt plus completion tokens of a backend's usage report (0 without one)."""
-    if not usage:
-        return 0
-    return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
 
 
 class CostMeter:
@@ -55,15 +45,15 @@ class CostMeter:
         self.accountant = CostAccountant(prices, now=clock.now())
         self._show_prices(prices)
 
-    def record(self, exchange: Exchange, tenant: str, goodput: bool) -> None:
+    def record(self, outcome: RequestOutcome, tenant: str, goodput: bool) -> None:
         """One finished request, under its tenant *label*; one that reached no backend used no GPU time."""
-        if not exchange.backend:
+        backend = outcome.backend
+        if not backend:
             return
-        timer = exchange.timer
         self.accountant.record(
-            backend=exchange.backend,
-            key=CostKey(tenant, exchange.model, exchange.klass),
-            tokens=used_tokens(timer.usage if timer else None),
+            backend=backend,
+            key=CostKey(tenant, outcome.model, outcome.class_name),
+            tokens=outcome.tokens.total_tokens if outcome.tokens else 0,
             goodput=goodput,
         )
 

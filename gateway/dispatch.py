@@ -111,6 +111,14 @@ class ModelQueues:
         return sum(q.depth for q in self.classes if q.rank < rank)
 
 
+def _fail_waiting(mq: ModelQueues, error: Overloaded) -> None:
+    for queue in mq.classes:
+        while (ticket := queue.peek()) is not None:
+            queue.pop(ticket)
+            if not ticket.future.done():
+                ticket.future.set_exception(error)
+
+
 class Dispatcher:
     """Owns the queues of every model; see the module docstring for the rule."""
 
@@ -122,17 +130,23 @@ class Dispatcher:
         self.clock = clock
         self.draining = False
         self._queues: dict[str, ModelQueues] = {}
-        self._fresh_s = 3.0
+        self._fresh_s = snapshot.policy.scrape.fresh_s
         self.apply(snapshot)
 
     def apply(self, snapshot: PolicySnapshot) -> None:
-        """Follow a new policy: new models get queues; a model's waiting requests keep theirs."""
+        """Follow a new policy: new models get queues; a model's waiting requests keep theirs.
+
+        Requests waiting for a model the new policy removed end at once with 503
+        ``model_removed`` (no backend for it will ever free up), rather than at their timeout."""
         queues = {}
         for model in snapshot.models:
             old = self._queues.get(model)
             queues[model] = old if old is not None else ModelQueues(model, dict(snapshot.policy.classes))
+        removed = [mq for model, mq in self._queues.items() if model not in queues]
         self._queues = queues
-        self._fresh_s = max(3 * snapshot.policy.scrape.interval_s, 1.0)
+        self._fresh_s = snapshot.policy.scrape.fresh_s
+        for mq in removed:
+            _fail_waiting(mq, system_full("model_removed", f"Model '{mq.model}' was removed by a policy reload.", 1.0))
 
     def queues(self) -> dict[str, ModelQueues]:
         return self._queues

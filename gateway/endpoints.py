@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import httpx
 
@@ -82,6 +84,24 @@ class BackendState:
         return f"BackendState({self.name!r}, healthy={self.healthy}, in_flight={self.in_flight})"
 
 
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """The pool a new policy needs, computed without touching the live one (``BackendPool.plan``).
+
+    A backend that keeps its name, URL and kind keeps its ``BackendState``: the requests in
+    flight on it stay counted against its (possibly new) capacity, and what routers learnt
+    about it stays true. Its new settings are applied at ``install`` (``reconfigured``). A
+    backend whose URL or kind changed is another server: it gets a new state, and the old
+    one is forgotten like a removed backend (its requests in flight finish on it).
+    """
+
+    states: Mapping[str, BackendState]
+    by_model: Mapping[str, tuple[BackendState, ...]]
+    reconfigured: tuple[tuple[BackendState, Backend, CircuitBreaker | None], ...]
+    forgotten: tuple[str, ...]
+    breaker_policy: object
+
+
 class BackendPool:
     """One ``BackendState`` per backend of the current policy, plus the health-check loop."""
 
@@ -92,27 +112,54 @@ class BackendPool:
         breakers: Callable[[str, PolicySnapshot], CircuitBreaker] | None = None,
     ) -> None:
         self._states: dict[str, BackendState] = {}
-        self._by_model: dict[str, tuple[BackendState, ...]] = {}
+        self._by_model: Mapping[str, tuple[BackendState, ...]] = {}
         self._on_forget = on_forget or _ignore
         self._breakers = breakers
-        self.apply(snapshot)
+        self._breaker_policy: object = None
+        self.install(self.plan(snapshot))
 
     def apply(self, snapshot: PolicySnapshot) -> None:
-        """Follow a new policy: keep the state of backends that stay, add new ones."""
-        states = {}
+        """Follow a new policy at once (``plan`` then ``install``)."""
+        self.install(self.plan(snapshot))
+
+    def plan(self, snapshot: PolicySnapshot) -> PoolPlan:
+        """What ``snapshot`` needs (see ``PoolPlan``); changes nothing."""
+        new_breakers = snapshot.policy.breaker != self._breaker_policy
+        states: dict[str, BackendState] = {}
+        reconfigured: list[tuple[BackendState, Backend, CircuitBreaker | None]] = []
         for backend in snapshot.policy.backends:
-            state = self._states.get(backend.name)
-            if state is None or state.backend != backend:
+            old = self._states.get(backend.name)
+            if old is not None and (old.backend.url, old.backend.kind) == (backend.url, backend.kind):
+                breaker = self._breakers(backend.name, snapshot) if self._breakers and new_breakers else None
+                if breaker is not None or old.backend != backend:
+                    reconfigured.append((old, backend, breaker))
+                states[backend.name] = old
+            else:
                 breaker = self._breakers(backend.name, snapshot) if self._breakers else None
-                state = BackendState(backend, breaker)
-            states[backend.name] = state
-        for name, old in self._states.items():
-            if states.get(name) is not old:
-                self._on_forget(name)
-        self._states = states
-        self._by_model = {
+                states[backend.name] = BackendState(backend, breaker)
+        forgotten = tuple(name for name, old in self._states.items() if states.get(name) is not old)
+        by_model = {
             model: tuple(states[b.name] for b in backends) for model, backends in snapshot.backends_by_model.items()
         }
+        return PoolPlan(
+            MappingProxyType(states),
+            MappingProxyType(by_model),
+            tuple(reconfigured),
+            forgotten,
+            snapshot.policy.breaker,
+        )
+
+    def install(self, plan: PoolPlan) -> None:
+        """Make ``plan`` the pool: new settings on kept states, new states in, forgotten ones out."""
+        for state, backend, breaker in plan.reconfigured:
+            state.backend = backend
+            if breaker is not None:
+                state.breaker = breaker
+        self._states = dict(plan.states)
+        self._by_model = plan.by_model
+        self._breaker_policy = plan.breaker_policy
+        for name in plan.forgotten:
+            self._on_forget(name)
 
     def for_model(self, model: str) -> tuple[BackendState, ...]:
         return self._by_model.get(model, ())
@@ -149,12 +196,6 @@ class BackendPool:
         """The backend restarted between two health checks (``scrape.py`` saw it): its learnt state is void."""
         log.warning("backend %s restarted: forgetting what was learnt about it", state.name)
         self._on_forget(state.name)
-
-    async def run_health_checks(self, client: httpx.AsyncClient, interval_s: float, timeout_s: float) -> None:
-        """Check every backend every ``interval_s`` until cancelled."""
-        while True:
-            await self.check_all(client, timeout_s)
-            await asyncio.sleep(interval_s)
 
 
 def _ignore(name: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from enum import StrEnum
 
 import orjson
 
@@ -146,3 +147,65 @@ def error_body(message: str, error_type: str, code: str, param: str | None = Non
 def sse_error_event(error: GatewayError) -> bytes:
     """The error as one server-sent event, the way vLLM ends a failed stream."""
     return b"data: " + error.body() + b"\n\n"
+
+
+class ErrorCode(StrEnum):
+    """Every ``code`` the gateway answers with (and the ``outcome`` label of a failed request).
+
+    The one list: a new error code is added here first, so that dashboards and alerts can be
+    written against a closed set. Grouped as the tree in the module docstring.
+    """
+
+    # 400 InvalidRequest
+    INVALID_JSON = "invalid_json"
+    INVALID_FIELD = "invalid_field"
+    INVALID_HEADER = "invalid_header"
+    INVALID_PRIORITY = "invalid_priority"
+    TOO_DEEP = "too_deep"
+    TOO_MANY_MESSAGES = "too_many_messages"
+    PROMPT_TOO_LONG = "prompt_too_long"
+    MAX_TOKENS_TOO_LARGE = "max_tokens_too_large"
+    N_TOO_LARGE = "n_too_large"
+    UPSTREAM_REJECTED = "upstream_rejected"
+    # 401 AuthenticationFailed
+    MISSING_API_KEY = "missing_api_key"
+    INVALID_API_KEY = "invalid_api_key"
+    # 403 ModelNotAllowed (and the admin guard)
+    MODEL_NOT_ALLOWED = "model_not_allowed"
+    ADMIN_DISABLED = "admin_disabled"
+    NOT_ADMIN = "not_admin"
+    # 404 NotFound, 405 MethodNotAllowed, 413 PayloadTooLarge
+    MODEL_NOT_FOUND = "model_not_found"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    REQUEST_TOO_LARGE = "request_too_large"
+    # 429 Overloaded: the tenant's own limits
+    TENANT_CONCURRENCY_LIMITED = "tenant_concurrency_limited"
+    TENANT_RATE_LIMITED = "tenant_rate_limited"
+    TENANT_TOKEN_LIMITED = "tenant_token_limited"
+    # 503 Overloaded: the system is full
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    DEADLINE_UNMEETABLE = "deadline_unmeetable"
+    DRAINING = "draining"
+    MODEL_REMOVED = "model_removed"
+    # 500 InternalError, 503 NoHealthyBackend
+    INTERNAL_ERROR = "internal_error"
+    NO_HEALTHY_BACKEND = "no_healthy_backend"
+    # 502 UpstreamError, 504 UpstreamTimeout
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_CONNECT_ERROR = "upstream_connect_error"
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    UPSTREAM_DISCONNECTED = "upstream_disconnected"
+    BREAKER_OPEN = "breaker_open"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_STALLED = "upstream_stalled"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    # Not an error the gateway answers: a client that left (the outcome of its request)
+    CLIENT_DISCONNECTED = "client_disconnected"
+
+
+def code_of(error: GatewayError) -> ErrorCode:
+    """``error``'s code as a member of the closed list (``upstream_error`` for an unlisted one)."""
+    member = ErrorCode._value2member_map_.get(error.code)
+    return member if isinstance(member, ErrorCode) else ErrorCode.UPSTREAM_ERROR

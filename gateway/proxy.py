@@ -1,172 +1,170 @@
 """The inference request path, as one explicit pipeline (no middleware on the hot path).
 
-    read_headers -> authenticate -> read_body (byte limit) -> parse_json_object
-    -> model lookup (404) -> authorize_model (403) -> build_request (400 limits)
-    -> pick backend -> upstream.open -> relay (stream) | pass through (non-stream)
-    -> record metrics
+    read_headers -> runtime (the policy in force, read once) -> authenticate
+    -> read_body (byte limit) -> parse_json_object -> model lookup (404) -> authorize_model (403)
+    -> resolve_class -> build_request (400 limits) -> RequestContext (frozen)
+    -> admit (tenant limits) -> Attempts.run (gateway/attempt.py) -> settle -> record
 
-Each step raises a ``GatewayError``; ``handle`` renders it as a JSON error before the
-response starts, or as an SSE error event followed by ``[DONE]`` once a stream has started.
-A client that disconnects cancels the forwarding at once (the upstream connection is
-closed in ``finally``), and every counter the request touched is released in ``finally``.
+Each step raises a ``GatewayError``; ``InferenceHandler`` renders it as a JSON error before
+the response starts (``gateway/response.py``); once a stream started, the attempts end it with
+an error event and ``[DONE]``. A client that disconnects cancels the work at once (the
+upstream connection is closed in ``finally``); every counter the request touched is released
+in ``finally``; the request ends as one frozen ``RequestOutcome`` given to the recorder.
+The request's deadline (``x-request-timeout``, else its class's ``deadline_s``) bounds the
+whole request: its wait, its retries and its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-import httpx
-import orjson
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import resolve_class
+from gateway.admission import TenantLimiter, resolve_class
+from gateway.attempt import AttemptDeps, Attempts
 from gateway.auth import authenticate, authorize_model
-from gateway.breaker import CircuitBreaker
-from gateway.endpoints import BackendState
-from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound, UpstreamError, UpstreamTimeout
+from gateway.clock import Clock
+from gateway.context import RequestContext
+from gateway.errors import (
+    ErrorCode,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    UpstreamTimeout,
+    code_of,
+)
 from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
-from gateway.migration import ask_for_progress, can_continue, continuation
-from gateway.policy.model import Backend, BackendKind, PriorityClass, Tenant
-from gateway.retry import Failure, is_retryable, retry_delay
-from gateway.routing.base import RoutingDecision
-from gateway.routing.isolation import SALTED_KINDS, tenant_scope
-from gateway.streaming import SseRelay, StreamEnd, TokenTimer
+from gateway.outcome import RequestOutcome, Result
+from gateway.policy.model import Slo
+from gateway.recorder import Recorder
+from gateway.response import ClientResponse
+from gateway.runtime import Runtime
 from gateway.telemetry import UNKNOWN_LABEL
-from gateway.tracing import INERT_ATTEMPT, INERT_REQUEST, AttemptSpan, RequestSpan
-from gateway.types import Api, InferenceRequest
-from gateway.upstream import backend_error, map_upstream_errors
+from gateway.tokens import TokenEstimator
+from gateway.tracing import RequestSpan
+from gateway.types import Api
 from gateway.validation import build_request, require_model
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-
 
 log = logging.getLogger(__name__)
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+class InFlight:
+    """How many requests are being handled; a drain waits until it is zero (``gateway/lifecycle.py``)."""
+
+    __slots__ = ("_idle", "count", "draining")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+
+    def enter(self) -> None:
+        self.count += 1
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.draining and self.count == 0:
+            self._idle.set()
+
+    def drain(self) -> None:
+        self.draining = True
+        if self.count == 0:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        await self._idle.wait()
 
 
-class Exchange:
-    """One request's progress through the pipeline: what is known, what was sent."""
+@dataclass(frozen=True, slots=True)
+class PipelineDeps:
+    """The collaborators the request path uses, and nothing else (built in ``gateway/service.py``)."""
 
-    __slots__ = (
-        "api",
-        "arrival",
-        "attempt",
-        "backend",
-        "decision",
-        "extra_headers",
-        "failure",
-        "klass",
-        "model",
-        "on_first_token",
-        "outcome",
-        "queued_s",
-        "relay",
-        "request_id",
-        "send",
-        "span",
-        "started",
-        "status",
-        "stream",
-        "t_admit",
-        "t_dispatch",
-        "tenant",
-        "timer",
-    )
+    clock: Clock
+    runtime: Callable[[], Runtime]
+    limiter: TenantLimiter
+    estimator: TokenEstimator
+    attempts: AttemptDeps
+    recorder: Recorder
+    in_flight: InFlight
 
-    def __init__(self, send: Send, api: Api, request_id: str, arrival: float) -> None:
-        self.send = send
-        self.api = api
-        self.request_id = request_id
-        self.arrival = arrival
-        self.started = False
-        self.status = 0
-        self.model = UNKNOWN_LABEL
-        self.klass = UNKNOWN_LABEL
-        self.outcome = "error"
-        self.timer: TokenTimer | None = None
-        self.tenant = UNKNOWN_LABEL
-        self.backend = ""
-        self.decision: RoutingDecision | None = None
-        self.queued_s = 0.0
-        self.extra_headers: list[tuple[bytes, bytes]] = []
-        self.on_first_token: Callable[[], None] | None = None
-        self.failure: Failure | None = None
-        self.t_admit: float | None = None
-        self.stream = False
-        self.t_dispatch: float | None = None
-        self.relay: SseRelay | None = None
-        self.span: RequestSpan = INERT_REQUEST
-        self.attempt: AttemptSpan = INERT_ATTEMPT
 
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        self.status = status
-        headers.append((b"x-request-id", self.request_id.encode()))
-        headers.extend(self.extra_headers)
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+class ClientDisconnected(Exception):
+    """The client went away; nothing is sent back, the outcome is recorded as such."""
 
-    async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        headers.append((b"content-length", str(len(body)).encode()))
-        await self.start(status, headers)
-        await self.send({"type": "http.response.body", "body": body})
 
-    async def fail(self, error: GatewayError) -> None:
-        """Render ``error`` as the whole response (the response must not have started)."""
-        headers = [*JSON_HEADERS, *((k.encode(), v.encode()) for k, v in error.headers.items())]
-        if error.headers:
-            self.extra_headers = [h for h in self.extra_headers if h[0].decode() not in error.headers]
-        self.outcome = error.code
-        await self.respond(error.status, error.body(), headers)
+@dataclass(slots=True)
+class _Known:
+    """What the pipeline has learnt so far about a request, for its outcome if it ends early."""
+
+    tenant: str = UNKNOWN_LABEL
+    model: str = UNKNOWN_LABEL
+    class_name: str = UNKNOWN_LABEL
+    stream: bool = False
+    slo: Slo | None = None
+    t_admit: float | None = None
+    attempts: Attempts | None = None
 
 
 class InferenceHandler:
     """ASGI handler of one OpenAI inference endpoint (chat, completions or embeddings)."""
 
-    def __init__(self, gateway: Gateway, api: Api) -> None:
-        self.gateway = gateway
+    def __init__(self, api: Api, deps: PipelineDeps) -> None:
         self.api = api
+        self.deps = deps
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway = self.gateway
-        arrival = gateway.clock.now()
+        deps = self.deps
+        arrival = deps.clock.now()
+        runtime = deps.runtime()
         headers = read_headers(scope["headers"])
         assert headers.request_id is not None
-        exchange = Exchange(send, self.api, headers.request_id, arrival)
-        if gateway.tracing.enabled:
-            traceparent = headers.traceparent.decode(errors="replace") if headers.traceparent else None
-            exchange.span = gateway.tracing.start_request(
-                t=arrival, request_id=exchange.request_id, api=self.api, traceparent=traceparent
-            )
-        gateway.enter()
+        response = ClientResponse(send, headers.request_id)
+        span = runtime.tracing.start_request(
+            t=arrival,
+            request_id=headers.request_id,
+            api=self.api,
+            traceparent=headers.traceparent.decode(errors="replace") if headers.traceparent else None,
+        )
+        known = _Known()
+        result: Result = Result.FAILED
+        error: ErrorCode | None = ErrorCode.INTERNAL_ERROR
+        deps.in_flight.enter()
         try:
-            await self._handle(exchange, headers, receive)
+            ended = await self._handle(runtime, headers, receive, response, span, arrival, known)
+            result, error = (Result.COMPLETED, None) if ended is None else (Result.FAILED, ended)
         except ClientDisconnected:
-            exchange.outcome = "client_disconnected"
-            exchange.status = exchange.status or 499
-        except GatewayError as error:
-            if exchange.started:  # pragma: no cover - streams render their own errors
-                raise
-            await exchange.fail(error)
+            result, error = Result.CLIENT_DISCONNECTED, None
+        except GatewayError as failure:
+            error = code_of(failure)
+            await response.fail(failure)
         except Exception:
             # The outermost catch-all of the request path: a bug, never the client's input.
-            log.exception("request %s failed inside the gateway", exchange.request_id)
-            if not exchange.started:
-                await exchange.fail(InternalError("The gateway failed to handle this request."))
+            log.exception("request %s failed inside the gateway", headers.request_id)
+            await self._fail_after_bug(response, known)
         finally:
-            gateway.leave()
-            gateway.record(exchange)
+            deps.in_flight.leave()
+            outcome = _outcome(self.api, response, known, arrival, deps.clock.now(), result, error, span)
+            deps.recorder.record(outcome, runtime.tenant_labels)
 
-    async def _handle(self, exchange: Exchange, headers: RequestHeaders, receive: Receive) -> None:
-        gateway = self.gateway
-        snapshot = gateway.policy()
+    async def _handle(
+        self,
+        runtime: Runtime,
+        headers: RequestHeaders,
+        receive: Receive,
+        response: ClientResponse,
+        span: RequestSpan,
+        arrival: float,
+        known: _Known,
+    ) -> ErrorCode | None:
+        deps = self.deps
+        snapshot = runtime.snapshot
         tenant = authenticate(headers.authorization, snapshot)
-        exchange.tenant = tenant.name
+        known.tenant = tenant.name
         limits = snapshot.policy.limits
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
         body = parse_json_object(raw, limits.max_json_depth)
@@ -174,289 +172,106 @@ class InferenceHandler:
         model_policy = snapshot.models.get(model)
         if model_policy is None:
             raise NotFound(f"The model '{model}' does not exist.", code="model_not_found", param="model")
-        exchange.model = model
+        known.model = model
         authorize_model(tenant, model, snapshot)
-        class_name, klass = resolve_class(tenant, headers.priority, snapshot)
-        exchange.klass = class_name
+        class_name, priority_class = resolve_class(tenant, headers.priority, snapshot)
+        known.class_name, known.slo = class_name, priority_class.slo
         request = build_request(
             api=self.api,
             body=body,
             raw_body=raw,
-            request_id=exchange.request_id,
-            arrival=exchange.arrival,
+            request_id=headers.request_id or "",
+            arrival=arrival,
             model_policy=model_policy,
             limits=limits,
-            estimator=gateway.estimator,
+            estimator=deps.estimator,
         )
         if headers.session_id:
-            request.session_id = headers.session_id.decode(errors="replace")
-        exchange.stream = request.stream
-        exchange.span.describe(
+            request = dataclasses.replace(request, session_id=headers.session_id.decode(errors="replace"))
+        known.stream = request.stream
+        span.describe(
             model=model, tenant=tenant.name, class_name=class_name, max_tokens=request.max_tokens, stream=request.stream
         )
-        deadline = exchange.arrival + request_timeout(headers.request_timeout, klass.deadline_s)
-        if request.stream:
-            _ask_for_usage(request)
-        admission = await gateway.limiter.admit(tenant, request)
-        exchange.t_admit = gateway.clock.now()
-        exchange.extra_headers = admission.headers
+        deadline = arrival + request_timeout(headers.request_timeout, priority_class.deadline_s)
+        ctx = RequestContext(request, tenant, class_name, priority_class, deadline, runtime, span)
+        admission = await deps.limiter.admit(tenant, request)
+        known.t_admit = deps.clock.now()
+        response.extra_headers = admission.headers
+        attempts = known.attempts = Attempts(ctx, deps.attempts, response)
         used_tokens: int | None = None
         try:
-            await _until_disconnect(receive, self._dispatch(exchange, request, tenant, class_name, klass, deadline))
-            used_tokens = _used_tokens(exchange)
+            ended = await _until_disconnect(receive, self._within_deadline(attempts, deadline))
+            used_tokens = _used_tokens(attempts)
+            return ended
         except ClientDisconnected:
-            used_tokens = request.prompt_tokens if exchange.backend else None
+            used_tokens = request.prompt_tokens if attempts.records else None
             raise
         finally:
-            await gateway.limiter.settle(admission, used_tokens)
+            await deps.limiter.settle(admission, used_tokens)
 
-    async def _dispatch(
-        self,
-        exchange: Exchange,
-        request: InferenceRequest,
-        tenant: Tenant,
-        class_name: str,
-        klass: PriorityClass,
-        deadline: float,
-    ) -> None:
-        """Attempts until one answers; a failure once the stream started ends it with an error event."""
+    async def _within_deadline(self, attempts: Attempts, deadline: float) -> ErrorCode | None:
+        """``attempts.run()``, cut at the request's deadline (504 ``deadline_exceeded``, or the
+        stream's error event once it started)."""
+        left = deadline - self.deps.clock.now()
         try:
-            await self._attempts(exchange, request, tenant, class_name, klass, deadline)
-        except GatewayError as error:
-            relay = exchange.relay
-            if relay is None or not exchange.started:
-                raise
-            await relay.finish(error)
-            exchange.outcome = StreamEnd.UPSTREAM_ERROR.value
-
-    async def _attempts(
-        self,
-        exchange: Exchange,
-        request: InferenceRequest,
-        tenant: Tenant,
-        class_name: str,
-        klass: PriorityClass,
-        deadline: float,
-    ) -> None:
-        """Bounded retries before the first byte; bounded migrations after it (same budget)."""
-        gateway = self.gateway
-        dispatcher, policy = gateway.dispatcher, gateway.policy().policy.retry
-        gateway.retry_budget.record_request()
-        span, model = exchange.span, request.model
-        tried: frozenset[str] = frozenset()
-        queued_s = 0.0
-        for attempt in range(policy.max_retries + 1):
-            t_ask = gateway.clock.now()
-            grant = await dispatcher.acquire(request, tenant, class_name, klass, deadline, exclude=tried)
-            now = gateway.clock.now()
-            queued_s += grant.queued_s
-            exchange.queued_s, exchange.decision = queued_s, grant.decision
-            exchange.t_dispatch = now
-            exchange.on_first_token = lambda grant=grant: dispatcher.first_token(model, grant)
-            exchange.failure = None
-            if span.recording:
-                _trace_grant(span, grant.decision, t_ask, now, class_name)
-            exchange.attempt = span.attempt(backend=grant.state.name, number=attempt + 1, t=now)
-            delay = 0.0
-            try:
-                await self._forward(exchange, request, tenant, grant.state, klass.rank, policy.migrate_streams)
-                return
-            except StreamBroken as broken:
-                follow_up = self._migration(exchange, request, broken, attempt, deadline, policy.max_retries)
-                if follow_up is None:
-                    raise broken.error from None
-                request = follow_up
-                gateway.metrics.retries.labels(grant.state.name, broken.error.code).inc()
-                tried = tried | {grant.state.name}
-            except GatewayError as error:
-                failure = exchange.failure or Failure(error=error, client_bytes_sent=exchange.started)
-                if attempt == policy.max_retries or not is_retryable(failure, statuses=policy.retryable_statuses):
-                    raise
-                if not gateway.retry_budget.try_spend():
-                    gateway.metrics.retry_budget_exhausted.labels(request.model).inc()
-                    raise
-                next_delay = retry_delay(
-                    policy, attempt + 1, failure, now=gateway.clock.now(), deadline=deadline, same_backend=False
-                )
-                if next_delay is None:
-                    raise
-                delay = next_delay
-                gateway.metrics.retries.labels(grant.state.name, error.code).inc()
-                tried = tried | {grant.state.name}
-            finally:
-                dispatcher.release(request.model, grant)
-            if delay:
-                await asyncio.sleep(delay)
-
-    def _migration(
-        self,
-        exchange: Exchange,
-        request: InferenceRequest,
-        broken: StreamBroken,
-        attempt: int,
-        deadline: float,
-        max_retries: int,
-    ) -> InferenceRequest | None:
-        """The continuation of a broken stream if one may start now; counts the verdict either way."""
-        gateway = self.gateway
-        relay = exchange.relay
-        assert relay is not None
-        assert relay.progress is not None
-        follow_up = continuation(request, relay.progress)
-        if follow_up is None:
-            verdict = "not_continuable"
-        elif attempt == max_retries:
-            verdict = "attempts_exhausted"
-        elif gateway.clock.now() >= deadline:
-            verdict = "deadline"
-        elif not gateway.retry_budget.try_spend():
-            gateway.metrics.retry_budget_exhausted.labels(request.model).inc()
-            verdict = "budget_exhausted"
-        else:
-            verdict = "continued"
-        gateway.metrics.child(gateway.metrics.migrations, request.model, verdict).inc()
-        log.warning(
-            "request %s: stream from %s broke (%s) after %s tokens; migration: %s",
-            exchange.request_id,
-            exchange.backend,
-            broken.error.code,
-            relay.progress.tokens,
-            verdict,
-        )
-        return follow_up if verdict == "continued" else None
-
-    async def _forward(
-        self,
-        exchange: Exchange,
-        request: InferenceRequest,
-        tenant: Tenant,
-        state: BackendState,
-        rank: int,
-        migrate: bool,
-    ) -> None:
-        gateway = self.gateway
-        backend = state.backend
-        exchange.backend = state.name
-        track = self._fit_body(request, tenant, backend, rank, migrate)
-        attempt = exchange.attempt
-        breaker = state.breaker
-        if breaker is not None and not breaker.try_acquire():
-            attempt.end(t=gateway.clock.now(), error="breaker_open")
-            raise UpstreamError(f"Backend '{state.name}' is failing; its circuit breaker is open.", code="breaker_open")
-        try:
-            response = await gateway.upstream.open(backend, request, trace=attempt)
-        except GatewayError as error:
-            attempt.end(t=gateway.clock.now(), error=error.code)
-            if breaker is not None:
-                breaker.on_failure()
-            if error.code == "upstream_connect_error":
-                gateway.pool.mark_down(state)
-            raise
-        # The breaker's verdict waits for the end of the answer: a backend that stalls or drops
-        # streams after sending its headers is failing too. A request cut by its client is no
-        # verdict at all.
-        verdict: bool | None = None
-        error_code: str | None = None
-        try:
-            status = response.status_code
-            if status != 200:
-                verdict = False if status >= 500 else None
-                error_code = "upstream_status"
-                body = await gateway.upstream.read_all(backend, response)
-                exchange.failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
-                raise backend_error(backend, status, body)
-            if request.stream:
-                end = await self._relay(exchange, request, state, response, track)
-                verdict = end is StreamEnd.COMPLETED
-                error_code = None if verdict else end.value
-            else:
-                await self._pass_through(exchange, state, response)
-                verdict = True
-        except StreamBroken as broken:
-            verdict, error_code = False, broken.error.code
-            raise
-        except GatewayError as error:
-            verdict = False if verdict is None and response.status_code == 200 else verdict
-            error_code = error_code or error.code
-            raise
-        finally:
-            await response.aclose()
-            attempt.end(t=gateway.clock.now(), status=response.status_code, error=error_code)
-            if breaker is not None:
-                _settle(breaker, verdict)
-
-    def _fit_body(self, request: InferenceRequest, tenant: Tenant, backend: Backend, rank: int, migrate: bool) -> bool:
-        """The fields this backend needs set for this request; True when its stream is tracked."""
-        if backend.engine_priority:
-            request.body["priority"] = engine_priority(backend.kind, rank)
-            request.body_modified = True
-        if backend.kind in SALTED_KINDS:
-            # Isolation: the engine's prefix cache is keyed by this; the client's own is overwritten.
-            request.body["cache_salt"] = self.gateway.salter.salt(tenant_scope(tenant))
-            request.body_modified = True
-        track = migrate and can_continue(request, backend.kind)
-        if track:
-            ask_for_progress(request)
-        return track
-
-    async def _pass_through(self, exchange: Exchange, state: BackendState, response: httpx.Response) -> None:
-        body = await self.gateway.upstream.read_all(state.backend, response)
-        timer = TokenTimer(exchange.arrival)
-        try:
-            document = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            document = None
-        if isinstance(document, dict) and isinstance(document.get("usage"), dict):
-            timer.usage = document["usage"]
-        exchange.timer = timer
-        content_type = response.headers.get("content-type", "application/json").encode()
-        await exchange.respond(200, body, [(b"content-type", content_type)])
-        exchange.outcome = "completed"
-
-    async def _relay(
-        self, exchange: Exchange, request: InferenceRequest, state: BackendState, response: httpx.Response, track: bool
-    ) -> StreamEnd:
-        """Relay the stream (or its continuation); raise ``StreamBroken`` when it could go on elsewhere."""
-        relay = exchange.relay
-        if relay is None:
-            timer = TokenTimer(exchange.arrival, on_first=exchange.on_first_token)
-            exchange.timer = timer
-            await exchange.start(200, list(SSE_HEADERS))
-            relay = SseRelay(
-                exchange.send,
-                timer,
-                self.gateway.clock,
-                strip_usage=not request.client_wants_usage,
-                track=track,
-                keep_continuous=request.client_wants_continuous_usage,
+            async with asyncio.timeout(max(left, 0.0)):
+                return await attempts.run()
+        except TimeoutError:
+            error = UpstreamTimeout(
+                f"The request did not finish within its deadline ({deadline - attempts.ctx.request.arrival:g}s: "
+                "x-request-timeout, or its class's deadline_s).",
+                code="deadline_exceeded",
             )
-            exchange.relay = relay
-        else:
-            relay.resume(on_output=exchange.on_first_token)
-        stall_s = state.backend.timeouts.between_chunks_s
-        failure = await relay.pump(_raw_chunks(response, state.backend.name, stall_s))
-        if failure is not None:
-            if relay.progress is not None and relay.progress.continuable:
-                raise StreamBroken(failure)
-            self.gateway.metrics.child(self.gateway.metrics.migrations, request.model, "not_continuable").inc()
-        end = await relay.finish(failure)
-        exchange.outcome = end.value if end is not StreamEnd.COMPLETED else "completed"
-        return end
+            if attempts.relay is None or not attempts.response.started:
+                raise error from None
+            await attempts.relay.finish(error)
+            return ErrorCode.DEADLINE_EXCEEDED
+
+    async def _fail_after_bug(self, response: ClientResponse, known: _Known) -> None:
+        """End the response after a gateway bug: a 500, or the stream's error event and ``[DONE]``."""
+        error = InternalError("The gateway failed to handle this request.")
+        try:
+            if not response.started:
+                await response.fail(error)
+            elif known.attempts is not None and known.attempts.relay is not None:
+                await known.attempts.relay.finish(error)
+        except Exception:  # the client may be gone too; the outcome is recorded either way
+            log.debug("could not send the error of request %s", response.request_id)
 
 
-def _settle(breaker: CircuitBreaker, verdict: bool | None) -> None:
-    """An attempt's verdict to its backend's breaker: None (the client left) counts neither way."""
-    if verdict is None:
-        breaker.release()
-    elif verdict:
-        breaker.on_success()
-    else:
-        breaker.on_failure()
-
-
-def engine_priority(kind: BackendKind, rank: int) -> int:
-    """The class rank as the engine's ``priority``: vLLM runs lower numbers first, SGLang higher."""
-    return -rank if kind is BackendKind.SGLANG else rank
+def _outcome(
+    api: Api,
+    response: ClientResponse,
+    known: _Known,
+    arrival: float,
+    end: float,
+    result: Result,
+    error: ErrorCode | None,
+    span: RequestSpan,
+) -> RequestOutcome:
+    attempts = known.attempts
+    timer = attempts.timer if attempts is not None else None
+    status = response.status
+    if result is Result.CLIENT_DISCONNECTED and not status:
+        status = 499
+    return RequestOutcome(
+        request_id=response.request_id,
+        api=api,
+        arrival=arrival,
+        end=end,
+        tenant=known.tenant,
+        model=known.model,
+        class_name=known.class_name,
+        stream=known.stream,
+        status=status,
+        result=result,
+        error=error,
+        attempts=tuple(attempts.records) if attempts is not None else (),
+        t_admit=known.t_admit,
+        tokens=timer.stats() if timer is not None else None,
+        slo=known.slo,
+        span=span,
+    )
 
 
 def request_timeout(header: bytes | None, default_s: float) -> float:
@@ -474,8 +289,8 @@ def request_timeout(header: bytes | None, default_s: float) -> float:
     return value
 
 
-def _used_tokens(exchange: Exchange) -> int | None:
-    usage = exchange.timer.usage if exchange.timer else None
+def _used_tokens(attempts: Attempts) -> int | None:
+    usage = attempts.timer.usage if attempts.timer else None
     if not usage:
         return None
     total = usage.get("total_tokens")
@@ -484,70 +299,7 @@ def _used_tokens(exchange: Exchange) -> int | None:
     return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
 
 
-def _ask_for_usage(request: InferenceRequest) -> None:
-    """Make the backend report usage at the end of the stream, whatever the client asked."""
-    options = request.body.get("stream_options")
-    request.client_wants_continuous_usage = bool(options and options.get("continuous_usage_stats"))
-    if request.client_wants_usage:
-        return
-    request.body["stream_options"] = {**(options or {}), "include_usage": True}
-    request.body_modified = True
-
-
-async def _raw_chunks(response: httpx.Response, backend: str, stall_s: float) -> AsyncIterator[bytes]:
-    """The upstream body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504 error.
-
-    One ``asyncio.timeout`` per stream, moved forward at each chunk (cheaper than one per read).
-    """
-    loop = asyncio.get_running_loop()
-    chunks = response.aiter_raw()
-    try:
-        async with asyncio.timeout_at(loop.time() + stall_s) as stall:
-            with map_upstream_errors(backend):  # inside the timeout: TimeoutError is an OSError
-                async for chunk in chunks:
-                    stall.reschedule(None)
-                    yield chunk
-                    stall.reschedule(loop.time() + stall_s)
-    except TimeoutError:
-        raise UpstreamTimeout(
-            f"Backend '{backend}' sent nothing for {stall_s:g}s in the middle of the stream.",
-            code="upstream_stalled",
-        ) from None
-    except UpstreamError as error:
-        if error.code != "upstream_connect_error":
-            raise
-        raise UpstreamError(
-            f"Backend '{backend}' dropped the connection in the middle of the stream.", code="upstream_disconnected"
-        ) from error
-
-
-class StreamBroken(Exception):
-    """A started stream's upstream failed while the stream could still be continued elsewhere."""
-
-    def __init__(self, error: GatewayError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def _trace_grant(span: RequestSpan, decision: RoutingDecision, asked: float, granted: float, class_name: str) -> None:
-    """The queue wait and the routing decision of one attempt, as spans (sampled requests only)."""
-    span.queue(start=asked, end=granted - decision.pick_s, class_name=class_name)
-    span.route(
-        start=granted - decision.pick_s,
-        end=granted,
-        backend=decision.state.name,
-        strategy=decision.strategy,
-        reason=decision.reason,
-        matched_blocks=decision.matched_blocks,
-        scores=decision.scores,
-    )
-
-
-class ClientDisconnected(Exception):
-    """The client went away; nothing is sent back, the outcome is recorded as such."""
-
-
-async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> None:
+async def _until_disconnect(receive: Receive, work: Awaitable[ErrorCode | None]) -> ErrorCode | None:
     """Run ``work``; cancel it the moment the client disconnects (closing the upstream)."""
     task = asyncio.current_task()
     assert task is not None
@@ -564,7 +316,7 @@ async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> None:
 
     watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        await work
+        return await work
     except asyncio.CancelledError:
         if disconnected and task.uncancel() == 0:
             raise ClientDisconnected() from None

@@ -33,6 +33,7 @@ from starlette.types import Send
 
 from gateway.clock import Clock
 from gateway.errors import GatewayError, UpstreamError, sse_error_event
+from gateway.outcome import TokenStats
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _OUTPUT_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
@@ -71,6 +72,10 @@ class TokenTimer:
     @property
     def ttft(self) -> float | None:
         return None if self.first_output is None else self.first_output - self.arrival
+
+    def stats(self) -> TokenStats:
+        """What was timed, frozen (the request's outcome keeps it)."""
+        return TokenStats(self.arrival, self.first_output, self.gaps, self.usage, tuple(self.finish_reasons))
 
 
 class StreamProgress:

@@ -42,8 +42,6 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from gateway.policy.model import Slo
-
 log = logging.getLogger(__name__)
 
 TraceRecord = dict[str, Any]
@@ -84,20 +82,6 @@ class ItlSummary:
 
 def _rank(ordered: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def meets_slo(*, ok: bool, ttft_s: float | None, itl_mean_s: float | None, e2e_s: float | None, slo: Slo) -> bool:
-    """True when a request succeeded and met every objective of its class.
-
-    The ITL objective is judged on the request's mean gap (MLPerf's TPOT, as the load generator
-    does); a request with a single output chunk has no gap and is judged on TTFT and E2E.
-    A request without a first token (non-streamed) is judged on E2E alone.
-    """
-    if not ok or e2e_s is None or e2e_s * 1000 > slo.e2e_ms:
-        return False
-    if ttft_s is not None and ttft_s * 1000 > slo.ttft_ms:
-        return False
-    return itl_mean_s is None or itl_mean_s * 1000 <= slo.itl_ms
 
 
 def trace_record(

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -62,7 +61,6 @@ from gateway.otlp import (
     TraceRecord,
 )
 from gateway.policy.model import TracingConfig
-from gateway.streaming import TokenTimer
 from gateway.tracelog import ItlSummary
 from gateway.types import Api
 
@@ -382,34 +380,3 @@ def _parent(traceparent: str) -> tuple[int, int, bool] | None:
     if not context.is_valid:
         return None
     return context.trace_id, context.span_id, context.trace_flags.sampled
-
-
-class FinishedRequest(Protocol):
-    """What ``finish_span`` reads of a finished request (``gateway.proxy.Exchange``)."""
-
-    status: int
-    outcome: str
-
-
-def finish_span(span: RequestSpan, request: FinishedRequest, timer: TokenTimer | None, t: float) -> None:
-    """End a request's server span at ``t``: its first-token event, usage, TTFT and ITL summary."""
-    if not span.recording:
-        return
-    if timer is None:
-        span.finish(t=t, status=request.status, outcome=request.outcome)
-        return
-    usage = timer.usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    if timer.first_output is not None:
-        span.first_token(t=timer.first_output)
-    span.finish(
-        t=t,
-        status=request.status,
-        outcome=request.outcome,
-        input_tokens=usage.get("prompt_tokens"),
-        output_tokens=usage.get("completion_tokens"),
-        cached_tokens=details.get("cached_tokens"),
-        finish_reasons=timer.finish_reasons,
-        ttft_s=timer.ttft,
-        itl=ItlSummary.of(timer.gaps) if timer.gaps else None,
-    )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:
     from gateway.routing.prefix_keys import PrefixKeys
@@ -22,13 +25,14 @@ class Api(Enum):
 class InferenceRequest:
     """A request that passed intake: parsed, size-checked and estimated, not yet routed.
 
-    ``body`` is the parsed JSON; ``raw_body`` is forwarded as-is unless ``body_modified``
-    says the gateway changed a field (clamped ``max_tokens``, added ``stream_options``, ...),
-    which saves a re-serialisation on the common path. Times are ``Clock.now()`` seconds.
-    ``session_id`` is the client's ``x-session-id`` (session-affinity routing); ``prefix_keys``
-    caches the request's prefix block hashes, computed once by the first router that needs them
-    (a queued request may be picked several times). ``client_wants_continuous_usage`` keeps
-    per-chunk usage (vLLM's ``continuous_usage_stats``) that the gateway may ask for itself.
+    ``body`` is the parsed JSON as validation left it (a model alias renamed, ``max_tokens``
+    clamped, ...) and is never edited afterwards: each attempt builds its own body from it
+    (``encode`` with that backend's fields, ``gateway/upstream_body.py``). ``raw_body`` is
+    forwarded as-is when validation changed nothing (``body_modified``) and the attempt adds
+    nothing, which saves a re-serialisation on the common path. Times are ``Clock.now()``
+    seconds. ``session_id`` is the client's ``x-session-id`` (session-affinity routing);
+    ``prefix_keys`` memoises the request's prefix block hashes, computed once by the first
+    router that needs them (a queued request may be picked several times).
     """
 
     request_id: str
@@ -44,11 +48,15 @@ class InferenceRequest:
     body_modified: bool = False
     session_id: str | None = None
     prefix_keys: PrefixKeys | None = None
-    client_wants_continuous_usage: bool = False
 
-    def upstream_body(self) -> bytes:
-        if not self.body_modified:
+    @property
+    def client_wants_continuous_usage(self) -> bool:
+        """Whether the client itself asked for vLLM's per-chunk usage (else the relay hides it)."""
+        options = self.body.get("stream_options")
+        return bool(isinstance(options, dict) and options.get("continuous_usage_stats"))
+
+    def encode(self, fields: Mapping[str, Any]) -> bytes:
+        """The body with ``fields`` set on top (the client's bytes when there is nothing to change)."""
+        if not fields and not self.body_modified:
             return self.raw_body
-        import orjson
-
-        return orjson.dumps(self.body)
+        return orjson.dumps({**self.body, **fields} if fields else self.body)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
@@ -25,7 +26,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.policy.model import Backend
-from gateway.types import Api, InferenceRequest
+from gateway.types import Api
 
 
 class TraceContext(Protocol):
@@ -59,6 +60,15 @@ def map_upstream_errors(backend: str) -> Iterator[None]:
         raise UpstreamError(f"Backend '{backend}' failed: {exc.strerror or exc}.") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamTargets:
+    """What requests to each backend carry: headers (its credential), timeouts, URL per API."""
+
+    headers: Mapping[str, list[tuple[bytes, bytes]]]
+    timeouts: Mapping[str, dict[str, float | None]]
+    urls: Mapping[tuple[str, Api], httpx.URL]
+
+
 class UpstreamClient:
     """Sends requests to backends over one connection pool shared by all of them."""
 
@@ -72,7 +82,15 @@ class UpstreamClient:
         self.configure(backends)
 
     def configure(self, backends: Mapping[str, Backend]) -> None:
-        """Resolve each backend's credential and timeouts; raise if a credential is missing."""
+        """Resolve each backend's credential and timeouts now; raise if a credential is missing."""
+        self.install(self.prepare(backends))
+
+    @staticmethod
+    def prepare(backends: Mapping[str, Backend]) -> UpstreamTargets:
+        """Each backend's headers (its credential), timeouts and URLs; raise ``MissingCredential``.
+
+        Changes nothing: a reload prepares first and installs only when every part of it could
+        be built (``gateway/runtime.py``)."""
         headers: dict[str, list[tuple[bytes, bytes]]] = {}
         timeouts: dict[str, dict[str, float | None]] = {}
         urls: dict[tuple[str, Api], httpx.URL] = {}
@@ -90,11 +108,16 @@ class UpstreamClient:
             timeouts[name] = {"connect": t.connect_s, "read": t.first_byte_s, "write": t.connect_s, "pool": None}
             for api in Api:
                 urls[(name, api)] = httpx.URL(backend.url + api.value)
-        # Merged, not replaced: a request granted a backend that a reload just removed still
-        # finds its credential and URL (removed backends are drained, not cut).
-        self._headers = {**self._headers, **headers}
-        self._timeouts = {**self._timeouts, **timeouts}
-        self._urls = {**self._urls, **urls}
+        return UpstreamTargets(headers, timeouts, urls)
+
+    def install(self, targets: UpstreamTargets) -> None:
+        """Use ``targets`` from now on.
+
+        Merged, not replaced: a request granted a backend that a reload just removed still
+        finds its credential and URL (removed backends are drained, not cut)."""
+        self._headers = {**self._headers, **targets.headers}
+        self._timeouts = {**self._timeouts, **targets.timeouts}
+        self._urls = {**self._urls, **targets.urls}
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -102,20 +125,27 @@ class UpstreamClient:
         return self._client
 
     async def open(
-        self, backend: Backend, request: InferenceRequest, trace: TraceContext | None = None
+        self,
+        backend: Backend,
+        api: Api,
+        body: bytes,
+        *,
+        engine_request_id: str,
+        trace: TraceContext | None = None,
     ) -> httpx.Response:
-        """Send ``request`` to ``backend``; return once the response headers arrived (body unread).
+        """POST ``body`` to ``backend``'s ``api``; return once the response headers arrived (body unread).
 
-        ``trace`` adds the W3C ``traceparent`` of the attempt's span (sampled requests only).
+        ``engine_request_id`` goes as ``x-request-id`` (the engine's id for this attempt, never
+        the client's); ``trace`` adds the W3C ``traceparent`` of the attempt's span.
         """
-        headers = [*self._headers[backend.name], (b"x-request-id", request.request_id.encode())]
+        headers = [*self._headers[backend.name], (b"x-request-id", engine_request_id.encode())]
         if trace is not None:
             trace.inject_into(headers)
         outgoing = httpx.Request(
             "POST",
-            self._urls[(backend.name, request.api)],
+            self._urls[(backend.name, api)],
             headers=headers,
-            content=request.upstream_body(),
+            content=body,
             extensions={"timeout": self._timeouts[backend.name]},
         )
         with map_upstream_errors(backend.name):

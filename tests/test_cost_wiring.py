@@ -22,8 +22,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import Gateway, GatewayApp
-from gateway.cost_meter import used_tokens
+from gateway.app import GatewayApp
+from gateway.service import Gateway
+from gateway.outcome import TokenStats
 from gateway.policy.loader import PolicyError, parse_policy
 from gateway.settings import Settings
 from gateway.tracelog import TraceLog, TraceLogConfig
@@ -220,15 +221,15 @@ def test_trace_log_records_refused_by_a_full_buffer_are_counted(tmp_path: Path, 
     backend, backend_url = fake
     log = tmp_path / "trace.jsonl"
     with gateway(tmp_path, policy(backend_url), trace_log_path=str(log)) as (url, gw, _):
-        running = gw.trace_log
+        running = gw.recorder.trace_log
         assert running is not None
         # A writer that never drains (a stalled disk), with room for two records.
-        gw.trace_log = TraceLog(TraceLogConfig(path=log, buffer_records=2))
+        stalled = gw.recorder.trace_log = TraceLog(TraceLogConfig(path=log, buffer_records=2))
         running.close()
         for _ in range(5):
             ask(url, KEY_ACME, "m/chat", backend, tokens=1)
         wait_until(lambda: metric(url, "gateway_trace_log_dropped_total") == 3.0, what="three records dropped")
-        assert gw.trace_log.dropped == 3
+        assert stalled.dropped == 3
 
 
 @pytest.mark.parametrize(
@@ -247,6 +248,9 @@ def test_bad_prices_are_refused_at_load(entry: dict[str, Any], problem: str) -> 
 
 
 def test_tokens_are_prompt_plus_completion() -> None:
-    assert used_tokens({"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}) == 12
-    assert used_tokens({"prompt_tokens": 7, "completion_tokens": None}) == 7
-    assert used_tokens(None) == 0
+    def total(usage: dict[str, Any] | None) -> int:
+        return TokenStats(0.0, None, (), usage, ()).total_tokens
+
+    assert total({"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}) == 12
+    assert total({"prompt_tokens": 7, "completion_tokens": None}) == 7
+    assert total(None) == 0

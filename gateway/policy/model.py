@@ -140,11 +140,6 @@ class PriorityClass(Strict):
     A paced class also yields: none of its prefills starts on a backend while a request of
     a higher class is prefilling there."""
 
-    @property
-    def max_wait_s(self) -> float:
-        """How long a request of this class may wait for a backend (see ``QueuePolicy``)."""
-        return self.queue.max_wait_s if self.queue.max_wait_s is not None else self.slo.ttft_ms / 1000
-
 
 class PrefixIndexPolicy(Strict):
     """Bounds of the per-backend index of recently served prefix blocks.
@@ -287,6 +282,12 @@ class Scrape(Strict):
 
     interval_s: Annotated[float, Field(ge=0)] = 1.0
     timeout_s: PositiveFloat = 1.0
+
+    @property
+    def fresh_s(self) -> float:
+        """How long scraped signals count as current: three intervals, at least one second
+        (one missed scrape must not make a saturated backend look idle)."""
+        return max(3 * self.interval_s, 1.0)
 
 
 class CacheScope(Strict):

@@ -3,10 +3,13 @@
 A ``PolicySource`` holds the snapshot in force. ``reload(reason)`` reads the file and validates
 it with the loader (``parse_policy``, the second half of ``load_policy``) before anything
 changes: an invalid file is logged, counted and reported, and the old snapshot stays; a file
-whose bytes have the digest of the snapshot in force is ``unchanged``; a valid new file
-replaces ``current()`` in one assignment, then every subscribed listener is called with it,
-in subscription order (the gateway re-applies its backend pool, dispatcher and routers there).
-A listener that raises is logged and counted; the swap stands.
+whose bytes have the digest of the snapshot in force is ``unchanged``. A valid new file is
+first handed to the ``install`` callable (the gateway builds everything the new policy needs
+there, and installs it in one step, see ``gateway/runtime.py``); if that raises
+``ReloadRefused`` (a backend whose credential is missing, ...) nothing changes and the reload
+is ``refused`` with the reason, like an invalid file. Only then does the new snapshot replace
+``current()``, and every subscribed listener is called with it, in subscription order. A
+listener that raises is logged and counted; the swap stands.
 
 Three triggers call ``reload``: ``watch(interval_s)`` polls the file (``poll()`` is one step:
 ``stat`` for inode, mtime and size, and the content digest when those changed), a SIGHUP
@@ -20,7 +23,7 @@ and uses that object to the end; snapshots are frozen, so a reload never changes
 in flight. Everything here runs on the event loop (the file is small; reading it is cheap).
 
 Counters for telemetry are plain attributes: ``reloads_ok``, ``reloads_invalid``,
-``reloads_unchanged``, ``listener_errors``; ``last_result`` and ``last_error`` feed
+``reloads_refused``, ``reloads_unchanged``, ``listener_errors``; ``last_result`` and ``last_error`` feed
 ``/admin/policy``.
 """
 
@@ -45,11 +48,16 @@ RACY_S = 2.0
 Listener = Callable[[PolicySnapshot], None]
 
 
+class ReloadRefused(Exception):
+    """A valid policy that cannot be applied (a missing credential, ...); nothing was changed."""
+
+
 class ReloadOutcome(StrEnum):
     """The result of one reload attempt; the values are the ``result`` metric label."""
 
     OK = "ok"
     INVALID = "invalid"
+    REFUSED = "refused"
     UNCHANGED = "unchanged"
 
 
@@ -81,15 +89,25 @@ class PolicySource:
         snapshot = source.current()                      # once per request
     """
 
-    def __init__(self, path: str | Path, *, initial: PolicySnapshot | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        initial: PolicySnapshot | None = None,
+        install: Listener | None = None,
+    ) -> None:
+        """``install(snapshot)`` applies a new policy before it becomes ``current()``; it may
+        raise ``ReloadRefused``, and must change nothing when it does."""
         self.path = Path(path)
         self._current = initial if initial is not None else load_policy(self.path)
+        self._install = install
         self._listeners: list[Listener] = []
         self._seen_stat: tuple[int, int, int] | None = None
         self._seen_digest = self._current.digest
         self._racy = True
         self.reloads_ok = 0
         self.reloads_invalid = 0
+        self.reloads_refused = 0
         self.reloads_unchanged = 0
         self.listener_errors = 0
         self.last_result: ReloadResult | None = None
@@ -156,6 +174,11 @@ class PolicySource:
             snapshot = parse_policy(data, str(self.path))
         except PolicyError as exc:
             return self._reject(reason, exc)
+        if self._install is not None:
+            try:
+                self._install(snapshot)
+            except ReloadRefused as exc:
+                return self._refuse(reason, snapshot, exc)
         previous, self._current = self._current, snapshot
         self.reloads_ok += 1
         self.last_error = None
@@ -175,6 +198,12 @@ class PolicySource:
         self.last_error = str(error)
         log.error("policy reload (%s) rejected; keeping version %s:\n%s", reason, self._current.version, error)
         return self._result(ReloadOutcome.INVALID, reason, self.last_error)
+
+    def _refuse(self, reason: str, snapshot: PolicySnapshot, error: ReloadRefused) -> ReloadResult:
+        self.reloads_refused += 1
+        self.last_error = f"{self.path}: version {snapshot.version} is valid but cannot be applied: {error}"
+        log.error("policy reload (%s) refused; keeping version %s: %s", reason, self._current.version, self.last_error)
+        return self._result(ReloadOutcome.REFUSED, reason, self.last_error)
 
     def _notify(self, snapshot: PolicySnapshot) -> None:
         for listener in list(self._listeners):

@@ -22,10 +22,11 @@ from gateway.admission import resolve_class
 from gateway.auth import authenticate, authorize_model
 from gateway.capacity import has_room
 from gateway.clock import MonotonicClock
+from gateway.dispatch import ModelQueues
 from gateway.endpoints import BackendPool, BackendState
 from gateway.errors import InvalidRequest, NotFound
 from gateway.policy.loader import PolicySnapshot
-from gateway.policy.model import Tenant
+from gateway.policy.model import PriorityClass, Tenant
 from gateway.routing.base import Router, RoutingDecision
 from gateway.routing.isolation import SALTED_KINDS, tenant_scope
 from gateway.routing.registry import build_routers
@@ -61,7 +62,7 @@ def explain(
     pool = BackendPool(snapshot)
     now = clock.now()
     _apply_state(pool, router, snapshot, tenant, backend_state or {}, now, session_id)
-    fresh_s = max(3 * snapshot.policy.scrape.interval_s, 1.0)
+    fresh_s = snapshot.policy.scrape.fresh_s
     tokens = request.prompt_tokens + request.max_tokens
     states = pool.for_model(model)
     roomy = [s for s in states if has_room(s, klass, tokens, now, fresh_s)]
@@ -71,7 +72,7 @@ def explain(
         f"request: {request.api.name.lower()} for model '{model}', about {request.prompt_tokens} prompt tokens "
         f"(estimated), max_tokens {request.max_tokens}",
         f"class:   {class_name} (rank {klass.rank}); queue: model '{model}' class '{class_name}' "
-        f"(max depth {klass.queue.max_depth}, max wait {klass.max_wait_s:g}s)",
+        f"(max depth {klass.queue.max_depth}, max wait {_wait_budget(klass)})",
         f"routing: {routing.strategy} (block {routing.block_tokens} tokens, epsilon {routing.epsilon:g})",
     ]
     if not roomy:
@@ -170,3 +171,12 @@ def _score_lines(states: tuple[BackendState, ...], roomy: list[BackendState], de
     if detail is not None and detail.load_bound:
         table.append(f"  bounded load: at most {detail.load_bound} requests in flight per backend after this one")
     return table
+
+
+def _wait_budget(klass: PriorityClass) -> str:
+    """The class's wait budget as dispatch computes it (``ModelQueues.wait_budget``), said for a
+    gateway that has measured nothing yet: the measured dispatch-to-first-token tail lowers it."""
+    if klass.queue.max_wait_s is not None:
+        return f"{klass.queue.max_wait_s:g}s"
+    fresh = ModelQueues("-", {}).wait_budget(klass)
+    return f"{fresh:g}s, the TTFT objective less the measured dispatch-to-first-token time"

@@ -103,7 +103,7 @@ def build_router(spec: RouterSpec) -> Router:
 
 def build_routers(snapshot: PolicySnapshot, clock: Clock) -> dict[str, Router]:
     """One router per model of the policy."""
-    fresh_s = max(3 * snapshot.policy.scrape.interval_s, 1.0)
+    fresh_s = snapshot.policy.scrape.fresh_s
     return {
         name: build_router(RouterSpec(name, model.routing, clock, fresh_s)) for name, model in snapshot.models.items()
     }

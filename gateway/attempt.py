@@ -1,0 +1,351 @@
+"""The attempts of one request: a backend, a body for it, the answer relayed, and what to do on failure.
+
+The rule (``gateway/retry.py`` states when a failure is retryable, ``gateway/migration.py``
+when a broken stream can be continued):
+
+1. Ask the dispatcher for a backend with room (it may queue, or refuse at once).
+2. Build this attempt's body from the frozen request and that backend's kind
+   (``gateway/upstream_body.py``): nothing one backend needed carries over to the next.
+3. Ask the backend's breaker, send, and relay the answer: passed through whole when not
+   streamed, event by event when streamed (``gateway/streaming.py``).
+4. A failure before any byte reached the client is retried on another backend when it is
+   retryable, attempts remain (``retry.max_retries``), the deadline allows and the retry
+   budget has room; otherwise it is the request's error. A stream that breaks after bytes
+   reached the client is continued on another backend under the same bounds (a migration is
+   a retry), or ends with an error event and ``[DONE]``.
+
+Every attempt gives its backend slot back when it ends, and reports one verdict to the
+backend's breaker: success, failure, or none (the client left). Each attempt leaves an
+``AttemptRecord`` in ``records``; the pipeline puts them in the request's outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from gateway.breaker import CircuitBreaker
+from gateway.clock import Clock
+from gateway.context import RequestContext
+from gateway.dispatch import Dispatcher, Grant
+from gateway.endpoints import BackendPool, BackendState
+from gateway.errors import ErrorCode, GatewayError, UpstreamError, UpstreamTimeout, code_of
+from gateway.migration import can_continue, continuation
+from gateway.outcome import AttemptRecord
+from gateway.response import SSE_HEADERS, ClientResponse
+from gateway.retry import Failure, is_retryable, retry_delay
+from gateway.routing.base import RoutingDecision
+from gateway.routing.isolation import tenant_scope
+from gateway.streaming import SseRelay, StreamEnd, TokenTimer
+from gateway.telemetry import Metrics
+from gateway.tracing import AttemptSpan, RequestSpan
+from gateway.types import InferenceRequest
+from gateway.upstream import UpstreamClient, backend_error, map_upstream_errors
+from gateway.upstream_body import attempt_body
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptDeps:
+    """The collaborators an attempt uses, and nothing else."""
+
+    clock: Clock
+    dispatcher: Dispatcher
+    upstream: UpstreamClient
+    pool: BackendPool
+    metrics: Metrics
+
+
+def new_engine_request_id() -> str:
+    """A fresh id for one attempt, sent to the engine as ``x-request-id``: never the client's
+    (duplicate ids have crashed vLLM), unique per attempt (retries and migrations included)."""
+    return "gw-" + os.urandom(12).hex()
+
+
+class StreamBroken(Exception):
+    """A started stream's upstream failed while the stream could still be continued elsewhere."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Attempts:
+    """The attempts of one request (see the module docstring); ``run`` once."""
+
+    __slots__ = ("_failure", "ctx", "deps", "records", "relay", "response", "timer")
+
+    def __init__(self, ctx: RequestContext, deps: AttemptDeps, response: ClientResponse) -> None:
+        self.ctx = ctx
+        self.deps = deps
+        self.response = response
+        self.records: list[AttemptRecord] = []
+        self.timer: TokenTimer | None = None
+        self.relay: SseRelay | None = None
+        self._failure: Failure | None = None
+
+    async def run(self) -> ErrorCode | None:
+        """Answer the request; None when the answer completed, else the code its stream ended with.
+
+        Raises the ``GatewayError`` that ended the request while nothing was sent yet; once a
+        stream started, a failure ends it with an error event and ``[DONE]`` instead."""
+        try:
+            return await self._attempts()
+        except GatewayError as error:
+            if self.relay is None or not self.response.started:
+                raise
+            await self.relay.finish(error)
+            return code_of(error)
+
+    async def _attempts(self) -> ErrorCode | None:
+        ctx, deps = self.ctx, self.deps
+        retry = ctx.runtime.snapshot.policy.retry
+        budget = ctx.runtime.retry_budget
+        budget.record_request()
+        request = ctx.request
+        tried: frozenset[str] = frozenset()
+        for attempt in range(retry.max_retries + 1):
+            t_ask = deps.clock.now()
+            grant = await deps.dispatcher.acquire(
+                request, ctx.tenant, ctx.class_name, ctx.priority_class, ctx.deadline, exclude=tried
+            )
+            now = deps.clock.now()
+            if ctx.span.recording:
+                _trace_grant(ctx.span, grant.decision, t_ask, now, ctx.class_name)
+            engine_id = new_engine_request_id()
+            self.records.append(AttemptRecord(grant.state.name, grant.decision, grant.queued_s, now, engine_id))
+            span = ctx.span.attempt(backend=grant.state.name, number=attempt + 1, t=now)
+            self._failure = None
+            delay = 0.0
+            try:
+                return await self._forward(request, grant, span, engine_id, retry.migrate_streams)
+            except StreamBroken as broken:
+                self._mark(broken.error)
+                follow_up = self._migration(request, broken, attempt, retry.max_retries)
+                if follow_up is None:
+                    raise broken.error from None
+                request = follow_up
+                deps.metrics.retries.labels(grant.state.name, broken.error.code).inc()
+                tried = tried | {grant.state.name}
+            except GatewayError as error:
+                self._mark(error)
+                failure = self._failure or Failure(error=error, client_bytes_sent=self.response.started)
+                if attempt == retry.max_retries or not is_retryable(failure, statuses=retry.retryable_statuses):
+                    raise
+                if not budget.try_spend():
+                    deps.metrics.retry_budget_exhausted.labels(request.model).inc()
+                    raise
+                next_delay = retry_delay(
+                    retry, attempt + 1, failure, now=deps.clock.now(), deadline=ctx.deadline, same_backend=False
+                )
+                if next_delay is None:
+                    raise
+                delay = next_delay
+                deps.metrics.retries.labels(grant.state.name, error.code).inc()
+                tried = tried | {grant.state.name}
+            finally:
+                deps.dispatcher.release(request.model, grant)
+            if delay:
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _mark(self, error: GatewayError) -> None:
+        """Record how the latest attempt ended."""
+        self.records[-1] = dataclasses.replace(self.records[-1], error=code_of(error))
+
+    def _migration(
+        self, request: InferenceRequest, broken: StreamBroken, attempt: int, max_retries: int
+    ) -> InferenceRequest | None:
+        """The continuation of a broken stream if one may start now; counts the verdict either way."""
+        ctx, deps = self.ctx, self.deps
+        relay = self.relay
+        assert relay is not None
+        assert relay.progress is not None
+        follow_up = continuation(request, relay.progress)
+        if follow_up is None:
+            verdict = "not_continuable"
+        elif attempt == max_retries:
+            verdict = "attempts_exhausted"
+        elif deps.clock.now() >= ctx.deadline:
+            verdict = "deadline"
+        elif not ctx.runtime.retry_budget.try_spend():
+            deps.metrics.retry_budget_exhausted.labels(request.model).inc()
+            verdict = "budget_exhausted"
+        else:
+            verdict = "continued"
+        deps.metrics.child(deps.metrics.migrations, request.model, verdict).inc()
+        log.warning(
+            "request %s: stream from %s broke (%s) after %s tokens; migration: %s",
+            request.request_id,
+            self.records[-1].backend,
+            broken.error.code,
+            relay.progress.tokens,
+            verdict,
+        )
+        return follow_up if verdict == "continued" else None
+
+    async def _forward(
+        self, request: InferenceRequest, grant: Grant, span: AttemptSpan, engine_id: str, migrate: bool
+    ) -> ErrorCode | None:
+        """One attempt on ``grant``'s backend: send, then relay or pass the answer through."""
+        ctx, deps = self.ctx, self.deps
+        state = grant.state
+        backend = state.backend
+        track = migrate and can_continue(request, backend.kind)
+        salt = ctx.runtime.salter.salt(tenant_scope(ctx.tenant))
+        body = attempt_body(request, backend, salt=salt, rank=ctx.rank, track=track)
+        breaker = state.breaker
+        if breaker is not None and not breaker.try_acquire():
+            span.end(t=deps.clock.now(), error="breaker_open")
+            raise UpstreamError(f"Backend '{state.name}' is failing; its circuit breaker is open.", code="breaker_open")
+        try:
+            response = await deps.upstream.open(backend, request.api, body, engine_request_id=engine_id, trace=span)
+        except GatewayError as error:
+            span.end(t=deps.clock.now(), error=error.code)
+            if breaker is not None:
+                breaker.on_failure()
+            if error.code == "upstream_connect_error":
+                deps.pool.mark_down(state)
+            raise
+        # The breaker's verdict waits for the end of the answer: a backend that stalls or drops
+        # streams after sending its headers is failing too. A request cut by its client is no
+        # verdict at all.
+        verdict: bool | None = None
+        error_code: str | None = None
+        try:
+            status = response.status_code
+            if status != 200:
+                verdict = False if status >= 500 else None
+                error_code = "upstream_status"
+                answer = await deps.upstream.read_all(backend, response)
+                self._failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
+                raise backend_error(backend, status, answer)
+            if request.stream:
+                ended = await self._relay(request, grant, response, track)
+                verdict = ended is None
+                error_code = None if ended is None else ended.value
+                return ended
+            await self._pass_through(state, response)
+            verdict = True
+            return None
+        except StreamBroken as broken:
+            verdict, error_code = False, broken.error.code
+            raise
+        except GatewayError as error:
+            verdict = False if verdict is None and response.status_code == 200 else verdict
+            error_code = error_code or error.code
+            raise
+        finally:
+            await response.aclose()
+            span.end(t=deps.clock.now(), status=response.status_code, error=error_code)
+            if breaker is not None:
+                _report_verdict(breaker, verdict)
+
+    async def _pass_through(self, state: BackendState, response: httpx.Response) -> None:
+        body = await self.deps.upstream.read_all(state.backend, response)
+        timer = TokenTimer(self.ctx.request.arrival)
+        try:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            document = None
+        if isinstance(document, dict) and isinstance(document.get("usage"), dict):
+            timer.usage = document["usage"]
+        self.timer = timer
+        content_type = response.headers.get("content-type", "application/json").encode()
+        await self.response.respond(200, body, [(b"content-type", content_type)])
+
+    async def _relay(
+        self, request: InferenceRequest, grant: Grant, response: httpx.Response, track: bool
+    ) -> ErrorCode | None:
+        """Relay the stream (or its continuation): None when it completed, else the code it ended
+        with (after its error event); raise ``StreamBroken`` when it could go on elsewhere."""
+        deps = self.deps
+        model = request.model
+
+        def first_token() -> None:
+            deps.dispatcher.first_token(model, grant)
+
+        relay = self.relay
+        if relay is None:
+            timer = TokenTimer(request.arrival, on_first=first_token)
+            self.timer = timer
+            await self.response.start(200, list(SSE_HEADERS))
+            relay = SseRelay(
+                self.response.send,
+                timer,
+                deps.clock,
+                strip_usage=not request.client_wants_usage,
+                track=track,
+                keep_continuous=request.client_wants_continuous_usage,
+            )
+            self.relay = relay
+        else:
+            relay.resume(on_output=first_token)
+        backend = grant.state.backend
+        failure = await relay.pump(_raw_chunks(response, backend.name, backend.timeouts.between_chunks_s))
+        if failure is not None:
+            if relay.progress is not None and relay.progress.continuable:
+                raise StreamBroken(failure)
+            deps.metrics.child(deps.metrics.migrations, model, "not_continuable").inc()
+        if await relay.finish(failure) is StreamEnd.COMPLETED:
+            return None
+        return code_of(failure) if failure is not None else ErrorCode.UPSTREAM_ERROR
+
+
+def _report_verdict(breaker: CircuitBreaker, verdict: bool | None) -> None:
+    """An attempt's verdict to its backend's breaker: None (the client left) counts neither way."""
+    if verdict is None:
+        breaker.release()
+    elif verdict:
+        breaker.on_success()
+    else:
+        breaker.on_failure()
+
+
+async def _raw_chunks(response: httpx.Response, backend: str, stall_s: float) -> AsyncIterator[bytes]:
+    """The upstream body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504 error.
+
+    One ``asyncio.timeout`` per stream, moved forward at each chunk (cheaper than one per read).
+    """
+    loop = asyncio.get_running_loop()
+    chunks = response.aiter_raw()
+    try:
+        async with asyncio.timeout_at(loop.time() + stall_s) as stall:
+            with map_upstream_errors(backend):  # inside the timeout: TimeoutError is an OSError
+                async for chunk in chunks:
+                    stall.reschedule(None)
+                    yield chunk
+                    stall.reschedule(loop.time() + stall_s)
+    except TimeoutError:
+        raise UpstreamTimeout(
+            f"Backend '{backend}' sent nothing for {stall_s:g}s in the middle of the stream.",
+            code="upstream_stalled",
+        ) from None
+    except UpstreamError as error:
+        if error.code != "upstream_connect_error":
+            raise
+        raise UpstreamError(
+            f"Backend '{backend}' dropped the connection in the middle of the stream.", code="upstream_disconnected"
+        ) from error
+
+
+def _trace_grant(span: RequestSpan, decision: RoutingDecision, asked: float, granted: float, class_name: str) -> None:
+    """The queue wait and the routing decision of one attempt, as spans (sampled requests only)."""
+    span.queue(start=asked, end=granted - decision.pick_s, class_name=class_name)
+    span.route(
+        start=granted - decision.pick_s,
+        end=granted,
+        backend=decision.state.name,
+        strategy=decision.strategy,
+        reason=decision.reason,
+        matched_blocks=decision.matched_blocks,
+        scores=decision.scores,
+    )

@@ -1,0 +1,38 @@
+"""One frozen value per request: everything decided about it before its first attempt.
+
+Built once by the pipeline (``gateway/proxy.py``) when a request passed authentication,
+validation and class resolution; read by every attempt (``gateway/attempt.py``) and never
+changed. What changes while the request runs (attempts made, tokens timed) is recorded by
+the attempt module and ends in the request's frozen ``RequestOutcome``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.policy.model import PriorityClass, Tenant
+from gateway.runtime import Runtime
+from gateway.tracing import RequestSpan
+from gateway.types import InferenceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """A validated request, its tenant and class, its deadline, and the policy it runs under.
+
+    ``deadline`` is on the gateway clock: arrival plus ``x-request-timeout`` or the class's
+    ``deadline_s``; it bounds the queue wait, every retry and the answer itself. ``runtime``
+    is the policy in force at arrival (``gateway/runtime.py``), kept to the end.
+    """
+
+    request: InferenceRequest
+    tenant: Tenant
+    class_name: str
+    priority_class: PriorityClass
+    deadline: float
+    runtime: Runtime
+    span: RequestSpan
+
+    @property
+    def rank(self) -> int:
+        return self.priority_class.rank

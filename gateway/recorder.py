@@ -1,0 +1,142 @@
+"""Telemetry of a finished request, from one place: metrics, goodput, cost, trace log, span.
+
+The pipeline hands every finished request here once, as a frozen ``RequestOutcome``
+(``gateway/outcome.py``); nothing else records per-request telemetry. Metric samples go
+through ``Metrics.pending`` (applied in bulk before each scrape, see ``gateway/telemetry.py``),
+so a request costs a few list appends here, not a lock per label set.
+
+What is recorded where:
+
+* ``gateway_requests_total{model,api,class,status,outcome}`` for every request, and
+  ``gateway_rejections_total{reason,class,tenant}`` for every 429/503, under the tenant's
+  bounded label (``gateway/labels.py``);
+* queue wait and routing decision of the last attempt, when one was dispatched;
+* E2E, TTFT, inter-token gaps and token counts, when a backend answered;
+* goodput (``gateway/goodput.py``): SLO-judged requests, those that met it, and their tokens;
+* the request's cost share (``gateway/cost_meter.py``), its trace-log line
+  (``gateway/tracelog.py``) and its server span (``gateway/tracing.py``).
+"""
+
+from __future__ import annotations
+
+from gateway.cost_meter import CostMeter
+from gateway.goodput import judge
+from gateway.labels import TenantLabels
+from gateway.outcome import RequestOutcome, TokenStats
+from gateway.telemetry import Metrics
+from gateway.tracelog import ItlSummary, TraceLog, trace_record
+from gateway.tracing import RequestSpan
+
+
+class Recorder:
+    """Records finished requests (see the module docstring); ``enabled=False`` records nothing."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        costs: CostMeter,
+        trace_log: TraceLog | None,
+        *,
+        epoch_offset: float,
+        enabled: bool = True,
+    ) -> None:
+        self.metrics = metrics
+        self.costs = costs
+        self.trace_log = trace_log
+        self.epoch_offset = epoch_offset
+        self.enabled = enabled
+
+    def record(self, outcome: RequestOutcome, labels: TenantLabels) -> None:
+        """Count ``outcome`` everywhere (once per request); ``labels`` bounds the tenant label."""
+        if not self.enabled:
+            return
+        m = self.metrics
+        p = m.pending
+        model, class_name = outcome.model, outcome.class_name
+        model_class = (model, class_name)
+        label = outcome.label
+        p.inc(m.requests, (model, outcome.api.name.lower(), class_name, str(outcome.status), label))
+        tenant = labels.label(outcome.tenant)  # counts traffic; the busiest keep their name
+        if outcome.status in (429, 503):
+            p.inc(m.rejections, (label, class_name, tenant))
+        decision = outcome.decision
+        if decision is not None:
+            p.observe(m.queue_wait, model_class, outcome.queued_s)
+            strategy = decision.strategy
+            p.inc(m.routing_decisions, (model, strategy, decision.reason))
+            p.observe(m.routing_pick, (model, strategy), decision.pick_s)
+            if decision.detail is not None:
+                p.observe(m.matched_blocks, (model, strategy), decision.matched_blocks)
+        verdict = judge(outcome)
+        tokens = outcome.tokens
+        if verdict.judged:
+            p.inc(m.slo_requests, model_class)
+            if verdict.met:
+                p.inc(m.goodput_requests, model_class)
+                p.inc(m.goodput_tokens, model_class, (tokens.usage_int("completion_tokens") or 0) if tokens else 0)
+        self.costs.record(outcome, tenant, verdict.met)
+        itl = ItlSummary.of(tokens.gaps) if tokens and tokens.gaps else None
+        if self.trace_log is not None:
+            self._write_trace_log(self.trace_log, outcome, itl, verdict.met)
+        if outcome.span.recording:
+            finish_span(outcome.span, outcome, itl)
+        if tokens is None:
+            return
+        p.observe(m.e2e, model_class, outcome.e2e_s)
+        ttft = tokens.ttft
+        if ttft is not None:
+            p.observe(m.ttft, model_class, ttft)
+            if tokens.gaps:
+                p.observe_all(m.itl, model_class, tokens.gaps)
+        if tokens.usage:
+            p.inc(m.tokens, (model, "input"), tokens.usage_int("prompt_tokens") or 0)
+            p.inc(m.tokens, (model, "output"), tokens.usage_int("completion_tokens") or 0)
+
+    def _write_trace_log(self, log: TraceLog, outcome: RequestOutcome, itl: ItlSummary | None, met: bool) -> None:
+        """One line of the request trace log (no prompt or completion text, ever)."""
+        tokens = outcome.tokens
+        log.write(
+            trace_record(
+                request_id=outcome.request_id,
+                epoch_offset=self.epoch_offset,
+                t_arrival=outcome.arrival,
+                t_end=outcome.end,
+                t_admit=outcome.t_admit,
+                t_dispatch=outcome.t_dispatch,
+                t_first_token=tokens.first_output if tokens else None,
+                class_name=outcome.class_name,
+                tenant=outcome.tenant,
+                model=outcome.model,
+                stream=outcome.stream,
+                status=outcome.status,
+                outcome=outcome.label,
+                backend=outcome.backend,
+                queue_s=outcome.queued_s,
+                itl=itl,
+                tokens_in=tokens.usage_int("prompt_tokens") if tokens else None,
+                tokens_out=tokens.usage_int("completion_tokens") if tokens else None,
+                cached_tokens=tokens.cached_tokens if tokens else None,
+                slo_met=met,
+            )
+        )
+
+
+def finish_span(span: RequestSpan, outcome: RequestOutcome, itl: ItlSummary | None) -> None:
+    """End a request's server span: its first-token event, usage, TTFT and ITL summary."""
+    tokens: TokenStats | None = outcome.tokens
+    if tokens is None:
+        span.finish(t=outcome.end, status=outcome.status, outcome=outcome.label)
+        return
+    if tokens.first_output is not None:
+        span.first_token(t=tokens.first_output)
+    span.finish(
+        t=outcome.end,
+        status=outcome.status,
+        outcome=outcome.label,
+        input_tokens=tokens.usage_int("prompt_tokens"),
+        output_tokens=tokens.usage_int("completion_tokens"),
+        cached_tokens=tokens.cached_tokens,
+        finish_reasons=tokens.finish_reasons,
+        ttft_s=tokens.ttft,
+        itl=itl,
+    )

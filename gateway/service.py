@@ -1,0 +1,229 @@
+"""The running gateway: the long-lived components, built once in the lifespan, and their loops.
+
+``Gateway`` owns what outlives a policy (the backend pool and its health, the dispatcher's
+queues, the upstream connection pool, the tenant limit store, metrics, cost, the trace log)
+and the ``Runtime`` in force (``gateway/runtime.py``: what the policy decides). It does four
+things: hand the request path its collaborators (``pipeline_deps``), run the background loops
+(health checks, scrapes, cost intervals, the policy watch), install a reload in one step
+(``install``, called by the policy source before it swaps), and drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from gateway.admission import TenantLimiter
+from gateway.attempt import AttemptDeps
+from gateway.breaker import CircuitBreaker
+from gateway.clock import Clock, MonotonicClock
+from gateway.cost_meter import CostMeter
+from gateway.dispatch import Dispatcher
+from gateway.endpoints import BackendPool
+from gateway.exposition import expose
+from gateway.lifecycle import Drainable
+from gateway.policy.loader import PolicySnapshot
+from gateway.policy.watch import PolicySource, ReloadRefused
+from gateway.proxy import InFlight, PipelineDeps
+from gateway.recorder import Recorder
+from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
+from gateway.scrape import SaturationScraper
+from gateway.settings import Settings
+from gateway.state.factory import build_limit_store
+from gateway.state.memory import MemoryLimitStore
+from gateway.state.redis import RedisLimitStore
+from gateway.telemetry import Metrics
+from gateway.tokens import CharRatioEstimator
+from gateway.tracelog import TraceLog, TraceLogConfig
+from gateway.upstream import MissingCredential, UpstreamClient
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    """Everything the request path needs, built once at start-up and closed at shutdown."""
+
+    def __init__(self, settings: Settings, snapshot: PolicySnapshot, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or MonotonicClock()
+        self.metrics = Metrics(redis=snapshot.policy.state.backend == "redis")
+        self.epoch_offset = time.time() - self.clock.now()
+        self.builder = RuntimeBuilder(
+            self.clock,
+            epoch_offset=self.epoch_offset,
+            telemetry=settings.telemetry,
+            on_spans_dropped=self.metrics.trace_spans_dropped.inc,
+        )
+        self.runtime: Runtime = self.builder.first(snapshot)
+        self.pool = BackendPool(snapshot, on_forget=self._forget_backend, breakers=self._breaker)
+        self.upstream = UpstreamClient({}, max_connections=settings.max_upstream_connections)
+        try:
+            self.upstream.install(UpstreamClient.prepare({b.name: b for b in snapshot.policy.backends}))
+        except MissingCredential as exc:
+            raise RuntimeError(str(exc)) from exc
+        self.limit_store = self._limit_store(snapshot)
+        self.limiter = TenantLimiter(self.limit_store)
+        self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
+        self.source = PolicySource(settings.policy_path, initial=snapshot, install=self.install)
+        self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock)
+        trace_log = TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
+        self.recorder = Recorder(
+            self.metrics, self.costs, trace_log, epoch_offset=self.epoch_offset, enabled=settings.telemetry
+        )
+        self.in_flight = InFlight()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
+
+    def _limit_store(self, snapshot: PolicySnapshot) -> MemoryLimitStore | RedisLimitStore:
+        """The tenant limits' store from the policy's ``state``; Redis failures become metrics."""
+        m = self.metrics
+        store = build_limit_store(
+            snapshot.policy.state,
+            self.clock,
+            on_error=lambda operation: m.child(m.redis_errors, operation).inc(),
+            on_fallback=lambda operation: m.child(m.redis_fallbacks, operation).inc(),
+        )
+        if isinstance(store, RedisLimitStore):
+            m.redis_up.set_function(lambda: 1.0 if store.up else 0.0)
+        return store
+
+    def pipeline_deps(self) -> PipelineDeps:
+        """The request path's collaborators (``gateway/proxy.py``)."""
+        return PipelineDeps(
+            clock=self.clock,
+            runtime=lambda: self.runtime,
+            limiter=self.limiter,
+            estimator=CharRatioEstimator(),
+            attempts=AttemptDeps(self.clock, self.dispatcher, self.upstream, self.pool, self.metrics),
+            recorder=self.recorder,
+            in_flight=self.in_flight,
+        )
+
+    def policy(self) -> PolicySnapshot:
+        """The policy in force; a request reads the runtime once and keeps it to the end."""
+        return self.runtime.snapshot
+
+    def install(self, snapshot: PolicySnapshot) -> None:
+        """Plan everything ``snapshot`` needs, then install it in one step; ``ReloadRefused`` if it cannot be."""
+        self._install(self.builder.plan(self.runtime, snapshot, self.pool))
+
+    def _install(self, plan: ReloadPlan) -> None:
+        """Nothing here can fail: every part was built by ``plan``."""
+        snapshot = plan.runtime.snapshot
+        self.runtime = plan.runtime
+        self.upstream.install(plan.upstream)
+        self.pool.install(plan.pool)  # forgets removed backends in the new routers
+        self.dispatcher.apply(snapshot)
+        self.costs.reprice(snapshot.policy.backends)
+        self.metrics.policy_info.clear()
+        self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
+        if plan.retired_tracing is not None:
+            threading.Thread(target=plan.retired_tracing.shutdown, name="tracing-shutdown", daemon=True).start()
+        self.dispatcher.pump_all()
+        log.warning("policy %s (digest %s) is now in force", snapshot.version, snapshot.digest)
+
+    def policy_status(self) -> dict[str, object]:
+        snapshot, source = self.policy(), self.source
+        return {
+            "version": snapshot.version,
+            "digest": snapshot.digest,
+            "source": snapshot.source,
+            "reloads": {"ok": source.reloads_ok, "invalid": source.reloads_invalid, "refused": source.reloads_refused},
+            "last_error": source.last_error,
+        }
+
+    def reload(self, reason: str) -> bool:
+        """Reload the policy file now; False (and ``last_error`` says why) when it was not applied."""
+        return self.source.reload(reason).error is None
+
+    @property
+    def draining(self) -> bool:
+        return self.in_flight.draining
+
+    def begin_drain(self) -> None:
+        """Stop taking work: readiness fails, new requests get 503 ``draining``."""
+        self.dispatcher.draining = True
+        self.in_flight.drain()
+
+    def drainable(self) -> Drainable:
+        return Drainable(
+            start=self.begin_drain,
+            in_flight=lambda: self.in_flight.count,
+            idle=self.in_flight.idle,
+            timeout_s=lambda: self.policy().policy.lifecycle.drain_timeout_s,
+        )
+
+    def _breaker(self, backend: str, snapshot: PolicySnapshot) -> CircuitBreaker:
+        return CircuitBreaker(backend, snapshot.policy.breaker, self.clock)
+
+    def _forget_backend(self, backend: str) -> None:
+        """A backend went down or left: every router drops what it learnt about it."""
+        for router in self.runtime.routers.values():
+            router.forget_backend(backend)
+
+    async def start(self) -> None:
+        if self.recorder.trace_log is not None:
+            self.recorder.trace_log.start()
+        # Everything built so far lives as long as the process: move it out of the collector's
+        # reach, so that the full collections the request path's allocations trigger do not
+        # rescan it every time (CPython's advice for long-running servers, ``gc.freeze``).
+        gc.freeze()
+        policy = self.policy().policy
+        if isinstance(self.limit_store, RedisLimitStore):
+            await self.limit_store.check()  # fail open: a Redis down at start-up is not fatal
+            self._spawn(self.limit_store.run())
+        self._spawn(self.costs.run(lambda: self.policy().policy.telemetry.cost_interval_s))
+        if policy.lifecycle.watch_interval_s > 0:
+            self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))
+        try:
+            self.source.install_sighup(asyncio.get_running_loop())
+        except (RuntimeError, ValueError):  # not the main thread (tests): no signal handlers there
+            log.debug("SIGHUP reload not installed: not in the main thread")
+        if self.settings.health_checks:
+            await self.pool.check_all(self.upstream.http, policy.health_checks.timeout_s)
+            self._spawn(self._health_loop())
+        if policy.scrape.interval_s > 0:
+            scraper = SaturationScraper(self.pool, self.upstream.http, self.clock, self.dispatcher.pump_all)
+            self._spawn(scraper.run(policy.scrape.interval_s, policy.scrape.timeout_s))
+
+    async def _health_loop(self) -> None:
+        """Check every backend on the interval of the policy in force, then hand out freed capacity."""
+        while True:
+            checks = self.policy().policy.health_checks
+            await asyncio.sleep(checks.interval_s)
+            await self.pool.check_all(self.upstream.http, checks.timeout_s)
+            self.dispatcher.pump_all()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a background loop (health checks, scrapes, ...) owned by the gateway."""
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        """A background loop that dies must say so: it would otherwise stop without a trace."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s stopped", task.get_coro(), exc_info=task.exception())
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.upstream.aclose()
+        await self.limit_store.aclose()
+        if self.recorder.trace_log is not None:
+            await asyncio.to_thread(self.recorder.trace_log.close)
+        await asyncio.to_thread(self.runtime.tracing.shutdown)
+
+    def export_metrics(self) -> bytes:
+        return expose(self.metrics, self.policy(), self.pool, self.dispatcher, self.source, self.recorder.trace_log)
+
+
+__all__ = ["Gateway", "ReloadRefused"]

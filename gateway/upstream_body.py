@@ -1,0 +1,52 @@
+"""The body one attempt sends: the client's validated request plus what this backend needs.
+
+Rule: the request a client sent is never edited after validation. Each attempt builds its
+own body from that frozen request and the backend it goes to, so that nothing one backend
+needed (vLLM's ``cache_salt`` or ``continuous_usage_stats``, an engine ``priority``) leaks into
+a retry on a backend of another kind. The fields an attempt may set:
+
+* ``priority``: the class rank as the engine's priority, when the backend asks for it
+  (``engine_priority``; vLLM runs lower numbers first, SGLang higher);
+* ``cache_salt``: the tenant scope's salt, for engines whose prefix cache honours it
+  (``gateway/routing/isolation.py``); a client's own is always overwritten;
+* ``stream_options``: streams always ask for usage at the end (the gateway settles tokens and
+  records usage from it), and per-chunk usage when the stream may have to be continued
+  elsewhere (``gateway/migration.py``); the relay hides from the client what it did not ask for.
+
+When none applies the client's bytes are forwarded as they came (no re-serialisation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.policy.model import Backend, BackendKind
+from gateway.routing.isolation import SALTED_KINDS
+from gateway.types import InferenceRequest
+
+
+def engine_priority(kind: BackendKind, rank: int) -> int:
+    """The class rank as the engine's ``priority``: vLLM runs lower numbers first, SGLang higher."""
+    return -rank if kind is BackendKind.SGLANG else rank
+
+
+def attempt_fields(request: InferenceRequest, backend: Backend, *, salt: str, rank: int, track: bool) -> dict[str, Any]:
+    """The fields this attempt sets on top of the client's body (see the module docstring)."""
+    fields: dict[str, Any] = {}
+    if backend.engine_priority:
+        fields["priority"] = engine_priority(backend.kind, rank)
+    if backend.kind in SALTED_KINDS:
+        fields["cache_salt"] = salt
+    if request.stream:
+        options = request.body.get("stream_options")
+        wanted = {**(options or {}), "include_usage": True}
+        if track:
+            wanted["continuous_usage_stats"] = True
+        if wanted != options:
+            fields["stream_options"] = wanted
+    return fields
+
+
+def attempt_body(request: InferenceRequest, backend: Backend, *, salt: str, rank: int, track: bool) -> bytes:
+    """The bytes of this attempt's request body."""
+    return request.encode(attempt_fields(request, backend, salt=salt, rank=rank, track=track))
