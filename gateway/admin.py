@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import AuthenticationFailed, GatewayError, ModelNotAllowed
-from gateway.policy.loader import PolicySnapshot
+from gateway.policy.snapshot import PolicySnapshot
 
 
 class PolicyControl(Protocol):

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass, field
 
 from gateway.errors import InvalidRequest, Overloaded
-from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import PriorityClass, Tenant
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.state.base import BucketResult, LimitStore
 from gateway.types import InferenceRequest
 

@@ -21,7 +21,8 @@ from gateway.admin import admin_routes
 from gateway.auth import authenticate
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.intake import read_headers
-from gateway.policy.loader import PolicySnapshot, load_policy
+from gateway.policy.loader import load_policy
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.proxy import InferenceHandler
 from gateway.service import Gateway
 from gateway.settings import Settings

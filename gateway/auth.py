@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 
 from gateway.errors import AuthenticationFailed, ModelNotAllowed
-from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import Tenant
+from gateway.policy.snapshot import PolicySnapshot
 
 
 def authenticate(authorization: bytes | None, snapshot: PolicySnapshot) -> Tenant:

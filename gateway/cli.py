@@ -3,6 +3,12 @@
 Each sub-command lives next to the code it drives; this module only assembles the parser.
 Sub-command modules expose ``register(subparsers)``, which adds a parser whose ``func``
 default takes the parsed ``argparse.Namespace`` and returns the process exit code.
+
+The gateway's own commands (``serve``, ``policy``, ``keys``) are always there. Other packages
+add theirs through the ``inference_gateway.commands`` entry point group: the bench
+(``loadtests/``: ``demo``, ``sim``, ``loadtest``, ``report``) does, so that the gateway never
+imports its bench. A command whose package cannot be imported (the runtime image ships
+without the bench's dependencies) still answers, with how to get it.
 """
 
 from __future__ import annotations
@@ -10,20 +16,42 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+COMMAND_GROUP = "inference_gateway.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway import commands, report_cli
-    from loadtests.loadgen import cli as loadgen_cli
-    from loadtests.sim import cli as sim_cli
+    from gateway import commands
 
     parser = argparse.ArgumentParser(prog="inference-gateway", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     commands.register(subparsers)
-    report_cli.register(subparsers)
-    sim_cli.register(subparsers)
-    loadgen_cli.register(subparsers)
+    for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        try:
+            register = entry.load()
+        except ImportError as exc:
+            _unavailable(subparsers, entry.name, exc)
+            continue
+        register(subparsers)
     return parser
+
+
+def _unavailable(subparsers: argparse._SubParsersAction[Any], name: str, error: ImportError) -> None:
+    """A command whose code cannot be imported here: it says why and how to get it."""
+    parser = subparsers.add_parser(name, help=f"(unavailable: {error.name or error})", add_help=False)
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+
+    def explain(args: argparse.Namespace) -> int:
+        print(
+            f"inference-gateway {name}: needs the bench's packages ({error}); "
+            "install them with: pip install 'inference-gateway[bench]'",
+            file=sys.stderr,
+        )
+        return 2
+
+    parser.set_defaults(func=explain)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,27 +1,26 @@
-"""The gateway's own sub-commands: serve, demo, policy validate, policy explain, keys hash."""
+"""The gateway's own sub-commands: serve, policy validate, policy explain, keys hash.
+
+The bench's commands (``demo``, ``sim``, ``loadtest``, ``report``) live under ``loadtests/`` and
+join the command line through the ``inference_gateway.commands`` entry points (``gateway/cli.py``).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import getpass
 import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import uvicorn
 
 from gateway.app import GatewayApp
 from gateway.lifecycle import DrainingServer
-from gateway.policy.loader import PolicyError, PolicySnapshot, hash_api_key, load_policy
-from gateway.policy.timescale import scale_policy_time
+from gateway.policy.loader import PolicyError, hash_api_key, load_policy
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.settings import Settings
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_POLICY = REPO_ROOT / "policies" / "demo.yaml"
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -30,15 +29,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--policy", required=True, help="policy file (YAML)")
     _add_listen_args(serve)
     serve.set_defaults(func=_serve)
-
-    demo = subparsers.add_parser("demo", help="gateway + two simulated backends in one process")
-    demo.add_argument("--port", type=int, default=8080)
-    demo.add_argument("--policy", default=str(DEMO_POLICY))
-    demo.add_argument("--profile", default="llama-3.1-8b-h100", help="simulated engine profile (see `sim --help`)")
-    demo.add_argument("--time-scale", type=float, default=1.0, help="multiply every simulated duration by K")
-    demo.add_argument("--ttft-ms", type=float, default=None, help="with --profile fixed: time to first token")
-    demo.add_argument("--itl-ms", type=float, default=None, help="with --profile fixed: inter-token delay")
-    demo.set_defaults(func=_demo)
 
     policy = subparsers.add_parser("policy", help="policy file tools").add_subparsers(
         dest="policy_command", required=True
@@ -66,7 +56,7 @@ def _add_listen_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning")
 
 
-def _load_or_report(path: str) -> PolicySnapshot | None:
+def load_or_report(path: str) -> PolicySnapshot | None:
     try:
         return load_policy(path)
     except PolicyError as exc:
@@ -74,7 +64,7 @@ def _load_or_report(path: str) -> PolicySnapshot | None:
         return None
 
 
-def _uvicorn_config(app: GatewayApp, host: str, port: int, log_level: str) -> uvicorn.Config:
+def uvicorn_config(app: GatewayApp, host: str, port: int, log_level: str) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
@@ -91,13 +81,13 @@ def _uvicorn_config(app: GatewayApp, host: str, port: int, log_level: str) -> uv
 
 
 def _serve(args: argparse.Namespace) -> int:
-    snapshot = _load_or_report(args.policy)
+    snapshot = load_or_report(args.policy)
     if snapshot is None:
         return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings.from_env(policy_path=args.policy, host=args.host, port=args.port, log_level=args.log_level)
     app = GatewayApp(settings, snapshot)
-    config = _uvicorn_config(app, args.host, args.port, args.log_level)
+    config = uvicorn_config(app, args.host, args.port, args.log_level)
     server = DrainingServer(config, lambda: app.gateway.drainable() if app.gateway else None)
     server.run()
     return 0 if server.started else 1
@@ -106,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     ok = True
     for path in args.paths:
-        snapshot = _load_or_report(path)
+        snapshot = load_or_report(path)
         if snapshot is None:
             ok = False
         else:
@@ -118,7 +108,7 @@ def _explain(args: argparse.Namespace) -> int:
     from gateway.errors import GatewayError
     from gateway.routing.explain import explain
 
-    snapshot = _load_or_report(args.policy)
+    snapshot = load_or_report(args.policy)
     if snapshot is None:
         return 1
     try:
@@ -148,88 +138,3 @@ def _hash_key(args: argparse.Namespace) -> int:
         return 1
     print(hash_api_key(key))
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from loadtests.sim import serve_engines
-
-    snapshot = _load_or_report(args.policy)
-    if snapshot is None:
-        return 1
-    snapshot = scale_policy_time(snapshot, args.time_scale)
-    logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    ports = [urlsplit(b.url).port or 80 for b in snapshot.policy.backends]
-    settings = Settings.from_env(policy_path=args.policy, port=args.port)
-    server = uvicorn.Server(_uvicorn_config(GatewayApp(settings, snapshot), "127.0.0.1", args.port, "warning"))
-    model = snapshot.policy.models[0].name
-
-    async def run() -> None:
-        engines = asyncio.create_task(
-            serve_engines(
-                args.profile,
-                host="127.0.0.1",
-                ports=ports,
-                model=model,
-                time_scale=args.time_scale,
-                ttft_ms=args.ttft_ms,
-                itl_ms=args.itl_ms,
-            )
-        )
-        await _wait_for_ports(ports, engines)
-        print(_demo_banner(args.port, model, ports), flush=True)
-        try:
-            await server.serve()
-        finally:
-            engines.cancel()
-            await asyncio.gather(engines, return_exceptions=True)
-
-    try:
-        import uvloop
-
-        uvloop.run(run())
-    except KeyboardInterrupt:
-        pass
-    return 0
-
-
-async def _wait_for_ports(ports: list[int], task: asyncio.Task[None], timeout_s: float = 30.0) -> None:
-    """Return once every port accepts connections, so the gateway's first health check passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    pending = list(ports)
-    while pending:
-        if task.done():
-            task.result()
-            raise RuntimeError("the simulated engines stopped during start-up")
-        if loop.time() > deadline:
-            raise RuntimeError(f"simulated engines on ports {pending} did not start in {timeout_s}s")
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", pending[0])
-        except OSError:
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        pending.pop(0)
-
-
-def _demo_banner(port: int, model: str, ports: list[int]) -> str:
-    base = f"http://127.0.0.1:{port}"
-    return f"""
-inference-gateway demo: gateway on {base}, simulated backends on ports {", ".join(map(str, ports))}
-Policy: {DEMO_POLICY} (tenants 'acme' with key demo-key-acme, 'globex' with key demo-key-globex)
-
-Try it with curl:
-  curl -N {base}/v1/chat/completions -H 'Authorization: Bearer demo-key-acme' \\
-       -H 'Content-Type: application/json' \\
-       -d '{{"model": "{model}", "stream": true, "max_tokens": 16,
-            "messages": [{{"role": "user", "content": "Hello"}}]}}'
-
-Or with the openai SDK:
-  from openai import OpenAI
-  client = OpenAI(base_url="{base}/v1", api_key="demo-key-acme")
-  for chunk in client.chat.completions.create(model="{model}", stream=True, max_tokens=16,
-                                              messages=[{{"role": "user", "content": "Hello"}}]):
-      print(chunk.choices[0].delta.content or "", end="", flush=True) if chunk.choices else None
-
-Metrics: {base}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
-"""

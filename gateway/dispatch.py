@@ -31,8 +31,8 @@ from gateway.capacity import has_room
 from gateway.clock import Clock
 from gateway.endpoints import BackendPool, BackendState
 from gateway.errors import NoHealthyBackend, Overloaded
-from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import PriorityClass, Tenant
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.queueing import ClassQueue, DrainMeter, Ticket
 from gateway.routing.base import Router, RoutingDecision
 from gateway.types import InferenceRequest

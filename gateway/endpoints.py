@@ -23,8 +23,8 @@ from types import MappingProxyType
 import httpx
 
 from gateway.breaker import CircuitBreaker
-from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import Backend
+from gateway.policy.snapshot import PolicySnapshot
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from gateway.breaker import BreakerState
 from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
-from gateway.policy.loader import PolicySnapshot
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource
 from gateway.telemetry import Metrics
 from gateway.tracelog import TraceLog

@@ -30,8 +30,8 @@ from types import MappingProxyType
 from gateway.clock import Clock
 from gateway.endpoints import BackendPool, PoolPlan
 from gateway.labels import TenantLabels
-from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import TracingConfig
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import ReloadRefused
 from gateway.retry import RetryBudget
 from gateway.routing.base import Router

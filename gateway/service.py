@@ -28,7 +28,7 @@ from gateway.dispatch import Dispatcher
 from gateway.endpoints import BackendPool
 from gateway.exposition import expose
 from gateway.lifecycle import Drainable
-from gateway.policy.loader import PolicySnapshot
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource, ReloadRefused
 from gateway.proxy import InFlight, PipelineDeps
 from gateway.recorder import Recorder

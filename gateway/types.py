@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-
-if TYPE_CHECKING:
-    from gateway.routing.prefix_keys import PrefixKeys
 
 
 class Api(Enum):
@@ -19,6 +16,16 @@ class Api(Enum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     EMBEDDINGS = "/v1/embeddings"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixKeys:
+    """The chained hashes of a request's full prompt blocks (``gateway/routing/prefix_keys.py``),
+    and what they were computed for."""
+
+    root: int
+    block_tokens: int
+    blocks: tuple[int, ...]
 
 
 @dataclass(slots=True)

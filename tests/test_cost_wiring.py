@@ -23,9 +23,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import GatewayApp
-from gateway.service import Gateway
 from gateway.outcome import TokenStats
 from gateway.policy.loader import PolicyError, parse_policy
+from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.tracelog import TraceLog, TraceLogConfig
 from tests.conftest import KEY_ACME, KEY_GLOBEX, metric

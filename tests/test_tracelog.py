@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.model import Slo
 from gateway.goodput import meets_slo
+from gateway.policy.model import Slo
 from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_record
 from loadtests.loadgen.records import RequestRecord, iter_records
 from tests.servers import wait_until

@@ -6,23 +6,22 @@ served by a backend, every tenant's models and class declared). Every problem is
 at once, each as ``<file>: <path inside it>: <problem>``, e.g.
 ``policies/prod.yaml: tenants[2].limits.rpm: must be greater than 0``.
 
-The snapshot holds the indexes the hot path needs (key hash to tenant, model to backends),
-built once here so that a request never scans a list.
+The snapshot (``gateway/policy/snapshot.py``) holds the indexes the hot path needs (key hash
+to tenant, model to backends), built once here so that a request never scans a list.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
+from gateway.policy.model import Policy
+from gateway.policy.snapshot import PolicySnapshot, index_policy
 from gateway.routing.registry import routing_problems
 
 
@@ -33,28 +32,6 @@ class PolicyError(Exception):
         self.source = source
         self.problems = problems
         super().__init__("\n".join(f"{source}: {problem}" for problem in problems))
-
-
-@dataclass(frozen=True, slots=True)
-class PolicySnapshot:
-    """A validated policy plus its lookup tables; never mutated, swapped whole on reload."""
-
-    policy: Policy
-    source: str
-    digest: str
-    tenants_by_key_hash: Mapping[str, Tenant] = field(repr=False)
-    models: Mapping[str, ModelPolicy] = field(repr=False)
-    backends_by_model: Mapping[str, tuple[Backend, ...]] = field(repr=False)
-
-    @property
-    def version(self) -> str:
-        return self.policy.version
-
-    def priority_class(self, name: str) -> PriorityClass:
-        return self.policy.classes[name]
-
-    def tenant_may_use(self, tenant: Tenant, model: str) -> bool:
-        return "*" in tenant.models or model in tenant.models
 
 
 def hash_api_key(key: str) -> str:
@@ -88,7 +65,7 @@ def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
     if problems:
         raise PolicyError(source, problems)
     raw_bytes = text.encode() if isinstance(text, str) else text
-    return _index(policy, source, hashlib.sha256(raw_bytes).hexdigest()[:12])
+    return index_policy(policy, source, hashlib.sha256(raw_bytes).hexdigest()[:12])
 
 
 def _describe(error: Any) -> str:
@@ -156,19 +133,3 @@ def _unique(section: str, names: list[str]) -> Iterable[str]:
         if name in seen:
             yield f"{section}[{i}].name: duplicate name '{name}'"
         seen.add(name)
-
-
-def _index(policy: Policy, source: str, digest: str) -> PolicySnapshot:
-    by_key = {key_hash: tenant for tenant in policy.tenants for key_hash in tenant.key_hashes}
-    by_model: dict[str, list[Backend]] = {}
-    for backend in policy.backends:
-        for model in backend.models:
-            by_model.setdefault(model, []).append(backend)
-    return PolicySnapshot(
-        policy=policy,
-        source=source,
-        digest=digest,
-        tenants_by_key_hash=MappingProxyType(by_key),
-        models=MappingProxyType({m.name: m for m in policy.models}),
-        backends_by_model=MappingProxyType({m: tuple(bs) for m, bs in by_model.items()}),
-    )

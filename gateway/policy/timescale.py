@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from gateway.policy.loader import PolicySnapshot, parse_policy
+from gateway.policy.loader import parse_policy
+from gateway.policy.snapshot import PolicySnapshot
 
 
 def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:

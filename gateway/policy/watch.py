@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from gateway.policy.loader import PolicyError, PolicySnapshot, load_policy, parse_policy
+from gateway.policy.loader import PolicyError, load_policy, parse_policy
+from gateway.policy.snapshot import PolicySnapshot
 
 log = logging.getLogger(__name__)
 

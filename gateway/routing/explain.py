@@ -25,8 +25,8 @@ from gateway.clock import MonotonicClock
 from gateway.dispatch import ModelQueues
 from gateway.endpoints import BackendPool, BackendState
 from gateway.errors import InvalidRequest, NotFound
-from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import PriorityClass, Tenant
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router, RoutingDecision
 from gateway.routing.isolation import SALTED_KINDS, tenant_scope
 from gateway.routing.registry import build_routers

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import xxhash
 
-from gateway.routing.prefix_keys import PrefixKeys
-from gateway.types import InferenceRequest
+from gateway.types import InferenceRequest, PrefixKeys
 
 if TYPE_CHECKING:
     from gateway.endpoints import BackendState

@@ -37,7 +37,6 @@ import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -45,7 +44,7 @@ import xxhash
 
 from gateway.policy.model import Tenant
 from gateway.routing.isolation import tenant_scope
-from gateway.types import Api, InferenceRequest
+from gateway.types import Api, InferenceRequest, PrefixKeys
 
 CHARS_PER_TOKEN = 4
 _ROLE = "\x1e"
@@ -57,15 +56,6 @@ Splitter = Callable[[str], list[str]]
 _WORDS = re.compile(r"\w+|[^\w\s]")
 TOKENIZERS: dict[str, Splitter] = {"words": _WORDS.findall}
 """Tokenizers by policy name (``routing.tokenizer``); ``estimate`` means none."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixKeys:
-    """The chained hashes of a request's full prompt blocks, and what they were computed for."""
-
-    root: int
-    block_tokens: int
-    blocks: tuple[int, ...]
 
 
 def scope_root(scope: str, model: str) -> int:

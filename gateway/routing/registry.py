@@ -32,7 +32,7 @@ from gateway.routing.scorers.queue_depth import QueueDepthScorer
 from gateway.routing.session_affinity import SessionAffinityRouter
 
 if TYPE_CHECKING:
-    from gateway.policy.loader import PolicySnapshot
+    from gateway.policy.snapshot import PolicySnapshot
 
 
 @dataclass(frozen=True, slots=True)

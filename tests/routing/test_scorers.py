@@ -6,11 +6,11 @@ import pytest
 
 from gateway.policy.loader import PolicySnapshot
 from gateway.routing.framework import Cycle, Profile, Weighted
-from gateway.routing.prefix_keys import PrefixKeys
 from gateway.routing.scorers.in_flight import InFlightScorer
 from gateway.routing.scorers.kv_usage import KvUsageScorer
 from gateway.routing.scorers.prefix_affinity import PrefixAffinityScorer
 from gateway.routing.scorers.queue_depth import QueueDepthScorer
+from gateway.types import PrefixKeys
 from tests.routing.conftest import chat_request, states
 
 NOW = 100.0

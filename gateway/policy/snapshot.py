@@ -1,0 +1,52 @@
+"""The frozen value a policy file becomes: the validated policy plus the hot path's lookup tables.
+
+A module of its own, apart from the loader, so that every component can name the snapshot
+without importing the loader (which checks routing names against the routing registry, whose
+routers in turn name the backends' live state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """A validated policy plus its lookup tables; never mutated, swapped whole on reload."""
+
+    policy: Policy
+    source: str
+    digest: str
+    tenants_by_key_hash: Mapping[str, Tenant] = field(repr=False)
+    models: Mapping[str, ModelPolicy] = field(repr=False)
+    backends_by_model: Mapping[str, tuple[Backend, ...]] = field(repr=False)
+
+    @property
+    def version(self) -> str:
+        return self.policy.version
+
+    def priority_class(self, name: str) -> PriorityClass:
+        return self.policy.classes[name]
+
+    def tenant_may_use(self, tenant: Tenant, model: str) -> bool:
+        return "*" in tenant.models or model in tenant.models
+
+
+def index_policy(policy: Policy, source: str, digest: str) -> PolicySnapshot:
+    by_key = {key_hash: tenant for tenant in policy.tenants for key_hash in tenant.key_hashes}
+    by_model: dict[str, list[Backend]] = {}
+    for backend in policy.backends:
+        for model in backend.models:
+            by_model.setdefault(model, []).append(backend)
+    return PolicySnapshot(
+        policy=policy,
+        source=source,
+        digest=digest,
+        tenants_by_key_hash=MappingProxyType(by_key),
+        models=MappingProxyType({m.name: m for m in policy.models}),
+        backends_by_model=MappingProxyType({m: tuple(bs) for m, bs in by_model.items()}),
+    )

@@ -1,0 +1,112 @@
+"""The gateway's import graph has no circle, and the product never imports its bench.
+
+Why a test: a circle between modules is how the request path's shape tangled before (app,
+proxy, cost meter and admin importing each other), and a product that imports its bench
+ships the simulator and matplotlib. Every import counts, at module level, under
+``TYPE_CHECKING`` or inside a function: a circle in types is a circle in design.
+
+Run it alone (``pytest tests/test_import_graph.py``) or as a script
+(``python -m tests.test_import_graph``) to print the graph's circles.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = "gateway"
+BENCH = "loadtests"
+
+
+def modules(package: str) -> dict[str, Path]:
+    """Every module of ``package`` by dotted name."""
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        found[name] = path
+    return found
+
+
+def imported_names(path: Path) -> Iterator[str]:
+    """Every dotted name ``path`` imports (``from a.b import c`` yields ``a.b`` and ``a.b.c``)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module to the modules of the same package it imports."""
+    found = modules(package)
+    return {
+        name: {target for target in imported_names(path) if target in found and target != name}
+        for name, path in found.items()
+    }
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_gateway_s_modules_import_each_other_without_a_circle() -> None:
+    assert circles(import_graph(PRODUCT)) == []
+
+
+def test_the_gateway_never_imports_the_bench() -> None:
+    offenders = {
+        name: sorted(t for t in imported_names(path) if t == BENCH or t.startswith(BENCH + "."))
+        for name, path in modules(PRODUCT).items()
+    }
+    assert {name: targets for name, targets in offenders.items() if targets} == {}
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+if __name__ == "__main__":
+    for circle in circles(import_graph(PRODUCT)):
+        print(" -> ".join(circle))
