@@ -158,6 +158,7 @@ class Gateway:
             "source": snapshot.source,
             "reloads": {"ok": source.reloads_ok, "invalid": source.reloads_invalid},
             "last_error": source.last_error,
+            "warnings": list(snapshot.warnings),
         }
 
     def enter(self) -> None:
@@ -364,7 +365,7 @@ class Gateway:
         for model, queues in self.dispatcher.queues().items():
             m.model_healthy_backends.labels(model).set(sum(1 for s in self.pool.for_model(model) if s.healthy))
             for queue in queues.classes:
-                m.queue_depth.labels(model, queue.name).set(queue.depth)
+                m.queue_depth.labels(model, queue.name).set(self.dispatcher.depth(model, queue.rank))
                 m.queue_capacity.labels(model, queue.name).set(queue.policy.queue.max_depth)
         source = self.source
         for result, count in (("ok", source.reloads_ok), ("invalid", source.reloads_invalid)):

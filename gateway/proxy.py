@@ -32,7 +32,7 @@ from gateway.migration import ask_for_progress, can_continue, continuation
 from gateway.policy.model import Backend, BackendKind, PriorityClass, Tenant
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
-from gateway.routing.isolation import SALTED_KINDS, tenant_scope
+from gateway.routing.isolation import isolation_fields
 from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import UNKNOWN_LABEL
 from gateway.tracing import INERT_ATTEMPT, INERT_REQUEST, AttemptSpan, RequestSpan
@@ -390,9 +390,11 @@ class InferenceHandler:
         if backend.engine_priority:
             request.body["priority"] = engine_priority(backend.kind, rank)
             request.body_modified = True
-        if backend.kind in SALTED_KINDS:
-            # Isolation: the engine's prefix cache is keyed by this; the client's own is overwritten.
-            request.body["cache_salt"] = self.gateway.salter.salt(tenant_scope(tenant))
+        unsalted = self.gateway.policy().policy.cache_isolation.unsalted
+        isolation = isolation_fields(backend.kind, unsalted, self.gateway.salter, tenant)
+        if isolation:
+            # The engine's prefix cache is keyed (or bypassed) by these; the client's own are overwritten.
+            request.body.update(isolation)
             request.body_modified = True
         track = migrate and can_continue(request, backend.kind)
         if track:
