@@ -42,7 +42,7 @@ from gateway.outcome import AttemptRecord
 from gateway.response import SSE_HEADERS, ClientResponse
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
-from gateway.routing.isolation import tenant_scope
+from gateway.routing.isolation import isolation_fields
 from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import Metrics
 from gateway.tracing import AttemptSpan, RequestSpan
@@ -200,8 +200,10 @@ class Attempts:
         state = grant.state
         backend = state.backend
         track = migrate and can_continue(request, backend.kind)
-        salt = ctx.runtime.salter.salt(tenant_scope(ctx.tenant))
-        body = attempt_body(request, backend, salt=salt, rank=ctx.rank, track=track)
+        runtime = ctx.runtime
+        unsalted = runtime.snapshot.policy.cache_isolation.unsalted
+        isolation = isolation_fields(backend.kind, unsalted, runtime.salter, ctx.tenant)
+        body = attempt_body(request, backend, isolation=isolation, rank=ctx.rank, track=track)
         breaker = state.breaker
         if breaker is not None and not breaker.try_acquire():
             span.end(t=deps.clock.now(), error="breaker_open")

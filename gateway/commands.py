@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     validate = policy.add_parser("validate", help="exit 0 when every file is valid, else print errors")
     validate.add_argument("paths", nargs="+")
+    validate.add_argument("--strict", action="store_true", help="exit 1 as well when a file has warnings")
     validate.set_defaults(func=_validate)
     explain = policy.add_parser("explain", help="which class, queue and backend a request would get, and why")
     explain.add_argument("--policy", required=True, help="policy file (YAML)")
@@ -94,13 +95,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """Errors and warnings on stderr, ``file: [warning: ]path: problem``; warnings fail only ``--strict``."""
     ok = True
     for path in args.paths:
         snapshot = load_or_report(path)
         if snapshot is None:
             ok = False
-        else:
-            print(f"{path}: valid (version {snapshot.version}, digest {snapshot.digest})")
+            continue
+        print(f"{path}: valid (version {snapshot.version}, digest {snapshot.digest})")
+        for warning in snapshot.warnings:
+            print(f"{path}: warning: {warning}", file=sys.stderr)
+        ok = ok and not (args.strict and snapshot.warnings)
     return 0 if ok else 1
 
 

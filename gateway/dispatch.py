@@ -19,6 +19,13 @@
 When no backend of the model is healthy the request fails at once with 503
 ``no_healthy_backend`` rather than waiting for capacity that is not coming.
 Among the backends with room, the model's ``Router`` chooses (``gateway/routing/``).
+
+Queues are per lane, not per model: a tenant is only offered the backends that serve it
+(``BackendPool.lane``), and tenants offered different sets wait in different queues, so that
+a tenant whose dedicated backends are full never holds up one whose backends have room (one
+queue would: its head does not fit, and nothing behind it is looked at). A model whose
+backends serve every tenant has one lane, named by the model. A tenant left with no backend
+of the model at all fails at once with 503 ``no_backend_for_tenant``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 
 from gateway.capacity import has_room
 from gateway.clock import Clock
-from gateway.endpoints import BackendPool, BackendState
+from gateway.endpoints import BackendPool, BackendState, Lane
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
@@ -48,6 +55,8 @@ class Grant:
     queued_s: float
     dispatched_at: float = 0.0
     prefilling: bool = True
+    lane: str = ""
+    """The key of the lane it was granted in (``ModelQueues.key``); empty: the model's own."""
 
     @property
     def state(self) -> BackendState:
@@ -71,10 +80,12 @@ def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
 class ModelQueues:
     """The class queues of one model, in rank order, with their drain meters."""
 
-    __slots__ = ("classes", "meter", "model", "service_ttft_dev_s", "service_ttft_s")
+    __slots__ = ("classes", "key", "meter", "model", "service_ttft_dev_s", "service_ttft_s")
 
-    def __init__(self, model: str, classes: dict[str, PriorityClass]) -> None:
+    def __init__(self, model: str, classes: dict[str, PriorityClass], key: str | None = None) -> None:
         self.model = model
+        self.key = key or model
+        """The lane's key (``Lane.key``): the model's name for the lane of all its backends."""
         self.classes = sorted((ClassQueue(n, c) for n, c in classes.items()), key=lambda q: q.rank)
         self.meter = DrainMeter()
         self.service_ttft_s = 0.0
@@ -110,6 +121,10 @@ class ModelQueues:
     def waiting_above(self, rank: int) -> int:
         return sum(q.depth for q in self.classes if q.rank < rank)
 
+    @property
+    def depth(self) -> int:
+        return sum(q.depth for q in self.classes)
+
 
 def _fail_waiting(mq: ModelQueues, error: Overloaded) -> None:
     for queue in mq.classes:
@@ -130,26 +145,50 @@ class Dispatcher:
         self.clock = clock
         self.draining = False
         self._queues: dict[str, ModelQueues] = {}
+        self._lanes: dict[str, list[ModelQueues]] = {}
+        self._classes: dict[str, PriorityClass] = {}
+        self._ranks: list[int] = []
         self._fresh_s = snapshot.policy.scrape.fresh_s
         self.apply(snapshot)
 
     def apply(self, snapshot: PolicySnapshot) -> None:
-        """Follow a new policy: new models get queues; a model's waiting requests keep theirs.
+        """Follow a new policy: new models get queues; a model's waiting requests keep theirs
+        (other lanes of a model are made on demand, and kept while requests wait in them).
 
         Requests waiting for a model the new policy removed end at once with 503
         ``model_removed`` (no backend for it will ever free up), rather than at their timeout."""
+        self._classes = dict(snapshot.policy.classes)
         queues = {}
         for model in snapshot.models:
             old = self._queues.get(model)
-            queues[model] = old if old is not None else ModelQueues(model, dict(snapshot.policy.classes))
-        removed = [mq for model, mq in self._queues.items() if model not in queues]
+            queues[model] = old if old is not None else ModelQueues(model, self._classes)
+        for key, old in self._queues.items():
+            if key not in queues and old.model in snapshot.models and old.depth:
+                queues[key] = old
+        removed = [mq for mq in self._queues.values() if mq.model not in snapshot.models]
         self._queues = queues
+        self._lanes = {}
+        for mq in queues.values():
+            self._lanes.setdefault(mq.model, []).append(mq)
+        self._ranks = sorted({q.rank for mq in queues.values() for q in mq.classes})
         self._fresh_s = snapshot.policy.scrape.fresh_s
         for mq in removed:
             _fail_waiting(mq, system_full("model_removed", f"Model '{mq.model}' was removed by a policy reload.", 1.0))
 
     def queues(self) -> dict[str, ModelQueues]:
-        return self._queues
+        """The queues of each model's own lane (all its backends), by model."""
+        return {key: mq for key, mq in self._queues.items() if key == mq.model}
+
+    def depth(self, model: str, rank: int) -> int:
+        """Requests of class ``rank`` waiting for ``model``, in all its lanes."""
+        return sum(q.depth for mq in self._lanes.get(model, ()) for q in mq.classes if q.rank == rank)
+
+    def _lane_queues(self, lane: Lane) -> ModelQueues:
+        mq = self._queues.get(lane.key)
+        if mq is None:
+            mq = self._queues[lane.key] = ModelQueues(lane.model, self._classes, lane.key)
+            self._lanes.setdefault(lane.model, []).append(mq)
+        return mq
 
     async def acquire(
         self,
@@ -172,7 +211,7 @@ class Dispatcher:
                 1.0,
             )
         model = request.model
-        mq = self._queues[model]
+        mq = self._lane_queues(self._lane(model, tenant))
         tokens = request.prompt_tokens + request.max_tokens
         now = self.clock.now()
         if mq.waiting_at_or_above(klass.rank) == 0:
@@ -180,7 +219,7 @@ class Dispatcher:
             if decision is not None:
                 self._commit(request, tenant, decision, klass.rank, tokens)
                 mq.meter.record(now)
-                return Grant(decision, klass.rank, tokens, 0.0, now)
+                return Grant(decision, klass.rank, tokens, 0.0, now, lane=mq.key)
         return await self._wait(mq, request, tenant, class_name, klass, tokens, deadline, now, exclude)
 
     async def _wait(
@@ -231,7 +270,7 @@ class Dispatcher:
                 ) from None
             raise
         granted_at = self.clock.now()
-        return Grant(decision, klass.rank, tokens, granted_at - now, granted_at)
+        return Grant(decision, klass.rank, tokens, granted_at - now, granted_at, lane=mq.key)
 
     def _make_room(
         self,
@@ -270,7 +309,7 @@ class Dispatcher:
         exclude: frozenset[str] = frozenset(),
     ) -> RoutingDecision | None:
         model = request.model
-        candidates = self.pool.for_model(model)
+        candidates = self._lane(model, tenant).states
         roomy = [s for s in candidates if has_room(s, klass, tokens, now, self._fresh_s)]
         if exclude and len(roomy) > 1:  # a retry goes elsewhere when elsewhere has room
             roomy = [s for s in roomy if s.name not in exclude] or roomy
@@ -283,6 +322,16 @@ class Dispatcher:
             )
         return None
 
+    def _lane(self, model: str, tenant: Tenant) -> Lane:
+        """The tenant's backends of ``model``; none at all (while the model has some) is a 503 at once."""
+        lane = self.pool.lane(model, tenant.name)
+        if not lane.states and self.pool.for_model(model):
+            raise NoHealthyBackend(
+                f"No backend of model '{model}' serves this tenant: the policy dedicates each to other tenants.",
+                code="no_backend_for_tenant",
+            )
+        return lane
+
     def _commit(
         self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision, rank: int, tokens: int
     ) -> None:
@@ -294,7 +343,7 @@ class Dispatcher:
         if grant.prefilling:
             grant.prefilling = False
             grant.state.prefilled(grant.rank)
-            mq = self._queues.get(model)
+            mq = self._queues.get(grant.lane or model)
             if mq is not None:
                 mq.observe_service_ttft(self.clock.now() - grant.dispatched_at)
             self.pump(model)
@@ -306,33 +355,37 @@ class Dispatcher:
         self.pump(model)
 
     def pump(self, model: str) -> None:
-        """Hand free capacity to waiting requests: by class rank, then fair order, until the head does not fit."""
-        mq = self._queues.get(model)
-        if mq is None:
-            return
+        """Hand free capacity to waiting requests: by class rank across the model's lanes, then fair
+        order within a queue; a lane whose head does not fit serves none of its lower classes."""
+        lanes = self._lanes.get(model, ())
         now = self.clock.now()
-        for queue in mq.classes:
-            while (ticket := queue.peek()) is not None:
-                if ticket.future.done():  # its wait ended this instant; the waiter cleans up
-                    queue.remove(ticket)
-                    continue
-                try:
-                    decision = self._place(
-                        ticket.request, ticket.tenant, queue.policy, ticket.cost, now, ticket.exclude
-                    )
-                except NoHealthyBackend as error:
-                    queue.pop(ticket)
-                    ticket.future.set_exception(error)
-                    continue
-                if decision is None:
-                    return
+        blocked: set[str] = set()
+        for rank in self._ranks:
+            for mq in lanes:
+                queue = next((q for q in mq.classes if q.rank == rank), None)
+                if queue is not None and mq.key not in blocked and not self._pump_queue(mq, queue, now):
+                    blocked.add(mq.key)
+
+    def _pump_queue(self, mq: ModelQueues, queue: ClassQueue, now: float) -> bool:
+        """Dispatch ``queue``'s tickets in fair order until its head does not fit; True when it is empty."""
+        while (ticket := queue.peek()) is not None:
+            if ticket.future.done():  # its wait ended this instant; the waiter cleans up
+                queue.remove(ticket)
+                continue
+            try:
+                decision = self._place(ticket.request, ticket.tenant, queue.policy, ticket.cost, now, ticket.exclude)
+            except NoHealthyBackend as error:
                 queue.pop(ticket)
-                self._commit(ticket.request, ticket.tenant, decision, queue.rank, ticket.cost)
-                mq.meter.record(now)
-                ticket.future.set_result(decision)
-            if queue.depth:
-                return
+                ticket.future.set_exception(error)
+                continue
+            if decision is None:
+                return False
+            queue.pop(ticket)
+            self._commit(ticket.request, ticket.tenant, decision, queue.rank, ticket.cost)
+            mq.meter.record(now)
+            ticket.future.set_result(decision)
+        return queue.depth == 0
 
     def pump_all(self) -> None:
-        for model in self._queues:
+        for model in self._lanes:
             self.pump(model)

@@ -10,6 +10,11 @@ backend unhealthy at once (``mark_down``), and the next passing check brings it 
 Whenever a backend goes down, restarts (``restarted``, seen by the scraper) or leaves the
 policy, ``on_forget(name)`` is called: whatever a router learnt about it (which prefixes it
 caches) is void, since it may come back empty.
+
+A tenant is only offered the backends that serve it (``Backend.tenants``, see
+``routing/isolation.py``): ``lane(model, tenant)`` gives them, as a ``Lane`` whose ``key`` names
+that set. Tenants with the same set share a lane and its queues; tenants of disjoint sets never
+wait behind each other (``dispatch.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import httpx
 from gateway.breaker import CircuitBreaker
 from gateway.policy.model import Backend
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.routing.isolation import serves
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,16 @@ class BackendState:
 
 
 @dataclass(frozen=True, slots=True)
+class Lane:
+    """The backends of ``model`` that one tenant may use. ``key`` is the model's name when they are
+    all its backends, else ``<model> [<backend>,...]`` (never a model name: those have no spaces)."""
+
+    key: str
+    model: str
+    states: tuple[BackendState, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PoolPlan:
     """The pool a new policy needs, computed without touching the live one (``BackendPool.plan``).
 
@@ -113,6 +129,9 @@ class BackendPool:
     ) -> None:
         self._states: dict[str, BackendState] = {}
         self._by_model: Mapping[str, tuple[BackendState, ...]] = {}
+        self._whole: dict[str, Lane] = {}
+        self._restricted: frozenset[str] = frozenset()
+        self._lanes: dict[tuple[str, str], Lane] = {}
         self._on_forget = on_forget or _ignore
         self._breakers = breakers
         self._breaker_policy: object = None
@@ -157,12 +176,29 @@ class BackendPool:
                 state.breaker = breaker
         self._states = dict(plan.states)
         self._by_model = plan.by_model
+        self._whole = {model: Lane(model, model, states) for model, states in plan.by_model.items()}
+        self._restricted = frozenset(
+            model for model, states in plan.by_model.items() if any(s.backend.tenants is not None for s in states)
+        )
+        self._lanes = {}
         self._breaker_policy = plan.breaker_policy
         for name in plan.forgotten:
             self._on_forget(name)
 
     def for_model(self, model: str) -> tuple[BackendState, ...]:
         return self._by_model.get(model, ())
+
+    def lane(self, model: str, tenant: str) -> Lane:
+        """The backends of ``model`` that serve ``tenant`` (all of them unless some list their tenants)."""
+        if model not in self._restricted:
+            return self._whole.get(model) or Lane(model, model, ())
+        lane = self._lanes.get((model, tenant))
+        if lane is None:
+            every = self._by_model[model]
+            mine = tuple(s for s in every if serves(s.backend, tenant))
+            key = model if mine == every else f"{model} [{','.join(s.name for s in mine)}]"
+            lane = self._lanes[(model, tenant)] = Lane(key, model, mine)
+        return lane
 
     def all(self) -> Iterable[BackendState]:
         return self._states.values()

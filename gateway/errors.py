@@ -12,7 +12,7 @@ The tree (status, ``code``):
     ├── PayloadTooLarge        413  request_too_large
     ├── Overloaded             429/503 (admission: rate limits, queue full, draining, ...)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
-    ├── NoHealthyBackend       503  no_healthy_backend
+    ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
     ├── UpstreamError          502  upstream_error | upstream_connect_error | upstream_protocol_error
     └── UpstreamTimeout        504  upstream_timeout
 

@@ -44,8 +44,8 @@ def expose(
             m.class_in_flight.labels(state.name, name).set(state.class_in_flight.get(rank, 0))
     for model, queues in dispatcher.queues().items():
         m.model_healthy_backends.labels(model).set(sum(1 for s in pool.for_model(model) if s.healthy))
-        for queue in queues.classes:
-            m.queue_depth.labels(model, queue.name).set(queue.depth)
+        for queue in queues.classes:  # a model's queue depth sums its lanes (``Dispatcher.depth``)
+            m.queue_depth.labels(model, queue.name).set(dispatcher.depth(model, queue.rank))
             m.queue_capacity.labels(model, queue.name).set(queue.policy.queue.max_depth)
     for result, count in (
         ("ok", source.reloads_ok),

@@ -136,6 +136,7 @@ class Gateway:
             "source": snapshot.source,
             "reloads": {"ok": source.reloads_ok, "invalid": source.reloads_invalid, "refused": source.reloads_refused},
             "last_error": source.last_error,
+            "warnings": list(snapshot.warnings),
         }
 
     def reload(self, reason: str) -> bool:

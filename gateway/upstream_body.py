@@ -7,8 +7,10 @@ a retry on a backend of another kind. The fields an attempt may set:
 
 * ``priority``: the class rank as the engine's priority, when the backend asks for it
   (``engine_priority``; vLLM runs lower numbers first, SGLang higher);
-* ``cache_salt``: the tenant scope's salt, for engines whose prefix cache honours it
-  (``gateway/routing/isolation.py``); a client's own is always overwritten;
+* the isolation fields of the tenant on this kind of engine (``isolation_fields`` in
+  ``gateway/routing/isolation.py``): ``cache_salt`` for engines whose prefix cache honours it,
+  ``cache_prompt: false`` for llama.cpp under ``cache_isolation.unsalted: no_prompt_cache``;
+  a client's own values are always overwritten;
 * ``stream_options``: streams always ask for usage at the end (the gateway settles tokens and
   records usage from it), and per-chunk usage when the stream may have to be continued
   elsewhere (``gateway/migration.py``); the relay hides from the client what it did not ask for.
@@ -18,10 +20,10 @@ When none applies the client's bytes are forwarded as they came (no re-serialisa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.policy.model import Backend, BackendKind
-from gateway.routing.isolation import SALTED_KINDS
 from gateway.types import InferenceRequest
 
 
@@ -30,13 +32,13 @@ def engine_priority(kind: BackendKind, rank: int) -> int:
     return -rank if kind is BackendKind.SGLANG else rank
 
 
-def attempt_fields(request: InferenceRequest, backend: Backend, *, salt: str, rank: int, track: bool) -> dict[str, Any]:
+def attempt_fields(
+    request: InferenceRequest, backend: Backend, *, isolation: Mapping[str, object], rank: int, track: bool
+) -> dict[str, Any]:
     """The fields this attempt sets on top of the client's body (see the module docstring)."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = dict(isolation)
     if backend.engine_priority:
         fields["priority"] = engine_priority(backend.kind, rank)
-    if backend.kind in SALTED_KINDS:
-        fields["cache_salt"] = salt
     if request.stream:
         options = request.body.get("stream_options")
         wanted = {**(options or {}), "include_usage": True}
@@ -47,6 +49,8 @@ def attempt_fields(request: InferenceRequest, backend: Backend, *, salt: str, ra
     return fields
 
 
-def attempt_body(request: InferenceRequest, backend: Backend, *, salt: str, rank: int, track: bool) -> bytes:
+def attempt_body(
+    request: InferenceRequest, backend: Backend, *, isolation: Mapping[str, object], rank: int, track: bool
+) -> bytes:
     """The bytes of this attempt's request body."""
-    return request.encode(attempt_fields(request, backend, salt=salt, rank=rank, track=track))
+    return request.encode(attempt_fields(request, backend, isolation=isolation, rank=rank, track=track))

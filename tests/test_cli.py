@@ -63,6 +63,28 @@ def test_validate_reports_a_missing_file() -> None:
     assert result.stderr.strip() == "tests/policies/missing.yaml: cannot read: No such file or directory"
 
 
+@pytest.mark.parametrize(
+    ("flags", "exit_code"),
+    [
+        pytest.param((), 0, id="warnings are printed and the policy is valid"),
+        pytest.param(("--strict",), 1, id="with --strict a warning fails the validation"),
+    ],
+)
+def test_validate_prints_the_policys_warnings_with_file_and_path(
+    tmp_path: Path, flags: tuple[str, ...], exit_code: int
+) -> None:
+    path = tmp_path / "shared-llama.yaml"
+    path.write_text(policy_text("http://127.0.0.1:1").replace("kind: vllm", "kind: llamacpp"))
+    result = run("policy", "validate", *flags, str(path))
+    assert result.returncode == exit_code
+    assert result.stdout.startswith(f"{path}: valid (version test-1, digest ")
+    (warning,) = result.stderr.splitlines()
+    assert warning.startswith(
+        f"{path}: warning: backends[0]: 'fake' (llamacpp) cannot salt its prefix cache and serves tenants of "
+        "different cache scopes: 'acme', 'globex'"
+    )
+
+
 def test_keys_hash_reads_the_key_on_stdin_and_prints_the_policy_form() -> None:
     result = run("keys", "hash", stdin="  key-acme \n")  # surrounding whitespace is not part of the key
     assert result.returncode == 0, result.stderr

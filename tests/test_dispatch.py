@@ -282,3 +282,52 @@ def test_the_default_wait_budget_leaves_room_for_the_measured_time_to_first_toke
         queues.observe_service_ttft(sample)
     assert queues.wait_budget(interactive) == pytest.approx(0.15, abs=0.03)
     assert queues.wait_budget(batch) == 5  # an explicit max_wait_s stands
+
+
+LANES = f"""
+version: t
+classes:
+  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}, queue: {{max_depth: 3, max_wait_s: 5}}}}
+  batch: {{rank: 1, slo: {{ttft_ms: 5000, itl_ms: 100, e2e_ms: 60000}}, queue: {{max_depth: 3, max_wait_s: 5}}}}
+models: [{{name: m}}]
+backends:
+  - {{name: a, url: "http://127.0.0.1:1", kind: sim, models: [m], tenants: [acme], capacity: {{max_concurrent: 1}}}}
+  - {{name: g, url: "http://127.0.0.1:2", kind: sim, models: [m], tenants: [globex], capacity: {{max_concurrent: 1}}}}
+  - {{name: s, url: "http://127.0.0.1:3", kind: sim, models: [m], capacity: {{max_concurrent: 1}}}}
+tenants:
+  - {{name: acme, key_hashes: ["{hash_api_key("a")}"], models: ["*"], default_class: interactive}}
+  - {{name: globex, key_hashes: ["{hash_api_key("g")}"], models: ["*"], default_class: interactive}}
+"""
+"""acme may use a and s, globex g and s: two lanes of one model, sharing backend s."""
+
+
+async def acquire_as(dispatcher: Dispatcher, snapshot: PolicySnapshot, tenant: str, class_name: str) -> Grant:
+    who = next(t for t in snapshot.policy.tenants if t.name == tenant)
+    klass = snapshot.policy.classes[class_name]
+    return await dispatcher.acquire(request(), who, class_name, klass, deadline=1e9)
+
+
+async def test_lanes_wait_apart_and_a_shared_backend_goes_to_the_higher_class_of_any_lane() -> None:
+    snapshot = parse_policy(LANES, "t.yaml")
+    dispatcher = make_dispatcher(snapshot)
+    held = [await acquire_as(dispatcher, snapshot, "acme", "interactive") for _ in range(2)]
+    assert sorted(g.state.name for g in held) == ["a", "s"]
+    on_g = await acquire_as(dispatcher, snapshot, "globex", "interactive")
+    assert on_g.state.name == "g"
+    acme_batch = asyncio.create_task(acquire_as(dispatcher, snapshot, "acme", "batch"))
+    await asyncio.sleep(0)
+    globex_interactive = asyncio.create_task(acquire_as(dispatcher, snapshot, "globex", "interactive"))
+    await asyncio.sleep(0)
+    assert (dispatcher.depth("m", 0), dispatcher.depth("m", 1)) == (1, 1)
+    assert sum(q.depth for q in dispatcher.queues()["m"].classes) == 0, "neither waits in the model's own lane"
+    dispatcher.release("m", next(g for g in held if g.state.name == "s"))
+    granted = await asyncio.wait_for(globex_interactive, 1)
+    assert granted.state.name == "s"
+    assert not acme_batch.done()
+    dispatcher.release("m", next(g for g in held if g.state.name == "a"))
+    batch = await asyncio.wait_for(acme_batch, 1)
+    assert batch.state.name == "a"
+    for grant in (on_g, granted, batch):
+        dispatcher.release("m", grant)
+    assert sum(s.in_flight for s in dispatcher.pool.all()) == 0
+    assert dispatcher.depth("m", 0) == dispatcher.depth("m", 1) == 0

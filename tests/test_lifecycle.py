@@ -68,6 +68,15 @@ def test_an_invalid_policy_written_over_the_live_file_is_refused_and_the_old_one
     wait_until(lambda: admin(gateway, "GET", "/admin/policy").json()["version"] == "test-2", what="the new policy")
 
 
+def test_the_policy_status_shows_the_warnings_of_the_policy_in_force(gateway: str, policy_path: Path) -> None:
+    assert admin(gateway, "GET", "/admin/policy").json()["warnings"] == []
+    shared = policy_path.read_text().replace("kind: vllm", "kind: llamacpp").replace("test-1", "test-2")
+    policy_path.write_text(shared)
+    wait_until(lambda: admin(gateway, "GET", "/admin/policy").json()["version"] == "test-2", what="the new policy")
+    (warning,) = admin(gateway, "GET", "/admin/policy").json()["warnings"]
+    assert warning.startswith("backends[0]: 'fake' (llamacpp) cannot salt its prefix cache")
+
+
 def test_the_admin_endpoints_need_an_admin_key(gateway: str) -> None:
     assert admin(gateway, "GET", "/admin/policy", key=None).status_code == 401
     assert admin(gateway, "GET", "/admin/policy", key=KEY_ACME).status_code == 403

@@ -102,6 +102,11 @@ BAD_POLICIES = [
         id="one key for two tenants is refused",
     ),
     pytest.param(
+        lambda d: d.update(admin={"key_hashes": [hash_api_key("admin-key"), d["tenants"][1]["key_hashes"][0]]}),
+        "admin.key_hashes[1]: already a key of tenant 'globex' (admin keys must be separate)",
+        id="a tenant's key as an admin key is refused, since that tenant's clients would hold it",
+    ),
+    pytest.param(
         lambda d: d["tenants"][0].update(key_hashes=[KEY_ACME]),
         "tenants[0].key_hashes: must be 'sha256:' followed by 64 lowercase hex digits "
         "(make one with `inference-gateway keys hash`); never a raw key",

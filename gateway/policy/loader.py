@@ -2,9 +2,13 @@
 
 Loading is three steps: ``yaml.safe_load``; validation against ``policy.model.Policy``
 (types, ranges, unknown keys); cross-checks between sections (names unique, every model
-served by a backend, every tenant's models and class declared). Every problem is reported
-at once, each as ``<file>: <path inside it>: <problem>``, e.g.
-``policies/prod.yaml: tenants[2].limits.rpm: must be greater than 0``.
+served by a backend, every tenant's models and class declared, no key both a tenant's and an
+admin's, tenants of different cache scopes kept apart on unsalted engines: ``check_isolation``).
+Every problem is reported at once, each as ``<file>: <path inside it>: <problem>``, e.g.
+``policies/prod.yaml: tenants[2].limits.rpm: must be greater than 0``. What is allowed but
+probably not meant (an unsalted engine shared by tenants of different cache scopes, a tenant
+left without a backend for a model it may use) is kept in the snapshot's ``warnings``, with the
+same paths: logged at start and at each reload, printed by ``policy validate``.
 
 The snapshot (``gateway/policy/snapshot.py``) holds the indexes the hot path needs (key hash
 to tenant, model to backends), built once here so that a request never scans a list.
@@ -22,6 +26,7 @@ from pydantic import ValidationError
 
 from gateway.policy.model import Policy
 from gateway.policy.snapshot import PolicySnapshot, index_policy
+from gateway.routing.isolation import check_isolation
 from gateway.routing.registry import routing_problems
 
 
@@ -61,11 +66,12 @@ def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
         policy = Policy.model_validate(raw)
     except ValidationError as exc:
         raise PolicyError(source, [_describe(error) for error in exc.errors()]) from exc
-    problems = list(_cross_check(policy))
+    isolation = check_isolation(policy)
+    problems = [*_cross_check(policy), *isolation.problems]
     if problems:
         raise PolicyError(source, problems)
     raw_bytes = text.encode() if isinstance(text, str) else text
-    return index_policy(policy, source, hashlib.sha256(raw_bytes).hexdigest()[:12])
+    return index_policy(policy, source, hashlib.sha256(raw_bytes).hexdigest()[:12], isolation.warnings)
 
 
 def _describe(error: Any) -> str:
@@ -125,6 +131,9 @@ def _cross_check(policy: Policy) -> Iterable[str]:
         for j, key_hash in enumerate(tenant.key_hashes):
             if owners.setdefault(key_hash, tenant.name) != tenant.name:
                 yield f"tenants[{i}].key_hashes[{j}]: already a key of tenant '{owners[key_hash]}'"
+    for j, key_hash in enumerate(policy.admin.key_hashes):
+        if key_hash in owners:  # that tenant's clients would hold the keys to /admin
+            yield f"admin.key_hashes[{j}]: already a key of tenant '{owners[key_hash]}' (admin keys must be separate)"
 
 
 def _unique(section: str, names: list[str]) -> Iterable[str]:

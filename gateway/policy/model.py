@@ -237,6 +237,11 @@ class Backend(Strict):
     """What one of its GPUs costs an hour (dollars); unset: the backend costs nothing (``gateway/cost.py``)."""
     gpus: PositiveInt = 1
     """GPUs the backend holds (tensor parallel, ...): it costs ``price_per_gpu_hour × gpus`` an hour."""
+    tenants: Annotated[list[Name], Field(min_length=1)] | None = None
+    """Serve only these tenants (names under ``tenants``); unset: every tenant allowed its models.
+
+    Dedicated capacity for any kind, and how tenants of different cache scopes are kept apart on
+    engines that cannot salt their prefix cache (``CacheIsolation.unsalted``)."""
 
     @field_validator("url")
     @classmethod
@@ -303,14 +308,35 @@ class CacheScope(Strict):
     description: Annotated[str, Field(max_length=200)] = ""
 
 
+class UnsaltedMode(StrEnum):
+    """How tenants are kept apart on backends whose engine has no ``cache_salt`` (llama.cpp, openai).
+
+    ``shared``: they are not; the policy loads with a warning naming each such backend and the
+    tenants of different cache scopes that reach it. ``no_prompt_cache``: every request to a
+    llama.cpp backend carries ``cache_prompt: false`` (no reuse, so nothing to time); refused at
+    load while an ``openai`` backend, which has no such switch, is shared. ``dedicated``: refused
+    at load unless each such backend is reached by tenants of one cache scope only (``tenants:``).
+    """
+
+    SHARED = "shared"
+    NO_PROMPT_CACHE = "no_prompt_cache"
+    DEDICATED = "dedicated"
+
+
 class CacheIsolation(Strict):
-    """Where the secret that keys every ``cache_salt`` comes from (HMAC-SHA256 of the scope).
+    """Where the secret that keys every ``cache_salt`` comes from (HMAC-SHA256 of the scope), and
+    how backends that cannot be salted are isolated (``unsalted``, see ``UnsaltedMode``).
 
     Replicas that share the secret share engine caches; without it each process draws a
     random secret (and logs a warning).
+
+    Usage::
+
+        cache_isolation: {secret_env: GATEWAY_CACHE_SALT_SECRET, unsalted: dedicated}
     """
 
     secret_env: EnvName = "GATEWAY_CACHE_SALT_SECRET"
+    unsalted: UnsaltedMode = UnsaltedMode.SHARED
 
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503})

@@ -24,6 +24,8 @@ class PolicySnapshot:
     tenants_by_key_hash: Mapping[str, Tenant] = field(repr=False)
     models: Mapping[str, ModelPolicy] = field(repr=False)
     backends_by_model: Mapping[str, tuple[Backend, ...]] = field(repr=False)
+    warnings: tuple[str, ...] = ()
+    """Allowed but probably not meant, each as ``<path>: <problem>`` (``gateway/policy/loader.py``)."""
 
     @property
     def version(self) -> str:
@@ -36,7 +38,7 @@ class PolicySnapshot:
         return "*" in tenant.models or model in tenant.models
 
 
-def index_policy(policy: Policy, source: str, digest: str) -> PolicySnapshot:
+def index_policy(policy: Policy, source: str, digest: str, warnings: tuple[str, ...] = ()) -> PolicySnapshot:
     by_key = {key_hash: tenant for tenant in policy.tenants for key_hash in tenant.key_hashes}
     by_model: dict[str, list[Backend]] = {}
     for backend in policy.backends:
@@ -49,4 +51,5 @@ def index_policy(policy: Policy, source: str, digest: str) -> PolicySnapshot:
         tenants_by_key_hash=MappingProxyType(by_key),
         models=MappingProxyType({m.name: m for m in policy.models}),
         backends_by_model=MappingProxyType({m: tuple(bs) for m, bs in by_model.items()}),
+        warnings=warnings,
     )

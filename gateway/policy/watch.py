@@ -22,6 +22,10 @@ Requests keep the snapshot they started with: a request reads ``current()`` once
 and uses that object to the end; snapshots are frozen, so a reload never changes a request
 in flight. Everything here runs on the event loop (the file is small; reading it is cheap).
 
+The snapshot's ``warnings`` (allowed but probably not meant, e.g. an unsalted engine shared by
+tenants of different cache scopes) are logged when a policy comes into force: at start and at
+each reload.
+
 Counters for telemetry are plain attributes: ``reloads_ok``, ``reloads_invalid``,
 ``reloads_refused``, ``reloads_unchanged``, ``listener_errors``; ``last_result`` and ``last_error`` feed
 ``/admin/policy``.
@@ -78,6 +82,12 @@ def content_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
+def log_warnings(snapshot: PolicySnapshot) -> None:
+    """One log line per warning of the policy coming into force, with its file and path."""
+    for warning in snapshot.warnings:
+        log.warning("policy %s (version %s): %s", snapshot.source, snapshot.version, warning)
+
+
 class PolicySource:
     """The policy in force, reloaded from ``path`` (see the module docstring).
 
@@ -113,6 +123,7 @@ class PolicySource:
         self.listener_errors = 0
         self.last_result: ReloadResult | None = None
         self.last_error: str | None = None
+        log_warnings(self._current)
 
     def current(self) -> PolicySnapshot:
         return self._current
@@ -191,6 +202,7 @@ class PolicySource:
             previous.version,
             previous.digest,
         )
+        log_warnings(snapshot)
         self._notify(snapshot)
         return self._result(ReloadOutcome.OK, reason)
 

@@ -25,15 +25,16 @@ from gateway.clock import MonotonicClock
 from gateway.dispatch import ModelQueues
 from gateway.endpoints import BackendPool, BackendState
 from gateway.errors import InvalidRequest, NotFound
-from gateway.policy.model import PriorityClass, Tenant
+from gateway.policy.model import Backend, CacheIsolation, PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router, RoutingDecision
-from gateway.routing.isolation import SALTED_KINDS, tenant_scope
+from gateway.routing.isolation import CacheSalter, isolation_fields, tenant_scope
 from gateway.routing.registry import build_routers
 from gateway.tokens import CharRatioEstimator
 from gateway.types import Api, InferenceRequest
 from gateway.validation import build_request, require_model
 
+_EXPLAIN_SALTER = CacheSalter(b"explain: the salt is never shown")
 _STATE_FIELDS = {"healthy": bool, "in_flight": int, "in_flight_tokens": int, "waiting": float, "kv_usage": float}
 
 
@@ -65,7 +66,8 @@ def explain(
     fresh_s = snapshot.policy.scrape.fresh_s
     tokens = request.prompt_tokens + request.max_tokens
     states = pool.for_model(model)
-    roomy = [s for s in states if has_room(s, klass, tokens, now, fresh_s)]
+    mine = pool.lane(model, tenant.name).states
+    roomy = [s for s in mine if has_room(s, klass, tokens, now, fresh_s)]
     routing = snapshot.models[model].routing
     lines = [
         f"tenant:  {tenant.name} (cache scope {tenant_scope(tenant)})",
@@ -75,22 +77,42 @@ def explain(
         f"(max depth {klass.queue.max_depth}, max wait {_wait_budget(klass)})",
         f"routing: {routing.strategy} (block {routing.block_tokens} tokens, epsilon {routing.epsilon:g})",
     ]
+    if not mine:
+        return [
+            *lines,
+            "no backend of the model serves this tenant: the request would be refused: 503 no_backend_for_tenant",
+            *_room_lines(states, roomy, mine),
+        ]
     if not roomy:
-        verdict = "wait in its queue" if any(s.healthy for s in states) else "be refused: 503 no_healthy_backend"
-        return [*lines, f"no backend has room: the request would {verdict}", *_room_lines(states, roomy)]
+        verdict = "wait in its queue" if any(s.healthy for s in mine) else "be refused: 503 no_healthy_backend"
+        return [*lines, f"no backend has room: the request would {verdict}", *_room_lines(states, roomy, mine)]
     decision = router.pick(request, tenant, roomy)
     lines.append("dispatch: at once (fast path: an empty gateway queues nothing)")
-    lines += _score_lines(states, roomy, decision)
+    lines += _score_lines(states, roomy, mine, decision)
     chosen = decision.state
     lines.append(f"chosen:  {chosen.name} ({decision.reason}; {decision.matched_blocks} prefix blocks expected cached)")
-    if chosen.backend.kind in SALTED_KINDS:
-        lines.append(
-            f"cache_salt: set to HMAC-SHA256(secret, '{tenant_scope(tenant)}') for this {chosen.backend.kind.value} "
+    return [*lines, _isolation_line(chosen.backend, snapshot.policy.cache_isolation, tenant)]
+
+
+def _isolation_line(backend: Backend, isolation: CacheIsolation, tenant: Tenant) -> str:
+    """What keeps the tenant's prompts out of other tenants' reach on ``backend`` (``routing/isolation.py``)."""
+    kind, mode = backend.kind.value, isolation.unsalted.value
+    fields = isolation_fields(backend.kind, isolation.unsalted, _EXPLAIN_SALTER, tenant)
+    if "cache_salt" in fields:
+        return (
+            f"cache_salt: set to HMAC-SHA256(secret, '{tenant_scope(tenant)}') for this {kind} "
             "backend; a client's own cache_salt is overwritten"
         )
-    else:
-        lines.append(f"cache_salt: not set ({chosen.backend.kind.value} backends do not read it)")
-    return lines
+    if fields.get("cache_prompt") is False:
+        return (
+            f"cache_salt: not set ({kind} backends do not read it); cache_prompt: set to false "
+            f"(cache_isolation.unsalted: {mode}): the engine reuses no cached prompt, whoever sent it"
+        )
+    served = f"tenants {', '.join(backend.tenants)}" if backend.tenants else "every tenant allowed the model"
+    return (
+        f"cache_salt: not set ({kind} backends do not read it); its prefix cache is shared by the tenants it "
+        f"serves: {served} (cache_isolation.unsalted: {mode})"
+    )
 
 
 def _request(
@@ -141,23 +163,32 @@ def _apply_state(
         state.scraped_at = now
 
 
-def _room_lines(states: tuple[BackendState, ...], roomy: list[BackendState]) -> list[str]:
-    return [f"  {s.name}: {_room(s, roomy)}" for s in states]
+def _room_lines(
+    states: tuple[BackendState, ...], roomy: list[BackendState], mine: tuple[BackendState, ...]
+) -> list[str]:
+    return [f"  {s.name}: {_room(s, roomy, mine)}" for s in states]
 
 
-def _room(state: BackendState, roomy: list[BackendState]) -> str:
+def _room(state: BackendState, roomy: list[BackendState], mine: tuple[BackendState, ...]) -> str:
+    if state not in mine:
+        return "other-tenants"
     if state in roomy:
         return "room"
     return "unhealthy" if not state.healthy else "full"
 
 
-def _score_lines(states: tuple[BackendState, ...], roomy: list[BackendState], decision: RoutingDecision) -> list[str]:
+def _score_lines(
+    states: tuple[BackendState, ...],
+    roomy: list[BackendState],
+    mine: tuple[BackendState, ...],
+    decision: RoutingDecision,
+) -> list[str]:
     detail = decision.detail
     scorers = list(detail.by_scorer) if detail is not None else []
     header = ["backend", "room", "in_flight", "matched", *scorers, "total"]
     rows = [header]
     for state in states:
-        row = [state.name, _room(state, roomy), str(state.in_flight)]
+        row = [state.name, _room(state, roomy, mine), str(state.in_flight)]
         if detail is not None and state.name in detail.backends:
             i = detail.backends.index(state.name)
             row.append(f"{detail.matched[i]}/{detail.prompt_blocks}")

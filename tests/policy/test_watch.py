@@ -193,3 +193,34 @@ async def test_sighup_reloads(policy_file: Path) -> None:
     assert source.last_result is not None
     assert source.last_result.reason == "SIGHUP"
     assert repr(source) == f"PolicySource({str(policy_file)!r}, version='test-2')"
+
+
+SHARED_LLAMA = VALID.replace("kind: vllm", "kind: llamacpp")
+"""The test policy with its backend an unsalted engine that both tenants reach: one warning."""
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "logged"),
+    [
+        pytest.param(SHARED_LLAMA, NEXT, [("test-1", "backends[0]: 'fake' (llamacpp)")], id="at start"),
+        pytest.param(
+            VALID,
+            SHARED_LLAMA.replace("version: test-1", "version: test-2"),
+            [("test-2", "backends[0]: 'fake' (llamacpp)")],
+            id="at a reload",
+        ),
+        pytest.param(VALID, NEXT, [], id="never for a policy without any"),
+    ],
+)
+def test_the_warnings_of_a_policy_are_logged_when_it_comes_into_force(
+    policy_file: Path, caplog: pytest.LogCaptureFixture, first: str, then: str, logged: list[tuple[str, str]]
+) -> None:
+    write(policy_file, first)
+    with caplog.at_level("WARNING", logger="gateway.policy.watch"):
+        source = PolicySource(policy_file)
+        write(policy_file, then)
+        assert source.reload("test").outcome is ReloadOutcome.OK
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == len(logged)
+    for line, (version, start) in zip(lines, logged, strict=True):
+        assert line.startswith(f"policy {policy_file} (version {version}): {start} cannot salt its prefix cache")

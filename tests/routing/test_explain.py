@@ -73,3 +73,67 @@ def test_explain_rejects_an_unknown_backend_in_the_state_file(
     files["state"].write_text(json.dumps({"b9": {"in_flight": 1}}))
     assert run(files, "--backend-state", str(files["state"])) == 1
     assert "'b9' is not a backend of the policy" in capsys.readouterr().err
+
+
+def backend_kinds(*specs: str) -> str:
+    """The routing test policy with backend ``b<i>`` of kind and tenants ``specs[i]`` (``llamacpp [acme]``)."""
+    text = policy_text()
+    for i, spec in enumerate(specs):
+        kind, _, tenants = spec.partition(" ")
+        served = f", tenants: {tenants}" if tenants else ""
+        text = text.replace(
+            f'name: b{i}, url: "http://127.0.0.1:{1 + i}", kind: sim',
+            f'name: b{i}, url: "http://127.0.0.1:{1 + i}", kind: {kind}{served}',
+        )
+    return text
+
+
+@pytest.mark.parametrize(
+    ("policy", "unsalted", "expected"),
+    [
+        pytest.param(
+            backend_kinds("llamacpp [acme]", "llamacpp [globex]", "llamacpp [shared-a, shared-b]"),
+            "dedicated",
+            [
+                "b1 other-tenants",
+                "chosen:  b0 (",
+                "cache_salt: not set (llamacpp backends do not read it); its prefix cache is shared by the tenants "
+                "it serves: tenants acme (cache_isolation.unsalted: dedicated)",
+            ],
+            id="a dedicated backend is the only one offered, and said to be shared by its tenants only",
+        ),
+        pytest.param(
+            backend_kinds("llamacpp", "llamacpp", "llamacpp"),
+            "no_prompt_cache",
+            [
+                "cache_salt: not set (llamacpp backends do not read it); cache_prompt: set to false "
+                "(cache_isolation.unsalted: no_prompt_cache): the engine reuses no cached prompt, whoever sent it"
+            ],
+            id="a llamacpp backend under no_prompt_cache is said to reuse no prompt",
+        ),
+        pytest.param(
+            backend_kinds("sglang", "sglang", "sglang"),
+            "shared",
+            ["cache_salt: set to HMAC-SHA256(secret, 'tenant:acme') for this sglang backend"],
+            id="an sglang backend is said to be salted",
+        ),
+        pytest.param(
+            backend_kinds("vllm [globex]", "vllm [globex]", "vllm [globex]"),
+            "shared",
+            [
+                "no backend of the model serves this tenant: the request would be refused: 503 no_backend_for_tenant",
+                "b0: other-tenants",
+            ],
+            id="a tenant that no backend serves is said to be refused",
+        ),
+    ],
+)
+def test_explain_shows_the_tenants_backends_and_what_isolates_its_cache(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], policy: str, unsalted: str, expected: list[str]
+) -> None:
+    files["policy"].write_text(f"{policy}\ncache_isolation: {{unsalted: {unsalted}}}\n")
+    assert run(files) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    rooms = {" ".join(line.split()[:2]) for line in out.splitlines() if line.startswith("  b")}
+    for line in expected:
+        assert line in out or line in rooms

@@ -8,9 +8,12 @@ import logging
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 
-from gateway.routing.isolation import CacheSalter
+from gateway.policy.loader import parse_policy
+from gateway.policy.model import BackendKind, UnsaltedMode
+from gateway.routing.isolation import CacheSalter, isolation_fields
 from tests.conftest import KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway, policy_text
 from tests.fake_backend import FakeBackend
 
@@ -52,13 +55,85 @@ def test_vllm_backends_get_the_hmac_of_the_tenants_scope_as_cache_salt(
     assert backend.received[-1].body["cache_salt"] == expected_salt(scope)
 
 
-def test_backends_that_ignore_cache_salt_do_not_get_one(
-    start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer
+ACME_SALT = expected_salt("tenant:acme")
+DEDICATED = "credential_env: GATEWAY_TEST_BACKEND_TOKEN\n    tenants: [acme]"
+
+
+@pytest.mark.parametrize(
+    ("kind", "unsalted", "client_fields", "forwarded"),
+    [
+        pytest.param("sglang", "shared", {}, {"cache_salt": ACME_SALT}, id="sglang backends get the salt as vllm's do"),
+        pytest.param(
+            "sglang",
+            "shared",
+            {"cache_salt": "globex-guess"},
+            {"cache_salt": ACME_SALT},
+            id="an sglang client's own cache_salt is overwritten",
+        ),
+        pytest.param("sim", "shared", {}, {"cache_salt": ACME_SALT}, id="simulated engines get the salt"),
+        pytest.param(
+            "vllm",
+            "no_prompt_cache",
+            {"cache_prompt": True},
+            {"cache_salt": ACME_SALT, "cache_prompt": True},
+            id="salted backends are left their cache under no_prompt_cache",
+        ),
+        pytest.param(
+            "llamacpp",
+            "no_prompt_cache",
+            {"cache_prompt": True},
+            {"cache_salt": None, "cache_prompt": False},
+            id="llamacpp backends get cache_prompt false under no_prompt_cache, the client's true overwritten",
+        ),
+        pytest.param(
+            "llamacpp",
+            "no_prompt_cache",
+            {},
+            {"cache_salt": None, "cache_prompt": False},
+            id="llamacpp backends get cache_prompt false when the client says nothing",
+        ),
+        pytest.param(
+            "llamacpp",
+            "shared",
+            {"cache_prompt": True},
+            {"cache_salt": None, "cache_prompt": True},
+            id="llamacpp backends get the body as sent under shared",
+        ),
+        pytest.param(
+            "llamacpp",
+            "dedicated",
+            {},
+            {"cache_salt": None, "cache_prompt": None},
+            id="a dedicated llamacpp backend keeps its cache, since one scope reaches it",
+        ),
+        pytest.param(
+            "openai", "shared", {}, {"cache_salt": None, "cache_prompt": None}, id="openai backends get neither field"
+        ),
+    ],
+)
+def test_each_backend_kind_gets_the_isolation_fields_of_the_policys_mode(
+    start_gateway: StartGateway,
+    backend: FakeBackend,
+    backend_server: BackendServer,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    unsalted: str,
+    client_fields: dict[str, object],
+    forwarded: dict[str, object],
 ) -> None:
-    text = policy_text(backend_server.url).replace("kind: vllm", "kind: openai")
-    with start_gateway(text, health_checks=False) as url:
-        send(url, KEY_ACME)
-    assert "cache_salt" not in backend.received[-1].body
+    monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", SECRET)
+    text = policy_text(backend_server.url).replace("kind: vllm", f"kind: {kind}")
+    if unsalted == "dedicated":
+        text = text.replace("credential_env: GATEWAY_TEST_BACKEND_TOKEN", DEDICATED)
+    with (
+        start_gateway(f"{text}\ncache_isolation: {{unsalted: {unsalted}}}\n", health_checks=False) as url,
+        openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=10) as client,
+    ):
+        client.chat.completions.create(
+            model="test/chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, extra_body=client_fields
+        )
+    (received,) = backend.received
+    assert {field: received.body.get(field) for field in forwarded} == forwarded
 
 
 def test_without_a_secret_each_process_draws_its_own_and_warns(caplog: pytest.LogCaptureFixture) -> None:
@@ -74,3 +149,26 @@ def test_a_shared_secret_gives_every_replica_the_same_salts() -> None:
     two = CacheSalter.from_env("S", environ={"S": SECRET})
     assert one.salt("tenant:a") == two.salt("tenant:a") == expected_salt("tenant:a")
     assert one.salt("tenant:a") != one.salt("tenant:b")
+
+
+SALT = {"cache_salt": ACME_SALT}
+NO_REUSE = {"cache_prompt": False}
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields"),
+    [
+        pytest.param(kind, {mode: fields[i] for i, mode in enumerate(UnsaltedMode)}, id=f"{kind.value}: {label}")
+        for kind, fields, label in [
+            (BackendKind.VLLM, (SALT, SALT, SALT), "salted whatever the mode"),
+            (BackendKind.SGLANG, (SALT, SALT, SALT), "salted whatever the mode"),
+            (BackendKind.SIM, (SALT, SALT, SALT), "salted whatever the mode"),
+            (BackendKind.LLAMACPP, ({}, NO_REUSE, {}), "no prompt reuse under no_prompt_cache only"),
+            (BackendKind.OPENAI, ({}, {}, {}), "nothing to set in any mode"),
+        ]
+    ],
+)
+def test_isolation_fields_by_kind_and_mode(kind: BackendKind, fields: dict[UnsaltedMode, dict[str, object]]) -> None:
+    acme = parse_policy(policy_text("http://127.0.0.1:1"), "t.yaml").policy.tenants[0]
+    salter = CacheSalter(SECRET.encode())
+    assert {mode: dict(isolation_fields(kind, mode, salter, acme)) for mode in UnsaltedMode} == fields

@@ -1,0 +1,192 @@
+"""Load-time isolation checks: unsalted engines shared across cache scopes warn or are refused.
+
+Each case is a policy with four tenants (``acme`` and ``globex`` private, ``shared-a`` and
+``shared-b`` in the scope ``public-bot``) and the backends and ``cache_isolation.unsalted`` it
+names; the loader must give exactly the problems (refused) or the warnings (loaded) listed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.policy.loader import PolicyError, hash_api_key, parse_policy
+
+SOURCE = "policies/prod.yaml"
+
+
+def backend(name: str, kind: str, tenants: str = "", models: str = "[m]") -> str:
+    served = f", tenants: {tenants}" if tenants else ""
+    return f'  - {{name: {name}, url: "http://127.0.0.1:1", kind: {kind}, models: {models}{served}}}'
+
+
+def policy(*backends: str, unsalted: str = "shared", globex_models: str = '["*"]') -> str:
+    listed = "\n".join(backends)
+    return f"""
+version: t
+classes:
+  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
+models: [{{name: m}}, {{name: m2}}]
+backends:
+{listed}
+cache_scopes:
+  public-bot: {{description: the public help bot's system prompt}}
+cache_isolation: {{unsalted: {unsalted}}}
+tenants:
+  - {{name: acme, key_hashes: ["{hash_api_key("a")}"], models: ["*"], default_class: interactive}}
+  - {{name: globex, key_hashes: ["{hash_api_key("g")}"], models: {globex_models}, default_class: interactive}}
+  - {{name: shared-a, key_hashes: ["{hash_api_key("sa")}"], models: ["*"], default_class: interactive,
+      cache_scope: public-bot}}
+  - {{name: shared-b, key_hashes: ["{hash_api_key("sb")}"], models: ["*"], default_class: interactive,
+      cache_scope: public-bot}}
+"""
+
+
+M2 = backend("vllm-m2", "vllm", models="[m2]")
+"""Serves model m2 to everyone, so that the cases about m are not about m2 too."""
+
+EVERYONE = "'acme', 'globex', 'shared-a' (scope 'public-bot'), 'shared-b' (scope 'public-bot')"
+
+REFUSED = [
+    pytest.param(
+        policy(backend("llama-a", "llamacpp"), M2, unsalted="dedicated"),
+        [
+            f"backends[0]: 'llama-a' (llamacpp) is not salted (cache_isolation.unsalted: dedicated) and serves "
+            f"tenants of different cache scopes: {EVERYONE}; list in its tenants: the tenants it serves, all of "
+            "one cache scope"
+        ],
+        id="dedicated refuses an unsalted backend that lists no tenants and every tenant reaches",
+    ),
+    pytest.param(
+        policy(backend("llama-a", "llamacpp", "[acme, shared-a, globex]"), M2, unsalted="dedicated"),
+        [
+            "backends[0].tenants[1]: tenant 'shared-a' shares unsalted backend 'llama-a' with 'acme' "
+            "(another cache scope; cache_isolation.unsalted is dedicated)",
+            "backends[0].tenants[2]: tenant 'globex' shares unsalted backend 'llama-a' with 'acme' "
+            "(another cache scope; cache_isolation.unsalted is dedicated)",
+        ],
+        id="dedicated names each listed tenant of another scope than the first",
+    ),
+    pytest.param(
+        policy(backend("gpt", "openai", "[acme, globex]"), backend("llama-a", "llamacpp"), M2, unsalted="dedicated"),
+        [
+            "backends[0].tenants[1]: tenant 'globex' shares unsalted backend 'gpt' with 'acme' "
+            "(another cache scope; cache_isolation.unsalted is dedicated)",
+            f"backends[1]: 'llama-a' (llamacpp) is not salted (cache_isolation.unsalted: dedicated) and serves "
+            f"tenants of different cache scopes: {EVERYONE}; list in its tenants: the tenants it serves, all of "
+            "one cache scope",
+        ],
+        id="dedicated holds openai backends to the same rule and reports every backend at once",
+    ),
+    pytest.param(
+        policy(backend("gpt", "openai"), backend("llama-a", "llamacpp"), M2, unsalted="no_prompt_cache"),
+        [
+            "backends[0]: 'gpt' (openai) has no switch to turn prompt caching off (cache_isolation.unsalted: "
+            f"no_prompt_cache) and serves tenants of different cache scopes: {EVERYONE}; give it tenants: of "
+            "one cache scope, or set cache_isolation.unsalted: dedicated"
+        ],
+        id="no_prompt_cache refuses a shared openai backend, which has no such switch, and only it",
+    ),
+    pytest.param(
+        policy(backend("llama-a", "llamacpp", "[acme, initech]"), M2),
+        ["backends[0].tenants[1]: unknown tenant 'initech'"],
+        id="a backend listing an undeclared tenant is refused",
+    ),
+    pytest.param(
+        policy(backend("llama-a", "llamacpp", "[]"), M2),
+        ["backends[0].tenants: must have at least 1 item after validation, not 0"],
+        id="a backend listing no tenant at all is refused rather than never used",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "problems"), REFUSED)
+def test_a_policy_that_would_share_an_unsalted_cache_is_refused_with_paths(text: str, problems: list[str]) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, SOURCE)
+    assert caught.value.problems == problems
+
+
+LOADED = [
+    pytest.param(
+        policy(backend("llama-a", "llamacpp"), M2),
+        [
+            f"backends[0]: 'llama-a' (llamacpp) cannot salt its prefix cache and serves tenants of different cache "
+            f"scopes: {EVERYONE}; each can time whether another sent a prompt (cache_isolation.unsalted is "
+            "shared; set it to no_prompt_cache or dedicated, or give the backend tenants: of one scope)"
+        ],
+        id="shared, the default, warns about a llamacpp backend that every tenant reaches",
+    ),
+    pytest.param(
+        policy(backend("gpt", "openai", "[acme, globex]"), backend("vllm-m", "vllm"), M2),
+        [
+            "backends[0]: 'gpt' (openai) cannot salt its prefix cache and serves tenants of different cache "
+            "scopes: 'acme', 'globex'; each can time whether another sent a prompt (cache_isolation.unsalted is "
+            "shared; set it to dedicated, or give the backend tenants: of one scope)"
+        ],
+        id="shared names only the tenants a backend serves, and offers openai only the remedy it has",
+    ),
+    pytest.param(
+        policy(backend("llama-a", "llamacpp", "[shared-a, shared-b]"), backend("vllm-m", "vllm"), M2),
+        [],
+        id="tenants of one shared scope may share an unsalted backend without a warning",
+    ),
+    pytest.param(
+        policy(backend("llama-a", "llamacpp"), M2, unsalted="no_prompt_cache"),
+        [],
+        id="no_prompt_cache isolates a shared llamacpp backend",
+    ),
+    pytest.param(
+        policy(
+            backend("llama-a", "llamacpp", "[acme]"),
+            backend("llama-b", "llamacpp", "[globex]"),
+            backend("gpt", "openai", "[shared-b, shared-a]"),
+            M2,
+            unsalted="dedicated",
+        ),
+        [],
+        id="dedicated loads when each unsalted backend serves one cache scope",
+    ),
+    pytest.param(
+        policy(backend("vllm-a", "vllm"), backend("sglang-a", "sglang"), backend("sim-a", "sim"), M2),
+        [],
+        id="salted backends are shared without a warning",
+    ),
+    pytest.param(
+        policy(
+            backend("llama-a", "llamacpp", "[acme]"),
+            backend("llama-b", "llamacpp", "[acme]", models="[m2]"),
+            unsalted="dedicated",
+        ),
+        [
+            f"tenants[{i}]: tenant '{name}' may use model '{model}' but none of its backends serves this tenant "
+            "(their tenants: lists leave it out); its requests for it get 503 no_backend_for_tenant"
+            for i, name in enumerate(["globex", "shared-a", "shared-b"], start=1)
+            for model in ["m", "m2"]
+        ],
+        id="a tenant allowed a model that no backend serves to it is warned about",
+    ),
+    pytest.param(
+        policy(
+            backend("vllm-a", "vllm"),
+            backend("vllm-m2", "vllm", "[globex, acme, shared-a, shared-b]", models="[m2]"),
+            globex_models="[m]",
+        ),
+        ["backends[1].tenants[0]: tenant 'globex' may use none of this backend's models"],
+        id="a backend listing a tenant that may use none of its models is warned about",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "warnings"), LOADED)
+def test_a_policy_loads_with_the_isolation_warnings_it_deserves(text: str, warnings: list[str]) -> None:
+    assert list(parse_policy(text, SOURCE).warnings) == warnings
+
+
+def test_a_long_list_of_tenants_is_cut_in_the_warning() -> None:
+    tenants = "\n".join(
+        f'  - {{name: t{i}, key_hashes: ["{hash_api_key(f"k{i}")}"], models: ["*"], default_class: interactive}}'
+        for i in range(14)
+    )
+    text = policy(backend("llama-a", "llamacpp"), M2) + tenants
+    (warning,) = parse_policy(text, SOURCE).warnings
+    assert "'t4', 't5' and 8 more; each can time" in warning
