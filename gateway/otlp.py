@@ -57,6 +57,8 @@ class SpanRecord:
     attributes: dict[str, AttributeValue]
     events: list[tuple[str, float]] = field(default_factory=list)
     error: bool = False
+    links: tuple[tuple[int, int], ...] = ()
+    """Other spans this one relates to without being their child: (trace id, span id)."""
 
 
 @dataclass(slots=True)
@@ -173,6 +175,9 @@ class SpanEncoder:
             append(attribute(key, value))
         for name, t in span.events:
             parts.append(_field(b"\x5a", b"\x09" + self._ns(t) + _field(b"\x12", name.encode())))
+        for linked_trace, linked_span in span.links:  # Span.links (13): Link {trace_id 1, span_id 2}
+            link = b"\x0a\x10" + linked_trace.to_bytes(16, "big") + b"\x12\x08" + linked_span.to_bytes(8, "big")
+            parts.append(_field(b"\x6a", link))
         if span.error:
             parts.append(b"\x7a\x02\x18\x02")  # status {code: STATUS_CODE_ERROR}
         return _field(b"\x12", b"".join(parts))

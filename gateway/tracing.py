@@ -24,8 +24,13 @@ whose methods return at their first line. With tracing on, a request records pla
 (ids, times, attribute dicts); a finished request's spans are queued and encoded to OTLP
 protobuf and sent by the export thread of ``gateway/otlp.py`` (which says why the SDK's own
 span pipeline is not used). A request that is not sampled records nothing but still passes
-its trace on (``traceparent`` with the sampled flag off), as the SDK's ``ParentBased`` sampler
-does; a client's sampled ``traceparent`` is always followed.
+its trace on (``traceparent`` with the sampled flag off).
+
+A client's ``traceparent`` is *linked*, not followed: the request's span starts a trace of
+the gateway's own, sampled by the gateway's own ratio, with a span link to the client's span
+(trace viewers navigate from one to the other). Following it would let any client decide the
+gateway's sampling (a sampled flag on every request forces 100% tracing, a cost the operator
+never chose) and graft spans into a trace id the client picked.
 
 Usage::
 
@@ -341,22 +346,20 @@ class Tracing:
             self._exporter = BatchExporter(encoder, sender, on_dropped=on_dropped, background=False)
 
     def start_request(self, *, t: float, request_id: str, api: Api, traceparent: str | None = None) -> RequestSpan:
-        """The server span of a request arriving at ``t``; the client's ``traceparent`` is its parent."""
+        """The server span of a request arriving at ``t``; the client's ``traceparent`` is linked."""
         if self._exporter is None:
             return INERT_REQUEST
-        parent_id = 0
-        parent = _parent(traceparent) if traceparent else None
-        if parent is not None:
-            trace_id, parent_id, sampled = parent
-        else:
-            trace_id = _new_id(128)
-            sampled = (trace_id & _ID_MASK) < self._bound
+        trace_id = _new_id(128)
+        sampled = (trace_id & _ID_MASK) < self._bound
         span_id = _new_id(64)
         if not sampled:
             return RequestSpan(self, trace_id, span_id, None)
         operation = OPERATION_NAMES[api]
         attributes: dict[str, AttributeValue] = {GEN_AI_OPERATION_NAME: operation, REQUEST_ID: request_id}
-        record = SpanRecord(operation, SPAN_KIND_SERVER, span_id, parent_id, t, 0.0, attributes)
+        record = SpanRecord(operation, SPAN_KIND_SERVER, span_id, 0, t, 0.0, attributes)
+        client = _client_context(traceparent) if traceparent else None
+        if client is not None:
+            record.links = (client,)
         return RequestSpan(self, trace_id, span_id, record, self.config.capture_content)
 
     def submit(self, trace_record: TraceRecord) -> None:
@@ -374,9 +377,9 @@ class Tracing:
             self._exporter.shutdown()
 
 
-def _parent(traceparent: str) -> tuple[int, int, bool] | None:
-    """The client's trace id, span id and sampled flag (W3C Trace Context), if valid."""
+def _client_context(traceparent: str) -> tuple[int, int] | None:
+    """The client's trace id and span id (W3C Trace Context), if valid."""
     context = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
     if not context.is_valid:
         return None
-    return context.trace_id, context.span_id, context.trace_flags.sampled
+    return context.trace_id, context.span_id

@@ -46,6 +46,7 @@ class SinkSpan:
     attributes: dict[str, Any] = field(default_factory=dict)
     events: tuple[tuple[str, int], ...] = ()  # (name, time in ns)
     status_code: int = 0  # 2: error
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) as hex
 
 
 def _value(value: AnyValue) -> Any:
@@ -130,6 +131,7 @@ def decode(body: bytes) -> list[SinkSpan]:
             attributes={a.key: _value(a.value) for a in span.attributes},
             events=tuple((e.name, e.time_unix_nano) for e in span.events),
             status_code=span.status.code,
+            links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
         )
         for span in _parse(body)
     ]

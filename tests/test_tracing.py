@@ -117,13 +117,20 @@ def test_the_first_token_is_an_event_and_a_failed_attempt_is_an_error(exporter: 
     assert spans["upstream b1"].status_code == 0
 
 
-def test_the_upstream_traceparent_names_the_attempt_in_the_clients_trace(exporter: Collector) -> None:
+def test_a_client_s_traceparent_is_linked_and_the_upstream_traceparent_names_the_attempt(exporter: Collector) -> None:
     headers = run_request(traced(exporter), traceparent=CLIENT_TRACEPARENT)
-    attempt = by_name(exporter)["upstream b1"]
-    assert headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-{attempt.span_id}-01"
     server = by_name(exporter)["chat test/chat"]
-    assert server.trace_id == "0af7651916cd43dd8448eb211c80319c"
-    assert server.parent_id == "b7ad6b7169203331"
+    attempt = by_name(exporter)["upstream b1"]
+    assert server.trace_id != "0af7651916cd43dd8448eb211c80319c", "the gateway's own trace, not the client's"
+    assert server.parent_id == ""
+    assert server.links == (("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"),)
+    assert headers["traceparent"] == f"00-{server.trace_id}-{attempt.span_id}-01"
+
+
+def test_a_client_s_sampled_flag_does_not_force_tracing(exporter: Collector) -> None:
+    headers = run_request(traced(exporter, sampling_ratio=0.0), traceparent=CLIENT_TRACEPARENT)
+    assert exporter.spans() == []
+    assert int(headers["traceparent"].rsplit("-", 1)[1], 16) & 1 == 0
 
 
 @pytest.mark.parametrize(
