@@ -9,7 +9,6 @@ first and keeps the old policy if the new one is invalid (answering 422 with the
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import AuthenticationFailed, GatewayError, ModelNotAllowed
+from gateway.keys import bearer_key, hash_api_key
 from gateway.policy.snapshot import PolicySnapshot
 
 
@@ -34,10 +34,10 @@ def _authorize(request: Request, gateway: PolicyControl) -> None:
     allowed = gateway.policy().policy.admin.key_hashes
     if not allowed:
         raise ModelNotAllowed("Admin endpoints are disabled: the policy lists no admin key.", code="admin_disabled")
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key:
+    key = bearer_key(request.headers.get("authorization", "").encode())
+    if key is None:
         raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <admin key>'.")
-    if "sha256:" + hashlib.sha256(key.strip().encode()).hexdigest() not in allowed:
+    if hash_api_key(key) not in allowed:
         raise ModelNotAllowed("This key may not use the admin endpoints.", code="not_admin")
 
 

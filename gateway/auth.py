@@ -1,15 +1,13 @@
 """API key to tenant.
 
 Keys are never stored: the policy holds ``sha256:`` digests and the presented key is hashed
-and looked up. The comparison is a dict lookup on the digest, so its timing depends on the
-digest (which an attacker cannot steer towards a valid key), not on the key's prefix.
+and looked up (``gateway/keys.py`` says why that lookup is safe).
 """
 
 from __future__ import annotations
 
-import hashlib
-
 from gateway.errors import AuthenticationFailed, ModelNotAllowed
+from gateway.keys import bearer_key, hash_api_key
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
 
@@ -18,11 +16,10 @@ def authenticate(authorization: bytes | None, snapshot: PolicySnapshot) -> Tenan
     """The tenant owning the bearer key in ``authorization``; 401 when missing or unknown."""
     if not authorization:
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
-    scheme, _, key = authorization.partition(b" ")
-    key = key.strip()
-    if scheme.lower() != b"bearer" or not key:
+    key = bearer_key(authorization)
+    if key is None:
         raise AuthenticationFailed("Malformed Authorization header: expected 'Bearer <key>'.", code="invalid_api_key")
-    tenant = snapshot.tenants_by_key_hash.get("sha256:" + hashlib.sha256(key).hexdigest())
+    tenant = snapshot.tenants_by_key_hash.get(hash_api_key(key))
     if tenant is None:
         raise AuthenticationFailed("Incorrect API key provided.", code="invalid_api_key")
     return tenant

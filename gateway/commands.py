@@ -17,8 +17,9 @@ from typing import Any
 import uvicorn
 
 from gateway.app import GatewayApp
+from gateway.keys import hash_api_key
 from gateway.lifecycle import DrainingServer
-from gateway.policy.loader import PolicyError, hash_api_key, load_policy
+from gateway.policy.loader import PolicyError, load_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.settings import Settings
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process, rss_bytes
 from loadtests.loadgen.records import RequestRecord
 from loadtests.loadgen.runner import RunConfig, RunResult, run_sync, run_workload

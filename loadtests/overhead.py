@@ -33,7 +33,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from loadtests.harness import cpu_seconds, pin, process
 
 MODEL = "sim-instant"

@@ -80,7 +80,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from gateway.policy.model import Tenant
 from gateway.routing.base import RoutingDecision
 from gateway.routing.framework import Cycle, Profile, Weighted, load_bound, rendezvous

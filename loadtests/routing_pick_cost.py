@@ -22,7 +22,8 @@ import time
 
 from gateway.clock import MonotonicClock
 from gateway.endpoints import BackendPool
-from gateway.policy.loader import hash_api_key, parse_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router
 from gateway.routing.prefix_affinity import PrefixAffinityRouter

@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process
 from loadtests.loadgen.client import error_code
 from tests.servers import free_port, wait_until

@@ -6,8 +6,10 @@ import pytest
 
 from gateway.admission import TenantLimiter, format_duration, resolve_class
 from gateway.errors import InvalidRequest, Overloaded
-from gateway.policy.loader import PolicySnapshot, hash_api_key, parse_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.state.memory import MemoryLimitStore
 from gateway.types import Api, InferenceRequest
 from tests.fake_clock import FakeClock

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from tests.conftest import KEY_ACME, POLICIES, policy_text
 from tests.servers import free_port, wait_until
 

@@ -9,7 +9,9 @@ import pytest
 from gateway.dispatch import Dispatcher, Grant
 from gateway.endpoints import BackendPool
 from gateway.errors import NoHealthyBackend, Overloaded
-from gateway.policy.loader import PolicySnapshot, hash_api_key, parse_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import parse_policy
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.least_load import LeastLoadRouter
 from gateway.types import Api, InferenceRequest
 from tests.fake_clock import FakeClock

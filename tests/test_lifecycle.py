@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, policy_text
 from tests.fake_backend import FakeBackend
 from tests.servers import free_port, serve_in_thread, wait_until

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.policy.loader import PolicyError, hash_api_key, load_policy, parse_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import PolicyError, load_policy, parse_policy
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, OTHER_MODEL, POLICY_FILE
 
 REPO = Path(__file__).resolve().parent.parent

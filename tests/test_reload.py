@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from gateway.app import GatewayApp
-from gateway.policy.loader import hash_api_key, load_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import load_policy
 from gateway.settings import Settings
 from tests.conftest import KEY_ACME, metric
 from tests.fake_backend import FakeBackend

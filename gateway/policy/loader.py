@@ -16,7 +16,6 @@ to tenant, model to backends), built once here so that a request never scans a l
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.policy.model import Policy
-from gateway.policy.snapshot import PolicySnapshot, index_policy
+from gateway.policy.snapshot import PolicySnapshot, content_digest, index_policy
 from gateway.routing.isolation import check_isolation
 from gateway.routing.registry import routing_problems
 
@@ -37,11 +36,6 @@ class PolicyError(Exception):
         self.source = source
         self.problems = problems
         super().__init__("\n".join(f"{source}: {problem}" for problem in problems))
-
-
-def hash_api_key(key: str) -> str:
-    """The form in which policies store keys: ``sha256:`` and the hex digest."""
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def load_policy(path: str | Path) -> PolicySnapshot:
@@ -71,7 +65,7 @@ def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
     if problems:
         raise PolicyError(source, problems)
     raw_bytes = text.encode() if isinstance(text, str) else text
-    return index_policy(policy, source, hashlib.sha256(raw_bytes).hexdigest()[:12], isolation.warnings)
+    return index_policy(policy, source, content_digest(raw_bytes), isolation.warnings)
 
 
 def _describe(error: Any) -> str:

@@ -7,6 +7,7 @@ routers in turn name the backends' live state).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -36,6 +37,11 @@ class PolicySnapshot:
 
     def tenant_may_use(self, tenant: Tenant, model: str) -> bool:
         return "*" in tenant.models or model in tenant.models
+
+
+def content_digest(data: bytes) -> str:
+    """A policy file's digest: the first 12 hex digits of the SHA-256 of its bytes."""
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def index_policy(policy: Policy, source: str, digest: str, warnings: tuple[str, ...] = ()) -> PolicySnapshot:

@@ -34,7 +34,6 @@ Counters for telemetry are plain attributes: ``reloads_ok``, ``reloads_invalid``
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import signal
@@ -45,7 +44,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gateway.policy.loader import PolicyError, load_policy, parse_policy
-from gateway.policy.snapshot import PolicySnapshot
+from gateway.policy.snapshot import PolicySnapshot, content_digest
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +74,6 @@ class ReloadResult:
     version: str
     digest: str
     error: str | None = None
-
-
-def content_digest(data: bytes) -> str:
-    """The digest the loader gives a file's bytes (``PolicySnapshot.digest``)."""
-    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def log_warnings(snapshot: PolicySnapshot) -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.loader import PolicyError, PolicySnapshot, load_policy
-from gateway.policy.watch import PolicySource, ReloadOutcome, content_digest
+from gateway.policy.loader import PolicyError, load_policy
+from gateway.policy.snapshot import PolicySnapshot, content_digest
+from gateway.policy.watch import PolicySource, ReloadOutcome
 from tests.conftest import POLICY_TEMPLATE
 
 VALID = POLICY_TEMPLATE

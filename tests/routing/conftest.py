@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 
 from gateway.endpoints import BackendPool, BackendState
-from gateway.policy.loader import PolicySnapshot, hash_api_key, parse_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.tokens import CharRatioEstimator
 from gateway.types import Api, InferenceRequest
 from gateway.validation import build_request

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from tests.conftest import KEY_ACME, KEY_GLOBEX, StartGateway, closed_port_url, metric
 from tests.fake_backend import FakeBackend
 from tests.servers import serve_in_thread, wait_until

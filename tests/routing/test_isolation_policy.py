@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policy.loader import PolicyError, hash_api_key, parse_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import PolicyError, parse_policy
 
 SOURCE = "policies/prod.yaml"
 

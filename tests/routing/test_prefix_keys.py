@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policy.loader import PolicySnapshot
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.prefix_keys import TOKENIZERS, ChainMemo, prefix_keys, render
 from gateway.types import Api
 from tests.routing.conftest import chat_request, tenant

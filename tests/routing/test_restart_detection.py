@@ -11,7 +11,8 @@ import httpx
 
 from gateway.clock import MonotonicClock
 from gateway.endpoints import BackendPool
-from gateway.policy.loader import hash_api_key, parse_policy
+from gateway.keys import hash_api_key
+from gateway.policy.loader import parse_policy
 from gateway.scrape import SaturationScraper, parse_saturation, restarted
 from loadtests.harness import process
 from tests.servers import free_port

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policy.loader import PolicySnapshot
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.framework import Cycle, Profile, Weighted
 from gateway.routing.scorers.in_flight import InFlightScorer
 from gateway.routing.scorers.kv_usage import KvUsageScorer

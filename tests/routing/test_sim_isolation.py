@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.policy.loader import hash_api_key
+from gateway.keys import hash_api_key
 from loadtests.sim import build_engine_app
 from tests.conftest import StartGateway
 from tests.loadtests.conftest import metric

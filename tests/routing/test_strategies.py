@@ -8,7 +8,8 @@ import pytest
 
 from gateway.clock import Clock
 from gateway.endpoints import BackendState
-from gateway.policy.loader import PolicySnapshot, parse_policy
+from gateway.policy.loader import parse_policy
+from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router
 from gateway.routing.framework import load_bound
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
