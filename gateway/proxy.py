@@ -24,10 +24,19 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.admission import resolve_class
 from gateway.auth import authenticate, authorize_model
+from gateway.body_fields import screen_body
 from gateway.breaker import CircuitBreaker
 from gateway.endpoints import BackendState
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound, UpstreamError, UpstreamTimeout
-from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
+from gateway.intake import (
+    ClientDisconnected,
+    RequestHeaders,
+    check_headers,
+    parse_json_object,
+    read_body,
+    read_headers,
+    require_json_content_type,
+)
 from gateway.migration import ask_for_progress, can_continue, continuation
 from gateway.policy.model import Backend, BackendKind, PriorityClass, Tenant
 from gateway.retry import Failure, is_retryable, retry_delay
@@ -165,11 +174,14 @@ class InferenceHandler:
     async def _handle(self, exchange: Exchange, headers: RequestHeaders, receive: Receive) -> None:
         gateway = self.gateway
         snapshot = gateway.policy()
+        check_headers(headers)
         tenant = authenticate(headers.authorization, snapshot)
         exchange.tenant = tenant.name
+        require_json_content_type(headers)
         limits = snapshot.policy.limits
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
         body = parse_json_object(raw, limits.max_json_depth)
+        stripped = screen_body(self.api, body, limits)
         model = require_model(body)
         model_policy = snapshot.models.get(model)
         if model_policy is None:
@@ -188,6 +200,7 @@ class InferenceHandler:
             limits=limits,
             estimator=gateway.estimator,
         )
+        request.body_modified |= stripped
         if headers.session_id:
             request.session_id = headers.session_id.decode(errors="replace")
         exchange.stream = request.stream
@@ -541,10 +554,6 @@ def _trace_grant(span: RequestSpan, decision: RoutingDecision, asked: float, gra
         matched_blocks=decision.matched_blocks,
         scores=decision.scores,
     )
-
-
-class ClientDisconnected(Exception):
-    """The client went away; nothing is sent back, the outcome is recorded as such."""
 
 
 async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> None:
