@@ -10,9 +10,9 @@ Nothing is left for two readers to disagree on. A header the gateway acts on (th
 priority, the deadline, the session, the body's length and type) must come once: with two
 ``Authorization`` lines one component could read the first and another the last, so the
 request is refused (400 ``duplicate_header``). The same holds for a key repeated in a JSON
-object, at any depth (400 ``duplicate_key``): orjson keeps the last one, Python's ``json``
-too, other parsers the first, so a backend or a policy check could see another request
-than the one the gateway judged. A client that leaves before sending a byte of its body
+object, at any depth (400 ``duplicate_key``): orjson keeps the last one, a lookup-by-scan
+parser (simdjson's on-demand API) the first, a strict one refuses, so a backend could act on
+another request than the one the gateway judged. A client that leaves before sending a byte of its body
 is a disconnect (``ClientDisconnected``), not a malformed request.
 """
 
@@ -241,7 +241,7 @@ def _refuse_duplicate_keys(raw: bytes) -> None:
             seen[key] = value
         return seen
 
-    try:  # numbers stay text: nothing to convert, and no int-size limit to trip on
-        json.loads(raw, object_pairs_hook=pairs, parse_int=str, parse_float=str)
-    except ValueError as exc:  # orjson accepted the text; this parser never should refuse it
+    try:  # orjson accepted the text (numbers within a double's range): this parser should too
+        json.loads(raw, object_pairs_hook=pairs)
+    except ValueError as exc:
         raise InvalidRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc

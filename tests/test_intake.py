@@ -364,6 +364,7 @@ DUPLICATE_KEYS = [
         "user",
         id="a repeated key in compact JSON",
     ),
+    pytest.param(CHAT_HEAD + b', "seed": 1' + b"0" * 300 + b', "seed": 2}', "seed", id="a repeat after a huge number"),
 ]
 
 
