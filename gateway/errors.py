@@ -5,11 +5,14 @@ The tree (status, ``code``):
     GatewayError
     ├── InvalidRequest         400  invalid_json | invalid_field | too_deep | too_many_messages
     │                               | prompt_too_long | max_tokens_too_large | n_too_large
+    │                               | unsupported_field | duplicate_key | duplicate_header
+    │                               | media_url_not_allowed
     ├── AuthenticationFailed   401  missing_api_key | invalid_api_key
     ├── ModelNotAllowed        403  model_not_allowed
     ├── NotFound               404  model_not_found | not_found
     ├── MethodNotAllowed       405  method_not_allowed
     ├── PayloadTooLarge        413  request_too_large
+    ├── UnsupportedMediaType   415  unsupported_media_type
     ├── Overloaded             429/503 (admission: rate limits, queue full, draining, ...)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
@@ -91,6 +94,14 @@ class PayloadTooLarge(GatewayError):
     status = 413
     error_type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    """The request's ``Content-Type`` is not JSON (see ``intake.require_json_content_type``)."""
+
+    status = 415
+    error_type = "invalid_request_error"
+    default_code = "unsupported_media_type"
 
 
 class Overloaded(GatewayError):

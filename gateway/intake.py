@@ -5,10 +5,20 @@ refused before a byte of the body is read, and a chunked upload is refused at th
 chunk that crosses it, so a client can never make the gateway buffer more than the limit.
 JSON is parsed with orjson (strict: no NaN, valid UTF-8 only) and its nesting depth checked
 without recursion, so a hostile document cannot exhaust the stack.
+
+Nothing is left for two readers to disagree on. A header the gateway acts on (the key, the
+priority, the deadline, the session, the body's length and type) must come once: with two
+``Authorization`` lines one component could read the first and another the last, so the
+request is refused (400 ``duplicate_header``). The same holds for a key repeated in a JSON
+object, at any depth (400 ``duplicate_key``): orjson keeps the last one, a lookup-by-scan
+parser (simdjson's on-demand API) the first, a strict one refuses, so a backend could act on
+another request than the one the gateway judged. A client that leaves before sending a byte of its body
+is a disconnect (``ClientDisconnected``), not a malformed request.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -17,7 +27,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive
 
-from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
 REQUEST_ID_PATTERN = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -33,6 +43,9 @@ class RequestHeaders:
     request_timeout: bytes | None = None
     session_id: bytes | None = None
     traceparent: bytes | None = None
+    content_type: bytes | None = None
+    duplicate: bytes | None = None
+    """The first header of those the gateway acts on that came more than once."""
 
 
 _HEADER_FIELDS = {
@@ -42,14 +55,22 @@ _HEADER_FIELDS = {
     b"x-request-timeout": "request_timeout",
     b"x-session-id": "session_id",
     b"traceparent": "traceparent",
+    b"content-type": "content_type",
 }
+_SINGLE_HEADERS = frozenset({b"authorization", b"x-priority", b"x-request-timeout", b"x-session-id", b"content-type"})
 
 
 def read_headers(raw_headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
-    """Pick out the headers of interest; an invalid ``x-request-id`` is replaced, not refused."""
+    """Pick out the headers of interest; an invalid ``x-request-id`` is replaced, not refused.
+
+    A repeated header that must come once is noted in ``duplicate`` (the first value is kept);
+    ``check_headers`` refuses the request for it.
+    """
     found = RequestHeaders()
     for name, value in raw_headers:
         if name == b"content-length":
+            if found.content_length is not None:
+                found.duplicate = found.duplicate or name
             found.content_length = int(value) if value.isdigit() else -1
             continue
         attr = _HEADER_FIELDS.get(name)
@@ -58,11 +79,43 @@ def read_headers(raw_headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
         if attr == "request_id":
             if REQUEST_ID_PATTERN.match(value):
                 found.request_id = value.decode()
+        elif name in _SINGLE_HEADERS and getattr(found, attr) is not None:
+            found.duplicate = found.duplicate or name
         else:
             setattr(found, attr, value)
     if found.request_id is None:
         found.request_id = os.urandom(12).hex()
     return found
+
+
+def check_headers(headers: RequestHeaders) -> None:
+    """400 ``duplicate_header`` when a header the gateway acts on came more than once."""
+    if headers.duplicate is not None:
+        name = headers.duplicate.decode()
+        raise InvalidRequest(
+            f"The header '{name}' appears more than once; send it once.", code="duplicate_header", param=name
+        )
+
+
+def require_json_content_type(headers: RequestHeaders) -> None:
+    """415 unless the body is declared ``application/json`` (a ``charset`` must be UTF-8).
+
+    Besides saying what the body is, this shuts the browser's simple requests out (CSRF): a
+    cross-site form, or a ``fetch`` that skips the CORS preflight, can only send ``text/plain``,
+    form or multipart bodies, so no page a user visits can make their browser post one here.
+    (A browser never adds the bearer key on its own either; this is the second lock.)
+    """
+    value = headers.content_type
+    if value is None:
+        raise UnsupportedMediaType("Send the body as JSON with 'Content-Type: application/json'.")
+    media_type, _, parameters = value.partition(b";")
+    if media_type.strip().lower() != b"application/json":
+        shown = media_type.strip()[:64].decode(errors="replace")
+        raise UnsupportedMediaType(f"Content-Type '{shown}' is not supported; send 'application/json'.")
+    for parameter in parameters.split(b";"):
+        key, _, charset = parameter.partition(b"=")
+        if key.strip().lower() == b"charset" and charset.strip().strip(b'"').lower() not in (b"utf-8", b"utf8"):
+            raise UnsupportedMediaType("A JSON body must be UTF-8; send 'charset=utf-8' or no charset.")
 
 
 async def read_body(receive: Receive, declared_length: int | None, limit: int) -> bytes:
@@ -72,6 +125,8 @@ async def read_body(receive: Receive, declared_length: int | None, limit: int) -
     if declared_length == -1:
         raise InvalidRequest("Content-Length is not a number", code="invalid_header")
     message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientDisconnected()
     body: bytes = message.get("body", b"")
     if len(body) > limit:
         raise _too_large(f"exceeded {limit} bytes while being read", limit)
@@ -82,7 +137,7 @@ async def read_body(receive: Receive, declared_length: int | None, limit: int) -
     while message.get("more_body", False):
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise InvalidRequest("client disconnected while sending the body", code="client_disconnected")
+            raise ClientDisconnected()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -91,12 +146,17 @@ async def read_body(receive: Receive, declared_length: int | None, limit: int) -
     return b"".join(chunks)
 
 
+class ClientDisconnected(Exception):
+    """The client went away; nothing is sent back, the outcome is recorded as such."""
+
+
 def _too_large(what: str, limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body {what}; the limit is {limit} bytes.")
 
 
 def parse_json_object(raw: bytes, max_depth: int) -> dict[str, Any]:
-    """Strict JSON to a dict; 400 on a syntax error, a non-object, or nesting over ``max_depth``."""
+    """Strict JSON to a dict; 400 on a syntax error, a non-object, a duplicate key, or nesting
+    over ``max_depth``."""
     if not raw:
         raise InvalidRequest("Request body is empty; expected a JSON object.", code="invalid_json")
     try:
@@ -109,6 +169,8 @@ def parse_json_object(raw: bytes, max_depth: int) -> dict[str, Any]:
         raise InvalidRequest("Request body must be a JSON object.", code="invalid_json")
     if _depth_exceeds(document, max_depth):
         raise _too_deep(max_depth)
+    if not _surely_unique(raw, document):
+        _refuse_duplicate_keys(raw)
     return document
 
 
@@ -117,13 +179,69 @@ def _too_deep(max_depth: int) -> InvalidRequest:
 
 
 def _depth_exceeds(document: Any, max_depth: int) -> bool:
+    """Nesting over ``max_depth``, without recursion. A long array of scalars (token ids, say)
+    is classified by ``set(map(type, ...))`` at C speed rather than element by element."""
     stack: list[tuple[Any, int]] = [(document, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
             return True
-        children = node.values() if isinstance(node, dict) else node
+        children = node.values() if type(node) is dict else node
+        if len(children) > _BULK and set(map(type, children)) <= _SCALARS:
+            continue
         for child in children:
-            if isinstance(child, (dict, list)):
+            kind = type(child)
+            if kind is dict or kind is list:
                 stack.append((child, depth + 1))
     return False
+
+
+_BULK = 32
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _surely_unique(raw: bytes, document: dict[str, Any]) -> bool:
+    """True when no object in ``raw`` can have held a repeated key (False: look closer).
+
+    Parsing drops a repeated key's earlier members, never adds any, so the document
+    re-serialised (compact) keeps every member of ``raw`` exactly when nothing was dropped:
+
+    * when it equals ``raw`` byte for byte, nothing was (the common case: the OpenAI SDKs and
+      ``JSON.stringify`` send compact JSON, which is what orjson writes back);
+    * otherwise count ``:``. Outside strings JSON has one only between a key and its value;
+      inside, a literal ``:`` or the escape ``\\u003a``. The re-serialisation writes every
+      member's ``:`` and every string's colons literally, so without a dropped member it has
+      exactly the ``:`` of ``raw`` plus its colon escapes; a dropped member takes at least its
+      own ``:`` away. The escapes are counted wherever ``\\u003a`` appears, an upper bound
+      (after an escaped backslash it is text), so a miscount can only send a body to
+      ``_refuse_duplicate_keys``, which decides exactly.
+    """
+    try:
+        compact = orjson.dumps(document)
+    except orjson.JSONEncodeError:  # nested past orjson's writer (254 levels): decide exactly
+        return False
+    if compact == raw:
+        return True
+    escapes = raw.count(b"\\u003a") + raw.count(b"\\u003A") if b"\\u003" in raw else 0
+    return compact.count(b":") == raw.count(b":") + escapes
+
+
+def _refuse_duplicate_keys(raw: bytes) -> None:
+    """400 ``duplicate_key`` naming the first repeated key; the exact (slow) path, rarely taken."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in items:
+            if key in seen:
+                shown = key if len(key) <= 64 else key[:64] + "..."
+                raise InvalidRequest(
+                    f"The key '{shown}' appears twice in one object of the request body; send each key once.",
+                    code="duplicate_key",
+                )
+            seen[key] = value
+        return seen
+
+    try:  # orjson accepted the text (numbers within a double's range): this parser should too
+        json.loads(raw, object_pairs_hook=pairs)
+    except ValueError as exc:
+        raise InvalidRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.admission import TenantLimiter, resolve_class
 from gateway.attempt import AttemptDeps, Attempts
 from gateway.auth import authenticate, authorize_model
+from gateway.body_fields import screen_body
 from gateway.clock import Clock
 from gateway.context import RequestContext
 from gateway.errors import (
@@ -38,7 +39,15 @@ from gateway.errors import (
     UpstreamTimeout,
     code_of,
 )
-from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
+from gateway.intake import (
+    ClientDisconnected,
+    RequestHeaders,
+    check_headers,
+    parse_json_object,
+    read_body,
+    read_headers,
+    require_json_content_type,
+)
 from gateway.outcome import RequestOutcome, Result
 from gateway.policy.model import Slo
 from gateway.recorder import Recorder
@@ -91,10 +100,6 @@ class PipelineDeps:
     attempts: AttemptDeps
     recorder: Recorder
     in_flight: InFlight
-
-
-class ClientDisconnected(Exception):
-    """The client went away; nothing is sent back, the outcome is recorded as such."""
 
 
 @dataclass(slots=True)
@@ -163,11 +168,14 @@ class InferenceHandler:
     ) -> ErrorCode | None:
         deps = self.deps
         snapshot = runtime.snapshot
+        check_headers(headers)  # a repeated Authorization would make the tenant ambiguous
         tenant = authenticate(headers.authorization, snapshot)
         known.tenant = tenant.name
         limits = snapshot.policy.limits
+        require_json_content_type(headers)
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
         body = parse_json_object(raw, limits.max_json_depth)
+        stripped = screen_body(self.api, body, limits)
         model = require_model(body)
         model_policy = snapshot.models.get(model)
         if model_policy is None:
@@ -186,8 +194,11 @@ class InferenceHandler:
             limits=limits,
             estimator=deps.estimator,
         )
-        if headers.session_id:
-            request = dataclasses.replace(request, session_id=headers.session_id.decode(errors="replace"))
+        if headers.session_id or stripped:
+            session_id = headers.session_id.decode(errors="replace") if headers.session_id else None
+            request = dataclasses.replace(
+                request, session_id=session_id, body_modified=request.body_modified or stripped
+            )
         known.stream = request.stream
         span.describe(
             model=model, tenant=tenant.name, class_name=class_name, max_tokens=request.max_tokens, stream=request.stream

@@ -132,8 +132,9 @@ def start_gateway(backend_credential: str) -> StartGateway:
 
 @pytest.fixture(scope="session")
 def http(gateway_url: str) -> Iterator[httpx.Client]:
-    """Raw HTTP to the gateway, authenticated as acme (override ``headers`` per request)."""
-    with httpx.Client(base_url=gateway_url, headers={"authorization": f"Bearer {KEY_ACME}"}, timeout=10) as client:
+    """Raw HTTP to the gateway, authenticated as acme, sending JSON (override ``headers`` per request)."""
+    headers = {"authorization": f"Bearer {KEY_ACME}", "content-type": "application/json"}
+    with httpx.Client(base_url=gateway_url, headers=headers, timeout=10) as client:
         yield client
 
 

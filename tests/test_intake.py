@@ -1,4 +1,5 @@
-"""Reading a request: the body-size limit (declared, actual, chunked), strict JSON, request ids.
+"""Reading a request: the body-size limit (declared, actual, chunked), strict JSON (no repeated
+key), request ids, headers that must come once, the content type, and clients that leave.
 
 What the SDK cannot send (oversized, malformed and chunked bodies) goes over httpx or, where
 even httpx would not do it (a body that never ends), over a raw socket.
@@ -6,6 +7,8 @@ even httpx would not do it (a body that never ends), over a raw socket.
 
 from __future__ import annotations
 
+import json
+import random
 import re
 import socket
 from collections.abc import Iterator
@@ -17,8 +20,11 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import CHAT_MODEL, KEY_ACME, MAX_BODY_BYTES
+from gateway.errors import InvalidRequest
+from gateway.intake import check_headers, parse_json_object, read_headers
+from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, MAX_BODY_BYTES, metric
 from tests.fake_backend import FakeBackend
+from tests.servers import wait_until
 
 FRESH_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -41,7 +47,12 @@ def connect(base_url: str) -> socket.socket:
 
 
 def request_head(path: str, headers: dict[str, str]) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: gateway", f"Authorization: Bearer {KEY_ACME}"]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        "Host: gateway",
+        f"Authorization: Bearer {KEY_ACME}",
+        "Content-Type: application/json",
+    ]
     lines += [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -145,7 +156,8 @@ MESSAGES = '"messages": [{"role": "user", "content": "Hi"}]'
 
 
 def nested(levels: int) -> bytes:
-    return b'{"model": "test/chat", "messages": [{"role": "user", "content": "Hi"}], "x": ' + (
+    """A chat body whose ``guided_json`` (any JSON value) nests ``levels`` arrays."""
+    return b'{"model": "test/chat", "messages": [{"role": "user", "content": "Hi"}], "guided_json": ' + (
         b"[" * levels + b"]" * levels + b"}"
     )
 
@@ -236,9 +248,9 @@ def test_a_body_that_is_not_an_acceptable_json_object_is_a_400(
 
 
 def test_nesting_at_the_depth_limit_is_accepted(http: httpx.Client, backend: FakeBackend) -> None:
-    # The object is level 1 and "x" adds 7 levels of arrays: 8 in all, the policy's limit.
+    # The object is level 1 and "guided_json" adds 7 levels of arrays: 8 in all, the policy's limit.
     assert http.post("/v1/chat/completions", content=nested(7)).status_code == 200
-    assert backend.received[-1].body["x"] == [[[[[[[]]]]]]]
+    assert backend.received[-1].body["guided_json"] == [[[[[[[]]]]]]]
 
 
 # --- request ids ----------------------------------------------------------------------------
@@ -327,3 +339,211 @@ def test_every_response_carries_a_request_id(
     echoed = http.request(method, path, content=body, headers={**headers, "x-request-id": "mine-123"})
     assert echoed.status_code == status
     assert echoed.headers.get("x-request-id") == "mine-123"
+
+
+# --- duplicate JSON keys --------------------------------------------------------------------
+
+CHAT_HEAD = b'{"model": "test/chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4'
+
+DUPLICATE_KEYS = [
+    pytest.param(CHAT_HEAD + b', "max_tokens": 8}', "max_tokens", id="a repeated top-level key"),
+    pytest.param(
+        b'{"model": "test/chat", "messages": [{"role": "user", "content": "Hi", "content": "Bye"}]}',
+        "content",
+        id="a repeated key inside a message",
+    ),
+    pytest.param(
+        CHAT_HEAD + b', "response_format": {"type": "json_schema", "json_schema": {"name": "a", "name": "b"}}}',
+        "name",
+        id="a repeated key three objects deep",
+    ),
+    pytest.param(CHAT_HEAD + b', "mod\\u0065l": "test/other"}', "model", id="a key repeated under an escape"),
+    pytest.param(
+        CHAT_HEAD + b', "user": "time: 10:30", "user": "a:b:c"}', "user", id="a repeated key whose values hold colons"
+    ),
+    pytest.param(CHAT_HEAD + b', "user": "\\u003a", "user": "x"}', "user", id="a repeated key beside a colon escape"),
+    pytest.param(
+        b'{"model":"test/chat","messages":[{"role":"user","content":"Hi"}],"user":"a","user":"b"}',
+        "user",
+        id="a repeated key in compact JSON",
+    ),
+    pytest.param(CHAT_HEAD + b', "seed": 1' + b"0" * 300 + b', "seed": 2}', "seed", id="a repeat after a huge number"),
+]
+
+
+@pytest.mark.parametrize(("body", "key"), DUPLICATE_KEYS)
+def test_a_key_repeated_anywhere_in_the_body_is_a_400_naming_it(
+    http: httpx.Client, backend: FakeBackend, body: bytes, key: str
+) -> None:
+    response = http.post("/v1/chat/completions", content=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "duplicate_key"
+    assert f"'{key}'" in error["message"]
+    assert backend.received == []
+
+
+UNIQUE_KEYS = [
+    pytest.param(CHAT_HEAD + b', "user": "a \\\\u003a b"}', id="an escaped backslash before u003a is text"),
+    pytest.param(CHAT_HEAD + b', "user": "\\u003a\\u003A:"}', id="colon escapes in a value"),
+    pytest.param(CHAT_HEAD + b', "user": "k:v", "guided_json": {"a:b": {"c": ":"}}}', id="colons in keys and values"),
+    pytest.param(
+        CHAT_HEAD + b', "guided_json": [{"a": 1}, {"a": 2}], "stop": ["x", "x"]}',
+        id="the same key in sibling objects",
+    ),
+]
+
+
+@pytest.mark.parametrize("body", UNIQUE_KEYS)
+def test_a_body_without_a_repeated_key_passes_whatever_colons_it_holds(
+    http: httpx.Client, backend: FakeBackend, body: bytes
+) -> None:
+    assert http.post("/v1/chat/completions", content=body).status_code == 200
+    forwarded = {k: v for k, v in backend.received[-1].body.items() if k != "cache_salt"}
+    assert forwarded == orjson.loads(body)
+
+
+def random_json_text(rng: random.Random) -> tuple[bytes, bool]:
+    """A random JSON object as text (random spacing, colons, escapes), and whether it repeats a key."""
+    duplicated = False
+
+    def text(depth: int) -> str:
+        nonlocal duplicated
+        roll = rng.random()
+        if depth < 4 and roll < 0.3:
+            keys = [rng.choice(["a", "b", "c:d", "\\u0061", "e\\u003af", "k"]) for _ in range(rng.randint(0, 5))]
+            unique = {json.loads(f'"{key}"') for key in keys}
+            duplicated = duplicated or len(unique) < len(keys)
+            return "{" + ",".join(f'{space()}"{key}"{space()}:{space()}{text(depth + 1)}' for key in keys) + "}"
+        if depth < 4 and roll < 0.5:
+            return "[" + ",".join(text(depth + 1) for _ in range(rng.randint(0, 4))) + "]"
+        if roll < 0.8:
+            pieces = ["x", ":", "\\u003a", "\\u003A", "\\\\u003a", "\\\\", "\\u003c", " ", "\\n"]
+            return '"' + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) + '"'
+        return rng.choice(["1", "-2.5e3", "true", "null", "12345678901234567890"])
+
+    def space() -> str:
+        return rng.choice(["", "", " ", "\n  "])
+
+    body = ""
+    while not body.startswith("{"):
+        duplicated = False
+        body = text(0)
+    return body.encode(), duplicated
+
+
+def refuses_duplicate(raw: bytes) -> bool:
+    try:
+        parse_json_object(raw, max_depth=32)
+    except InvalidRequest as error:
+        return error.code == "duplicate_key"
+    return False
+
+
+def test_the_duplicate_check_agrees_with_an_exact_parser_on_random_documents() -> None:
+    rng = random.Random(20240607)
+    verdicts = {True: 0, False: 0}
+    for _ in range(3000):
+        raw, duplicated = random_json_text(rng)
+        assert refuses_duplicate(raw) == duplicated, raw
+        verdicts[duplicated] += 1
+    assert min(verdicts.values()) > 300  # both kinds were drawn often
+
+
+# --- headers that must come once, and the content type ----------------------------------------
+
+DUPLICATE_HEADERS = [
+    pytest.param("authorization", f"Bearer {KEY_ACME}", f"Bearer {KEY_GLOBEX}", id="two different keys"),
+    pytest.param("authorization", f"Bearer {KEY_ACME}", f"Bearer {KEY_ACME}", id="the same key twice"),
+    pytest.param("x-priority", "batch", "interactive", id="two priorities"),
+    pytest.param("x-request-timeout", "5", "500", id="two deadlines"),
+    pytest.param("x-session-id", "one", "two", id="two sessions"),
+    pytest.param("content-type", "application/json", "application/json", id="two content types"),
+]
+
+
+@pytest.mark.parametrize(("name", "first", "second"), DUPLICATE_HEADERS)
+def test_a_header_the_gateway_acts_on_sent_twice_is_a_400(
+    gateway_url: str, backend: FakeBackend, name: str, first: str, second: str
+) -> None:
+    headers = [("authorization", f"Bearer {KEY_ACME}"), ("content-type", "application/json")]
+    headers = [h for h in headers if h[0] != name] + [(name, first), (name, second)]
+    response = httpx.post(gateway_url + "/v1/chat/completions", content=valid_chat(), headers=headers)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("duplicate_header", name)
+    assert backend.received == []
+
+
+def test_a_repeated_content_length_is_noted_and_refused() -> None:
+    # uvicorn's HTTP parsers refuse it before the gateway sees it; the gateway's own check stays.
+    headers = read_headers([(b"content-length", b"10"), (b"content-length", b"10")])
+    with pytest.raises(InvalidRequest) as refused:
+        check_headers(headers)
+    assert (refused.value.code, refused.value.param) == ("duplicate_header", "content-length")
+
+
+CONTENT_TYPES = [
+    pytest.param(None, 415, id="no content type is a 415"),
+    pytest.param("text/plain", 415, id="text/plain (a browser's simple request) is a 415"),
+    pytest.param("application/x-www-form-urlencoded", 415, id="a form (curl -d without -H) is a 415"),
+    pytest.param("multipart/form-data; boundary=x", 415, id="multipart is a 415"),
+    pytest.param("application/jsonl", 415, id="a lookalike type is a 415"),
+    pytest.param("application/json; charset=latin-1", 415, id="JSON in another charset is a 415"),
+    pytest.param("application/json", 200, id="application/json is accepted"),
+    pytest.param("Application/JSON", 200, id="the type is case-insensitive"),
+    pytest.param("application/json; charset=utf-8", 200, id="a utf-8 charset is accepted"),
+    pytest.param('application/json;charset="UTF-8"', 200, id="a quoted UTF-8 charset is accepted"),
+]
+
+
+@pytest.mark.parametrize(("content_type", "status"), CONTENT_TYPES)
+def test_inference_endpoints_take_json_bodies_only(
+    gateway_url: str, backend: FakeBackend, content_type: str | None, status: int
+) -> None:
+    headers = {"authorization": f"Bearer {KEY_ACME}"}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    response = httpx.post(gateway_url + "/v1/chat/completions", content=valid_chat(), headers=headers)
+    assert response.status_code == status, response.text
+    if status == 415:
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "unsupported_media_type")
+        assert backend.received == []
+
+
+def test_the_key_is_checked_before_the_content_type(gateway_url: str, backend: FakeBackend) -> None:
+    response = httpx.post(
+        gateway_url + "/v1/chat/completions", content=valid_chat(), headers={"content-type": "text/plain"}
+    )
+    assert response.status_code == 401
+
+
+# --- a client that leaves while sending -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        pytest.param(b"", id="before the first body byte"),
+        pytest.param(b'{"model": "test/ch', id="in the middle of the body"),
+    ],
+)
+def test_a_client_that_leaves_while_sending_is_a_disconnect_not_invalid_json(
+    gateway_url: str, backend: FakeBackend, sent: bytes
+) -> None:
+    before = {
+        o: metric(gateway_url, "gateway_requests_total", outcome=o) for o in ("client_disconnected", "invalid_json")
+    }
+    with connect(gateway_url) as sock:
+        sock.sendall(request_head("/v1/chat/completions", {"Content-Length": "100"}) + sent)
+        sock.shutdown(socket.SHUT_WR)
+    wait_until(
+        lambda: (
+            metric(gateway_url, "gateway_requests_total", outcome="client_disconnected")
+            == before["client_disconnected"] + 1
+        ),
+        what="the disconnect to be recorded",
+    )
+    assert metric(gateway_url, "gateway_requests_total", outcome="invalid_json") == before["invalid_json"]
+    assert backend.received == []

@@ -40,6 +40,9 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.body_fields import owned_field_reason
+from gateway.media import MediaUrlRefused, parse_allowlist_entry
+
 KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
 
@@ -92,6 +95,31 @@ class RequestLimits(Strict):
     max_messages: PositiveInt = 512
     max_n: PositiveInt = 8
     max_tokens_over_limit: OverLimit = OverLimit.REJECT
+    extra_body_fields: frozenset[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]] = frozenset()
+    """Body fields clients may send beyond the default allowlist (``gateway/body_fields.py``),
+    e.g. ``[mm_processor_kwargs, documents]``; a field the gateway owns is refused here."""
+    media_url_allowlist: tuple[str, ...] = ()
+    """URL prefixes an engine may fetch media from (``gateway/media.py``), e.g.
+    ``["https://cdn.example.com/images/"]``; ``data:`` URLs are always accepted, nothing else is."""
+
+    @field_validator("extra_body_fields")
+    @classmethod
+    def _never_owned(cls, names: frozenset[str]) -> frozenset[str]:
+        for name in sorted(names):
+            reason = owned_field_reason(name)
+            if reason is not None:
+                raise ValueError(f"{name!r} is set by the gateway and can never come from a client: {reason}")
+        return names
+
+    @field_validator("media_url_allowlist")
+    @classmethod
+    def _media_prefixes(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in entries:
+            try:
+                parse_allowlist_entry(entry)
+            except MediaUrlRefused as why:
+                raise ValueError(f"{entry!r}: {why}") from None
+        return entries
 
 
 class Slo(Strict):

@@ -75,8 +75,8 @@ DEDICATED = "credential_env: GATEWAY_TEST_BACKEND_TOKEN\n    tenants: [acme]"
             "vllm",
             "no_prompt_cache",
             {"cache_prompt": True},
-            {"cache_salt": ACME_SALT, "cache_prompt": True},
-            id="salted backends are left their cache under no_prompt_cache",
+            {"cache_salt": ACME_SALT, "cache_prompt": None},
+            id="salted backends are left their cache under no_prompt_cache, the client's cache_prompt stripped",
         ),
         pytest.param(
             "llamacpp",
@@ -96,8 +96,8 @@ DEDICATED = "credential_env: GATEWAY_TEST_BACKEND_TOKEN\n    tenants: [acme]"
             "llamacpp",
             "shared",
             {"cache_prompt": True},
-            {"cache_salt": None, "cache_prompt": True},
-            id="llamacpp backends get the body as sent under shared",
+            {"cache_salt": None, "cache_prompt": None},
+            id="llamacpp backends under shared get no cache_prompt: it is the gateway's field",
         ),
         pytest.param(
             "llamacpp",

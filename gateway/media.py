@@ -1,0 +1,197 @@
+"""Media URLs in chat messages: a ``data:`` URL, or a prefix the operator allowed.
+
+A multimodal engine downloads every URL a message names (vLLM: ``image_url``, ``audio_url``,
+``video_url``, the Responses-style ``input_image``) from where it runs: inside the cluster,
+next to the cloud metadata service (169.254.169.254) and whatever listens on its host's
+loopback. A tenant who may name any URL can make the engine fetch from there for it (SSRF).
+The rule, checked before any backend sees the request:
+
+1. A ``data:`` URL is always accepted: its content is in the body, bounded by the byte limit.
+2. Any other URL must match an entry of ``limits.media_url_allowlist``: the same scheme, the
+   same host (exact and case-insensitive; no wildcard, so no entry is broader than the host
+   it names), the same port (a scheme's default when absent), and a path equal to the entry's
+   or below it on a segment boundary (``/img`` admits ``/img/a.png``, not ``/img-private``).
+   ``https`` unless the entry itself says ``http://``. Query strings are not matched.
+3. A URL that two parsers could read differently is refused before matching: user info
+   (``https://cdn.example.com@evil.test/``), backslashes, whitespace or control characters,
+   percent-encoded dots, slashes or backslashes, and ``.``/``..`` path segments (the engine's
+   client could resolve ``/public/../private`` where the gateway does not).
+4. No entry can open an address that is never a media server: an entry whose host is a
+   link-local (cloud metadata, ``fe80::/10``), loopback, unspecified or multicast literal IP,
+   or a metadata host name (``metadata.google.internal``), fails the policy load whatever
+   the operator meant. A literal private address (``10.0.0.7``) may be listed on purpose (an
+   internal media server): entries name exact hosts, so listing it opens that host only.
+   A request naming such an address is refused like any unlisted URL, with a message that
+   says why.
+
+No DNS lookup happens here (none on the request path): a host is matched by its name, so only
+hosts whose DNS the operator controls belong on the list. Redirects are the engine's to
+follow; pair this list with the engine's own (vLLM ``--allowed-media-domains`` and
+``VLLM_MEDIA_URL_ALLOW_REDIRECTS=0``) so that an allowed host cannot redirect elsewhere.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
+
+from gateway.errors import InvalidRequest
+
+MEDIA_URL_KEYS = ("image_url", "audio_url", "video_url")
+"""Content-part keys whose value is a URL (or ``{"url": ...}``) the engine downloads."""
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data"})
+METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200"))
+"""Metadata services outside the link-local range (AWS over IPv6, Alibaba Cloud)."""
+_AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]|%2[eEfF]|%5[cC]")
+
+
+class MediaUrlRefused(ValueError):
+    """Why a URL (a request's or an allowlist entry's) cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedPrefix:
+    """One normalised allowlist entry: ``scheme://host:port/path``."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+    def admits(self, url: SplitResult, port: int) -> bool:
+        if url.scheme.lower() != self.scheme or _host(url) != self.host or port != self.port:
+            return False
+        path = url.path or "/"
+        return self.path == "/" or path == self.path or path.startswith(self.path + "/")
+
+
+def parse_allowlist_entry(text: str) -> AllowedPrefix:
+    """An entry of ``limits.media_url_allowlist``, normalised; ``MediaUrlRefused`` says what is wrong."""
+    url, port = _split(text)
+    if url.query or url.fragment:
+        raise MediaUrlRefused("an entry is a prefix: no query string or fragment")
+    host = _host(url)
+    never = _never_a_media_server(host)
+    if never:
+        raise MediaUrlRefused(f"{host} is {never}; no entry may open it")
+    path = (url.path or "/").rstrip("/") or "/"
+    return AllowedPrefix(url.scheme.lower(), host, port, path)
+
+
+@lru_cache(maxsize=16)
+def compile_allowlist(entries: tuple[str, ...]) -> tuple[AllowedPrefix, ...]:
+    """The policy's entries, parsed once per distinct list (the policy validated them at load)."""
+    return tuple(parse_allowlist_entry(entry) for entry in entries)
+
+
+def check_media_urls(messages: Any, allowlist: tuple[str, ...]) -> None:
+    """400 ``media_url_not_allowed`` for the first URL in ``messages`` that the rule refuses."""
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict):
+                _check_part(part, f"messages[{i}].content[{j}]", allowlist)
+
+
+def _check_part(part: dict[str, Any], where: str, allowlist: tuple[str, ...]) -> None:
+    for key in MEDIA_URL_KEYS:
+        value = part.get(key)
+        if value is None:
+            continue
+        param = f"{where}.{key}"
+        if isinstance(value, dict):
+            value, param = value.get("url"), param + ".url"
+        if isinstance(value, str):
+            _check_url(value, param, allowlist)
+    document = part.get("file")
+    if isinstance(document, dict):
+        _check_file(document, f"{where}.file", allowlist)
+
+
+def _check_file(document: dict[str, Any], where: str, allowlist: tuple[str, ...]) -> None:
+    """A ``file`` part carries its content (``file_data``); a stored ``file_id`` is the provider's."""
+    if document.get("file_id") is not None:
+        raise InvalidRequest(
+            "'file_id' names a file stored with the provider, which would be the platform's, not "
+            "yours; this gateway forwards no stored files. Send the content as 'file_data'.",
+            code="unsupported_field",
+            param=f"{where}.file_id",
+        )
+    data = document.get("file_data")
+    if isinstance(data, str) and "://" in data[:16]:  # base64 has no ':'; a URL is checked like any
+        _check_url(data, f"{where}.file_data", allowlist)
+
+
+def _check_url(url: str, param: str, allowlist: tuple[str, ...]) -> None:
+    if url[:5].lower() == "data:":
+        return
+    try:
+        parsed, port = _split(url)
+    except MediaUrlRefused as why:
+        raise _refused(param, str(why)) from None
+    never = _never_a_media_server(_host(parsed))
+    if never:
+        raise _refused(param, f"it names {never}")
+    if not any(prefix.admits(parsed, port) for prefix in compile_allowlist(allowlist)):
+        raise _refused(param, "it is not a data: URL and matches no entry of the gateway's media URL allowlist")
+
+
+def _refused(param: str, why: str) -> InvalidRequest:
+    message = f"The media URL in '{param}' is not allowed: {why}."
+    return InvalidRequest(message, code="media_url_not_allowed", param=param)
+
+
+def _split(text: str) -> tuple[SplitResult, int]:
+    """The URL's parts and its port, or ``MediaUrlRefused`` when it is not plainly one http(s) URL."""
+    if _AMBIGUOUS.search(text):
+        raise MediaUrlRefused("it has whitespace, a control character, a backslash or an encoded dot or slash")
+    try:
+        url = urlsplit(text)
+        port = url.port
+    except ValueError:
+        raise MediaUrlRefused("it is not a valid URL") from None
+    scheme = url.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise MediaUrlRefused(f"the scheme must be https (or http where allowed), not {scheme or 'none'!r}")
+    if "@" in url.netloc:
+        raise MediaUrlRefused("it carries user info ('@' before the host)")
+    if not url.hostname:
+        raise MediaUrlRefused("it has no host")
+    if any(segment in (".", "..") for segment in url.path.split("/")):
+        raise MediaUrlRefused("its path has '.' or '..' segments")
+    return url, DEFAULT_PORTS[scheme] if port is None else port
+
+
+def _host(url: SplitResult) -> str:
+    return (url.hostname or "").rstrip(".")
+
+
+def _never_a_media_server(host: str) -> str | None:
+    """What ``host`` is when it can never be a media server (a metadata service, ...), else None."""
+    if host in METADATA_HOSTS:
+        return "a cloud metadata host"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address in METADATA_ADDRESSES:
+        return "a cloud metadata address"
+    if address.is_link_local:
+        return "a link-local address (where cloud metadata services listen)"
+    if address.is_loopback:
+        return "a loopback address"
+    if address.is_unspecified or address.is_multicast:
+        return "not a unicast address"
+    return None
