@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import httpx
-import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.admission import resolve_class
@@ -37,7 +36,8 @@ from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import UNKNOWN_LABEL
 from gateway.tracing import INERT_ATTEMPT, INERT_REQUEST, AttemptSpan, RequestSpan
 from gateway.types import Api, InferenceRequest
-from gateway.upstream import backend_error, map_upstream_errors
+from gateway.upstream import map_upstream_errors, new_engine_request_id
+from gateway.upstream_errors import FaultLog
 from gateway.validation import build_request, require_model
 
 if TYPE_CHECKING:
@@ -343,8 +343,10 @@ class InferenceHandler:
         if breaker is not None and not breaker.try_acquire():
             attempt.end(t=gateway.clock.now(), error="breaker_open")
             raise UpstreamError(f"Backend '{state.name}' is failing; its circuit breaker is open.", code="breaker_open")
+        engine_request_id = new_engine_request_id()  # never the client's id: one per attempt
+        report = FaultLog(state.name, exchange.request_id, engine_request_id, attempt)
         try:
-            response = await gateway.upstream.open(backend, request, trace=attempt)
+            response = await gateway.upstream.open(backend, request, engine_request_id=engine_request_id, trace=attempt)
         except GatewayError as error:
             attempt.end(t=gateway.clock.now(), error=error.code)
             if breaker is not None:
@@ -362,15 +364,14 @@ class InferenceHandler:
             if status != 200:
                 verdict = False if status >= 500 else None
                 error_code = "upstream_status"
-                body = await gateway.upstream.read_all(backend, response)
                 exchange.failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
-                raise backend_error(backend, status, body)
+                raise await gateway.upstream.error_for(backend, response, report)
             if request.stream:
-                end = await self._relay(exchange, request, state, response, track)
+                end = await self._relay(exchange, request, state, response, track, report)
                 verdict = end is StreamEnd.COMPLETED
                 error_code = None if verdict else end.value
             else:
-                await self._pass_through(exchange, state, response)
+                await self._pass_through(exchange, state, response, report)
                 verdict = True
         except StreamBroken as broken:
             verdict, error_code = False, broken.error.code
@@ -399,22 +400,26 @@ class InferenceHandler:
             ask_for_progress(request)
         return track
 
-    async def _pass_through(self, exchange: Exchange, state: BackendState, response: httpx.Response) -> None:
+    async def _pass_through(
+        self, exchange: Exchange, state: BackendState, response: httpx.Response, report: FaultLog
+    ) -> None:
         body = await self.gateway.upstream.read_all(state.backend, response)
+        document = self.gateway.upstream.answer(body, report)  # raises unless an OpenAI answer
         timer = TokenTimer(exchange.arrival)
-        try:
-            document = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            document = None
-        if isinstance(document, dict) and isinstance(document.get("usage"), dict):
+        if isinstance(document.get("usage"), dict):
             timer.usage = document["usage"]
         exchange.timer = timer
-        content_type = response.headers.get("content-type", "application/json").encode()
-        await exchange.respond(200, body, [(b"content-type", content_type)])
+        await exchange.respond(200, body, [(b"content-type", b"application/json")])
         exchange.outcome = "completed"
 
     async def _relay(
-        self, exchange: Exchange, request: InferenceRequest, state: BackendState, response: httpx.Response, track: bool
+        self,
+        exchange: Exchange,
+        request: InferenceRequest,
+        state: BackendState,
+        response: httpx.Response,
+        track: bool,
+        report: FaultLog,
     ) -> StreamEnd:
         """Relay the stream (or its continuation); raise ``StreamBroken`` when it could go on elsewhere."""
         relay = exchange.relay
@@ -429,12 +434,13 @@ class InferenceHandler:
                 strip_usage=not request.client_wants_usage,
                 track=track,
                 keep_continuous=request.client_wants_continuous_usage,
+                redactor=self.gateway.upstream.redactor,
             )
             exchange.relay = relay
         else:
             relay.resume(on_output=exchange.on_first_token)
         stall_s = state.backend.timeouts.between_chunks_s
-        failure = await relay.pump(_raw_chunks(response, state.backend.name, stall_s))
+        failure = await relay.pump(_raw_chunks(response, state.backend.name, stall_s), report)
         if failure is not None:
             if relay.progress is not None and relay.progress.continuable:
                 raise StreamBroken(failure)
