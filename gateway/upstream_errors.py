@@ -223,11 +223,11 @@ def mapped_error(
 ) -> GatewayError:
     """The gateway's error for an upstream ``status`` (the table in the module docstring).
 
-    ``detail`` (an ``excerpt``) and ``param`` are shown only with a rejection.
+    ``detail`` (an ``excerpt``) and ``param`` (a ``plain_param``) are shown only with a rejection.
     """
     if status in (400, 413, 422):
         message = f"The backend rejected the request: {detail}" if detail else "The backend rejected the request."
-        return UpstreamRejected(message, param=param if param and _PARAM.fullmatch(param) else None)
+        return UpstreamRejected(message, param=param)
     if status in (401, 403, 407):
         return UpstreamError(
             "The gateway could not authenticate to the backend. This is a problem of the gateway's "
@@ -254,6 +254,13 @@ def mapped_error(
     return UpstreamError("The backend failed to process the request.", code="upstream_error")
 
 
+def plain_param(param: str | None, redactor: Redactor) -> str | None:
+    """An error's ``param`` when it is a plain field name that sanitising leaves alone, else None."""
+    if param is None or not _PARAM.fullmatch(param) or excerpt(param, redactor) != param:
+        return None
+    return param
+
+
 def status_error(
     status: int, body: bytes, redactor: Redactor, *, retry_after_s: float | None = None
 ) -> tuple[GatewayError, UpstreamFault]:
@@ -262,9 +269,8 @@ def status_error(
     message, param, _ = _error_fields(document)
     if message is not None:
         shown = excerpt(message, redactor)
-        return mapped_error(status, detail=shown, param=param, retry_after_s=retry_after_s), UpstreamFault(
-            status, shown, "status"
-        )
+        error = mapped_error(status, detail=shown, param=plain_param(param, redactor), retry_after_s=retry_after_s)
+        return error, UpstreamFault(status, shown, "status")
     logged = excerpt(_text_of(body, redactor), redactor)
     return mapped_error(status, retry_after_s=retry_after_s), UpstreamFault(status, logged, "status")
 
@@ -283,7 +289,7 @@ def event_error(document: Any, redactor: Redactor) -> tuple[GatewayError, Upstre
     message, param, code = _error_fields(document)
     status = _status_of(code, document)
     shown = excerpt(message, redactor) if message is not None else ""
-    error = mapped_error(status or 500, detail=shown, param=param)
+    error = mapped_error(status or 500, detail=shown, param=plain_param(param, redactor))
     return error, UpstreamFault(status, shown or excerpt(_text_of(orjson.dumps(document), redactor), redactor), "event")
 
 

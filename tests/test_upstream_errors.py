@@ -184,6 +184,12 @@ def test_a_hostile_body_costs_milliseconds_not_seconds(text: str) -> None:
         pytest.param(
             {"error": {"message": "too long", "param": "a b; DROP"}}, "too long", None, id="an odd param is dropped"
         ),
+        pytest.param(
+            {"error": {"message": "too long", "param": "gpu-3.corp.example"}},
+            "too long",
+            None,
+            id="a param that is a host name is dropped",
+        ),
     ],
 )
 def test_a_rejection_shows_the_message_of_any_engine_s_json_shape(
