@@ -24,12 +24,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-import orjson
 
 from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock
@@ -47,8 +45,9 @@ from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import Metrics
 from gateway.tracing import AttemptSpan, RequestSpan
 from gateway.types import InferenceRequest
-from gateway.upstream import UpstreamClient, backend_error, map_upstream_errors
+from gateway.upstream import UpstreamClient, map_upstream_errors, new_engine_request_id
 from gateway.upstream_body import attempt_body
+from gateway.upstream_errors import FaultLog
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +61,6 @@ class AttemptDeps:
     upstream: UpstreamClient
     pool: BackendPool
     metrics: Metrics
-
-
-def new_engine_request_id() -> str:
-    """A fresh id for one attempt, sent to the engine as ``x-request-id``: never the client's
-    (duplicate ids have crashed vLLM), unique per attempt (retries and migrations included)."""
-    return "gw-" + os.urandom(12).hex()
 
 
 class StreamBroken(Exception):
@@ -208,8 +201,11 @@ class Attempts:
         if breaker is not None and not breaker.try_acquire():
             span.end(t=deps.clock.now(), error="breaker_open")
             raise UpstreamError(f"Backend '{state.name}' is failing; its circuit breaker is open.", code="breaker_open")
+        report = FaultLog(state.name, request.request_id, engine_id, span)
         try:
-            response = await deps.upstream.open(backend, request.api, body, engine_request_id=engine_id, trace=span)
+            response = await deps.upstream.open(
+                backend, request.api, body, request_id=request.request_id, engine_request_id=engine_id, trace=span
+            )
         except GatewayError as error:
             span.end(t=deps.clock.now(), error=error.code)
             if breaker is not None:
@@ -227,15 +223,14 @@ class Attempts:
             if status != 200:
                 verdict = False if status >= 500 else None
                 error_code = "upstream_status"
-                answer = await deps.upstream.read_all(backend, response)
                 self._failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
-                raise backend_error(backend, status, answer)
+                raise await deps.upstream.error_for(backend, response, report)
             if request.stream:
-                ended = await self._relay(request, grant, response, track)
+                ended = await self._relay(request, grant, response, track, report)
                 verdict = ended is None
                 error_code = None if ended is None else ended.value
                 return ended
-            await self._pass_through(state, response)
+            await self._pass_through(state, response, report)
             verdict = True
             return None
         except StreamBroken as broken:
@@ -251,21 +246,17 @@ class Attempts:
             if breaker is not None:
                 _report_verdict(breaker, verdict)
 
-    async def _pass_through(self, state: BackendState, response: httpx.Response) -> None:
+    async def _pass_through(self, state: BackendState, response: httpx.Response, report: FaultLog) -> None:
         body = await self.deps.upstream.read_all(state.backend, response)
+        document = self.deps.upstream.answer(body, report)  # raises unless an OpenAI answer
         timer = TokenTimer(self.ctx.request.arrival)
-        try:
-            document = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            document = None
-        if isinstance(document, dict) and isinstance(document.get("usage"), dict):
+        if isinstance(document.get("usage"), dict):
             timer.usage = document["usage"]
         self.timer = timer
-        content_type = response.headers.get("content-type", "application/json").encode()
-        await self.response.respond(200, body, [(b"content-type", content_type)])
+        await self.response.respond(200, body, [(b"content-type", b"application/json")])
 
     async def _relay(
-        self, request: InferenceRequest, grant: Grant, response: httpx.Response, track: bool
+        self, request: InferenceRequest, grant: Grant, response: httpx.Response, track: bool, report: FaultLog
     ) -> ErrorCode | None:
         """Relay the stream (or its continuation): None when it completed, else the code it ended
         with (after its error event); raise ``StreamBroken`` when it could go on elsewhere."""
@@ -287,12 +278,13 @@ class Attempts:
                 strip_usage=not request.client_wants_usage,
                 track=track,
                 keep_continuous=request.client_wants_continuous_usage,
+                redactor=deps.upstream.redactor,
             )
             self.relay = relay
         else:
             relay.resume(on_output=first_token)
         backend = grant.state.backend
-        failure = await relay.pump(_raw_chunks(response, backend.name, backend.timeouts.between_chunks_s))
+        failure = await relay.pump(_raw_chunks(response, backend.name, backend.timeouts.between_chunks_s), report)
         if failure is not None:
             if relay.progress is not None and relay.progress.continuable:
                 raise StreamBroken(failure)

@@ -17,7 +17,14 @@ The tree (status, ``code``):
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
     ├── UpstreamError          502  upstream_error | upstream_connect_error | upstream_protocol_error
-    └── UpstreamTimeout        504  upstream_timeout
+    │   │                           | upstream_disconnected | breaker_open
+    │   │                           | upstream_auth_failed | upstream_misconfigured
+    │   └── UpstreamUnavailable    503  upstream_unavailable | upstream_overloaded (Retry-After: the gateway's)
+    ├── UpstreamRejected       400  upstream_rejected (the engine judged the request itself invalid)
+    └── UpstreamTimeout        504  upstream_timeout | upstream_stalled
+
+How a backend's own error answer becomes one of these (and what of it a client may read) is
+the rule of ``gateway/upstream_errors.py``.
 
 Each error carries its HTTP ``status``, the OpenAI ``type`` the official SDK expects, a ``code``
 an operator can grep for, an optional ``param`` and whether a retry could succeed. The body is
@@ -148,6 +155,31 @@ class UpstreamTimeout(GatewayError):
     error_type = "server_error"
     default_code = "upstream_timeout"
     retryable = True
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The backend cannot take the request now (503, or 429 after the gateway's retries).
+
+    ``Retry-After`` is the gateway's own hint (``upstream_errors.gateway_retry_after``), never
+    the backend's header.
+    """
+
+    status = 503
+    default_code = "upstream_unavailable"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after_s: float) -> None:
+        retry_after = str(max(1, math.ceil(retry_after_s)))
+        retry_after_ms = str(max(1, math.ceil(retry_after_s * 1000)))
+        super().__init__(message, code=code, headers={"retry-after": retry_after, "retry-after-ms": retry_after_ms})
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamRejected(GatewayError):
+    """The engine judged the request itself invalid (a backend 400/413/422): the client's to fix."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    default_code = "upstream_rejected"
 
 
 def error_body(message: str, error_type: str, code: str, param: str | None = None) -> bytes:

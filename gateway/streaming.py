@@ -10,7 +10,20 @@ JSON is parsed once to learn three things:
   role-only chunk carries none, so it does not count;
 * the ``usage`` totals (the gateway always asks for ``include_usage``); the usage-only chunk
   (``"choices": []``) is dropped when the client did not ask for it;
-* an upstream ``{"error": ...}`` event, forwarded as is.
+* an upstream error event (``data: {"error": ...}``, or llama.cpp's ``error: {...}`` field):
+  it ends this upstream, and the client gets the gateway's own error event in its place
+  (``gateway/upstream_errors.py``: gateway code, sanitised message), never the backend's text.
+
+Framing follows the SSE specification, not one engine: lines may end in CRLF, LF or CR (the
+client always gets LF); the common event, one ``data:`` line, takes the fast path; any other
+(comments, ``event``/``id``/``retry`` fields, several ``data:`` lines) is parsed field by field
+and relayed as one ``data:`` line, its ``event``/``id``/``retry`` fields dropped (a client
+must not reconnect on a backend's say-so). A comment-only event (a keep-alive) becomes the
+gateway's own ``: keep-alive`` comment, so the connection stays warm and the backend's text
+does not reach the client; it is no output and never starts TTFT. A ``data:`` payload that is
+not a JSON object, and anything after ``[DONE]``, is dropped. An event that grows past
+``MAX_EVENT_BYTES`` without ending, or output holding a credential of the gateway's, ends the
+upstream as a protocol error.
 
 The stream the client sees always ends with ``data: [DONE]``. When the upstream fails or
 closes early, an OpenAI-style error event comes first, the way vLLM reports a failure.
@@ -24,7 +37,7 @@ the first upstream's, and usage counts from the original prompt and the tokens a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from enum import Enum
 from typing import Any
 
@@ -32,10 +45,14 @@ import orjson
 from starlette.types import Send
 
 from gateway.clock import Clock
-from gateway.errors import GatewayError, UpstreamError, sse_error_event
+from gateway.errors import GatewayError, UpstreamError, UpstreamRejected, sse_error_event
 from gateway.outcome import TokenStats
+from gateway.upstream_errors import Redactor, UpstreamFault, event_error
 
 DONE_EVENT = b"data: [DONE]\n\n"
+KEEP_ALIVE_EVENT = b": keep-alive\n\n"
+MAX_EVENT_BYTES = 4 << 20  # one event of n choices with top logprobs stays far below
+_NO_REDACTION = Redactor()
 _OUTPUT_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 
@@ -113,12 +130,16 @@ class SseRelay:
     __slots__ = (
         "_buffer",
         "_clock",
+        "_failure",
         "_keep_continuous",
         "_on_resumed_output",
+        "_redactor",
+        "_report",
         "_resumed",
         "_send",
         "_strip_usage",
         "_timer",
+        "dropped_events",
         "progress",
         "saw_done",
         "saw_error",
@@ -133,8 +154,13 @@ class SseRelay:
         strip_usage: bool,
         track: bool = False,
         keep_continuous: bool = True,
+        redactor: Redactor = _NO_REDACTION,
     ) -> None:
-        """``track`` records ``progress``; ``keep_continuous=False`` removes per-chunk usage."""
+        """``track`` records ``progress``; ``keep_continuous=False`` removes per-chunk usage.
+
+        ``redactor`` (``UpstreamClient.redactor``) sanitises upstream error events and knows the
+        credentials no relayed byte may hold.
+        """
         self._send = send
         self._timer = timer
         self._clock = clock
@@ -143,26 +169,55 @@ class SseRelay:
         self._buffer = b""
         self._resumed = False
         self._on_resumed_output: Callable[[], None] | None = None
+        self._redactor = redactor
+        self._report: Callable[[UpstreamFault], None] | None = None
+        self._failure: GatewayError | None = None
         self.saw_done = False
         self.saw_error = False
+        self.dropped_events = 0
         self.progress: StreamProgress | None = StreamProgress() if track else None
 
-    async def run(self, chunks: AsyncIterator[bytes]) -> StreamEnd:
+    async def run(
+        self, chunks: AsyncIterator[bytes], report: Callable[[UpstreamFault], None] | None = None
+    ) -> StreamEnd:
         """Relay until the upstream ends; then close the client's stream properly."""
-        return await self.finish(await self.pump(chunks))
+        return await self.finish(await self.pump(chunks, report))
 
-    async def pump(self, chunks: AsyncIterator[bytes]) -> GatewayError | None:
-        """Relay one upstream body; return why it ended early, or None when it finished."""
+    async def pump(
+        self, chunks: AsyncIterator[bytes], report: Callable[[UpstreamFault], None] | None = None
+    ) -> GatewayError | None:
+        """Relay one upstream body; return why it ended early, or None when it finished.
+
+        An upstream error event ends it (the rest of the body is not read): its fault goes to
+        ``report`` (``upstream_errors.FaultLog``), the gateway's error is returned.
+        """
+        self._report = report
         try:
             async for chunk in chunks:
-                out = self._feed(chunk, self._clock.now())
-                if out:
-                    await self._send({"type": "http.response.body", "body": out, "more_body": True})
+                if (failure := await self._relay_chunk(chunk)) is not None:
+                    return failure
+            # The body ended: a last CR is a line end, not half a CRLF.
+            if self._buffer.endswith(b"\r") and (failure := await self._relay_chunk(b"\n")) is not None:
+                return failure
         except GatewayError as exc:
             return exc
+        finally:
+            if isinstance(chunks, AsyncGenerator):
+                await chunks.aclose()  # now, not at garbage collection: it may hold a timeout
         if not self.saw_done and not self.saw_error:
             return UpstreamError("The backend closed the stream before it finished.", code="upstream_protocol_error")
         return None
+
+    async def _relay_chunk(self, chunk: bytes) -> GatewayError | None:
+        """Send the complete events ``chunk`` completes; the failure they end with, if any."""
+        out = self._feed(chunk, self._clock.now())
+        if out and self._redactor.leaks(out):
+            self._fail_protocol("the stream holds a credential of the gateway")
+            out = b""
+        if out:
+            await self._send({"type": "http.response.body", "body": out, "more_body": True})
+        failure, self._failure = self._failure, None
+        return failure
 
     def resume(self, on_output: Callable[[], None] | None = None) -> None:
         """The next ``pump`` continues the stream: splice it in; ``on_output`` at its first output."""
@@ -173,6 +228,7 @@ class SseRelay:
         self._buffer = b""
         self._resumed = True
         self._on_resumed_output = on_output
+        self._failure = None
         self.saw_done = self.saw_error = False
 
     async def finish(self, failure: GatewayError | None) -> StreamEnd:
@@ -186,10 +242,10 @@ class SseRelay:
     def _feed(self, chunk: bytes, t: float) -> bytes:
         data = self._buffer + chunk if self._buffer else chunk
         if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
+            data = _lf_only(data)
         kept: list[bytes] = []
         start = 0
-        while (end := data.find(b"\n\n", start)) >= 0:
+        while self._failure is None and (end := data.find(b"\n\n", start)) >= 0:
             event = data[start : end + 2]
             start = end + 2
             kept_as = self._keep(event, t)
@@ -197,29 +253,83 @@ class SseRelay:
                 kept.append(event)
             elif kept_as:
                 kept.append(kept_as)
-        self._buffer = data[start:]
+        self._buffer = data[start:] if self._failure is None else b""
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            self._buffer = b""
+            self._fail_protocol(f"an event longer than {MAX_EVENT_BYTES} bytes")
         return b"".join(kept)
 
     def _keep(self, event: bytes, t: float) -> bytes | bool:
         """Whether to forward ``event`` (True), drop it (False), or what to send instead."""
-        if not event.startswith(b"data:"):
-            return True  # comments and other fields pass through untouched
-        payload = event[5:].strip()
+        if self.saw_done:
+            return False  # nothing after [DONE]
+        if event.startswith(b"data:") and event.find(b"\n") == len(event) - 2:
+            return self._keep_data(event, event[5:].strip(), t)  # the common case: one data line
+        return self._keep_framed(event, t)
+
+    def _keep_framed(self, event: bytes, t: float) -> bytes | bool:
+        """Any other event, field by field (module docstring): data relayed, the rest not."""
+        data: list[bytes] = []
+        error: list[bytes] = []
+        comment = False
+        for line in event.split(b"\n"):
+            if not line:
+                continue
+            if line.startswith(b":"):
+                comment = True
+                continue
+            name, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if name == b"data":
+                data.append(value)
+            elif name == b"error":  # llama.cpp writes its stream errors as an ``error:`` field
+                error.append(value)
+        if error:
+            return self._upstream_error(_json_or_text(b"\n".join(error)))
+        if not data:
+            return KEEP_ALIVE_EVENT if comment else False
+        payload = b" ".join(data).strip()  # JSON, so the line breaks between its lines were whitespace
+        canonical = b"data: " + payload + b"\n\n"
+        kept = self._keep_data(canonical, payload, t)
+        return canonical if kept is True else kept
+
+    def _keep_data(self, event: bytes, payload: bytes, t: float) -> bytes | bool:
         if payload == b"[DONE]":
             self.saw_done = True
             return False  # the relay writes its own [DONE] last
         try:
             document = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return True
+            document = None
         if not isinstance(document, dict):
-            return True
-        if "error" in document:
-            self.saw_error = True
-            return True
+            self.dropped_events += 1  # not an OpenAI chunk: no backend text reaches the client
+            return False
+        if document.get("error") or document.get("object") == "error":  # upstream_errors.is_error_document
+            return self._upstream_error(document)
         if self.progress is None:
             return self._inspect_chunk(document, t)
         return self._splice(event, document, t)
+
+    def _upstream_error(self, document: Any) -> bool:
+        """End this upstream with the gateway's error in place of the backend's error event."""
+        error, fault = event_error(document, self._redactor)
+        self.saw_error = True
+        self._failure = error
+        if isinstance(error, UpstreamRejected) and self.progress is not None:
+            self.progress.continuable = False  # another engine would reject it too
+        if self._report is not None:
+            self._report(fault)
+        return False
+
+    def _fail_protocol(self, what: str) -> None:
+        self.saw_error = True
+        self._failure = UpstreamError(
+            "The backend sent a stream the gateway cannot use.", code="upstream_protocol_error"
+        )
+        if self.progress is not None:
+            self.progress.continuable = False
+        if self._report is not None:
+            self._report(UpstreamFault(200, what, "event"))
 
     def _splice(self, event: bytes, chunk: dict[str, Any], t: float) -> bytes | bool:
         """Inspect a chunk of a tracked stream; rewrite it when it must change on its way out."""
@@ -282,6 +392,21 @@ class SseRelay:
         if has_output:
             self._timer.on_output(t)
         return True
+
+
+def _lf_only(data: bytes) -> bytes:
+    """CRLF and lone CR line ends as LF; a final CR stays (its LF may start the next read)."""
+    tail = data.endswith(b"\r")
+    body = data[:-1] if tail else data
+    body = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return body + b"\r" if tail else body
+
+
+def _json_or_text(payload: bytes) -> Any:
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return {"error": {"message": payload.decode(errors="replace")}}
 
 
 def _without_trailing_usage(event: bytes, *, null: bool) -> bytes | None:

@@ -39,6 +39,7 @@ Usage::
     span.describe(model=..., tenant=..., class_name=..., max_tokens=..., stream=True)
     attempt = span.attempt(backend="b1", number=1, t=clock.now())
     attempt.inject(upstream_headers)          # adds traceparent (inject_into: raw header list)
+    attempt.engine_request("gw-...")          # the id the engine got; upstream_fault(...) on failure
     attempt.end(t=clock.now(), status=200)
     span.finish(t=clock.now(), status=200, outcome="completed", ...)
 """
@@ -101,6 +102,9 @@ ITL_P50_S = "gateway.itl.p50_s"
 ITL_P99_S = "gateway.itl.p99_s"
 ITL_MAX_S = "gateway.itl.max_s"
 ITL_MEAN_S = "gateway.itl.mean_s"
+ENGINE_REQUEST_ID = "gateway.engine_request_id"  # the id the engine got for this attempt (not the client's)
+UPSTREAM_STATUS = "gateway.upstream.status"  # what a failed backend answered (never shown to the client)
+UPSTREAM_ERROR_EXCERPT = "gateway.upstream.error_excerpt"  # sanitised, bounded (gateway/upstream_errors.py)
 FIRST_TOKEN_EVENT = "first_token"
 MIN_QUEUE_SPAN_S = 0.001
 
@@ -142,6 +146,19 @@ class AttemptSpan:
         request = self._request
         if request is not None:
             headers.append((b"traceparent", _traceparent(request.trace_id, self.span_id, request.sampled).encode()))
+
+    def engine_request(self, engine_request_id: str) -> None:
+        """The request id this attempt gave the engine (``gateway.upstream.new_engine_request_id``)."""
+        record = self._record
+        if record is not None:
+            record.attributes[ENGINE_REQUEST_ID] = engine_request_id
+
+    def upstream_fault(self, *, status: int, excerpt: str) -> None:
+        """What the backend said when it failed: its status and a sanitised excerpt, for the operator."""
+        record = self._record
+        if record is not None:
+            record.attributes[UPSTREAM_STATUS] = status
+            record.attributes[UPSTREAM_ERROR_EXCERPT] = excerpt
 
     def end(self, *, t: float, status: int = 0, error: str | None = None) -> None:
         record = self._record

@@ -100,6 +100,7 @@ def backend(backend_server: BackendServer) -> Iterator[FakeBackend]:
     defaults = FakeBackend()
     fake.tokens, fake.status, fake.error_body = defaults.tokens, defaults.status, defaults.error_body
     fake.cut_after, fake.gate = None, None
+    fake.reset_hostile()
     fake.received.clear()
     yield fake
     gate, fake.gate = fake.gate, _OpenGate()

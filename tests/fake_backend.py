@@ -5,6 +5,14 @@ happens: the number of tokens, a failure status, a stream cut short, a pause unt
 releases a gate. Every request it receives is kept (headers and body) so that a test can
 check what the gateway forwarded, e.g. that the client's key never reaches the backend.
 The simulated engine under ``loadtests/sim`` is the realistic backend; this one is for faults.
+
+Hostile answers, for the gateway's error mapping: ``statuses`` fails the next requests one by
+one (then ``status`` applies); ``error_body`` may hold ``{echo}``, replaced by the request's
+headers and body (JSON-string-escaped, so it fits a JSON string and an HTML page alike), the
+way a backend that echoes its request leaks the gateway's credential; ``error_headers`` sets
+the error's content type and Retry-After; ``answer_body`` replaces a 200 non-streamed answer
+(an HTML page, an echo); ``stream_script`` replaces a streamed answer by raw body pieces sent
+one by one (CRLF framing, comments, error events), each ``{echo}`` replaced too.
 """
 
 from __future__ import annotations
@@ -37,6 +45,15 @@ class FakeBackend:
     waiting: int = 0  # reported as vllm:num_requests_waiting on /metrics
     received: list[Received] = field(default_factory=list)
     disconnects: int = 0
+    statuses: list[int] = field(default_factory=list)  # consumed one per inference request, before ``status``
+    error_headers: list[tuple[bytes, bytes]] = field(default_factory=lambda: [(b"content-type", b"application/json")])
+    answer_body: bytes | None = None  # a 200 non-streamed answer as is
+    stream_script: list[bytes] | None = None  # a 200 streamed answer as these raw pieces
+
+    def reset_hostile(self) -> None:
+        """Back to well-behaved answers (the knobs above ``received`` are reset by the fixture)."""
+        self.statuses, self.answer_body, self.stream_script = [], None, None
+        self.error_headers = [(b"content-type", b"application/json")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -58,10 +75,16 @@ class FakeBackend:
         document = orjson.loads(body) if body else {}
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.received.append(Received(scope["path"], headers, document))
-        if self.status != 200:
-            await _respond(send, self.status, self.error_body)
+        echo = orjson.dumps(f"headers={headers} body={body.decode(errors='replace')}")[1:-1]
+        status = self.statuses.pop(0) if self.statuses else self.status
+        if status != 200:
+            await _respond(send, status, self.error_body.replace(b"{echo}", echo), self.error_headers)
+        elif document.get("stream") and self.stream_script is not None:
+            await _respond_in_pieces(send, [piece.replace(b"{echo}", echo) for piece in self.stream_script])
         elif document.get("stream"):
             await self._stream(document, send)
+        elif self.answer_body is not None:
+            await _respond(send, 200, self.answer_body.replace(b"{echo}", echo), self.error_headers)
         else:
             await _respond(send, 200, orjson.dumps(self._completion(scope["path"], document)))
 
@@ -164,9 +187,18 @@ class FakeBackend:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
-async def _respond(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = headers if headers is not None else [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _respond_in_pieces(send: Send, pieces: list[bytes]) -> None:
+    """A 200 event stream sent as exactly these body pieces (one ``send`` each)."""
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for piece in pieces:
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -1,5 +1,7 @@
 """Streaming: chunks pass through unbuffered, usage is always asked for and stripped when not
 wanted, the stream always ends with ``[DONE]``, and an upstream failure ends it OpenAI-style.
+What the backend's stream may hold (error events, CRLF framing, comments, fields) is relayed by
+the SSE specification; the relay alone, with exact times, is in ``tests/test_sse_relay.py``.
 """
 
 from __future__ import annotations
@@ -201,3 +203,99 @@ def test_a_client_that_disconnects_mid_stream_releases_the_backend(
         what="the gateway to record the disconnect",
     )
     assert metric(gateway_url, "gateway_backend_in_flight_requests", backend="fake") == 0
+
+
+# --- what the backend's stream may hold: error events, CRLF framing, comments -----------------
+
+
+def upstream_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    base = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1, "model": CHAT_MODEL}
+    return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def upstream_event(payload: dict[str, Any], newline: bytes = b"\n") -> bytes:
+    return b"data: " + orjson.dumps(payload) + newline + newline
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "message"),
+    [
+        pytest.param(
+            {"error": {"message": "EngineCore failed at /opt/vllm/x.py on 10.0.0.7", "type": "Internal", "code": 500}},
+            "upstream_error",
+            "The backend failed to process the request.",
+            id="an engine failure mid-stream hides its words",
+        ),
+        pytest.param(
+            {"error": {"message": "Invalid tool call from http://10.0.0.7/x", "type": "BadRequestError", "code": 400}},
+            "upstream_rejected",
+            "The backend rejected the request: Invalid tool call from [url]",
+            id="a rejection mid-stream keeps its sanitised reason",
+        ),
+    ],
+)
+def test_an_upstream_error_event_mid_stream_becomes_the_gateway_s_then_done(
+    http: httpx.Client, client: openai.OpenAI, backend: FakeBackend, error: dict[str, Any], code: str, message: str
+) -> None:
+    backend.stream_script = [
+        upstream_event(upstream_chunk({"role": "assistant", "content": ""})),
+        upstream_event(upstream_chunk({"content": " t0"})),
+        upstream_event(error),
+        upstream_event(upstream_chunk({"content": " after the error"})),
+        b"data: [DONE]\n\n",
+    ]
+    response = http.post("/v1/chat/completions", json=stream_body())
+    assert response.status_code == 200
+    payloads = sse_payloads(response.text)
+    assert payloads[-1] == "[DONE]"
+    assert orjson.loads(payloads[-2]) == {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if code == "upstream_rejected" else "server_error",
+            "param": None,
+            "code": code,
+        }
+    }
+    contents = [orjson.loads(p)["choices"][0]["delta"].get("content") for p in payloads[:-2]]
+    assert contents == ["", " t0"], "nothing of the upstream after its error event"
+    assert "10.0.0.7" not in response.text
+    # The official SDK raises the gateway's error at that event.
+    stream = client.chat.completions.create(model=CHAT_MODEL, messages=[USER], max_tokens=8, stream=True)
+    received: list[ChatCompletionChunk] = []
+    with pytest.raises(openai.APIError, match=message.split(":")[0]):
+        received.extend(stream)
+    assert [c.choices[0].delta.content for c in received] == ["", " t0"]
+
+
+CRLF_SCRIPT = [
+    b": ping - 2026-01-01 00:00:00\r\n\r\n",
+    upstream_event(upstream_chunk({"role": "assistant", "content": ""}), b"\r\n")[
+        :-3
+    ],  # the event ends in the next read
+    b"\r\n\r",
+    b"\n: keep warm\r\n",
+    upstream_event(upstream_chunk({"content": " t0"}), b"\r\n"),
+    b"event: message\r\nid: 2\r\n" + upstream_event(upstream_chunk({"content": " t1"}), b"\r\n"),
+    upstream_event(upstream_chunk({}, "stop"), b"\r\n") + b": bye\r\n\r\ndata: [DONE]\r\n\r\n",
+]
+
+
+def test_a_crlf_framed_stream_with_comments_reaches_the_client_as_lf_data_events(
+    http: httpx.Client, client: openai.OpenAI, backend: FakeBackend
+) -> None:
+    backend.stream_script = CRLF_SCRIPT
+    response = http.post("/v1/chat/completions", json=stream_body())
+    assert response.status_code == 200
+    assert "\r" not in response.text
+    events = response.text.split("\n\n")[:-1]
+    assert events.count(": keep-alive") == 2, "the backend's comments become the gateway's keep-alives"
+    for field in ("ping", "keep warm", "id: 2", "event:"):
+        assert field not in response.text, f"{field!r} of the backend's stream reached the client"
+    payloads = [e[6:] for e in events if e.startswith("data: ")]
+    assert len(payloads) + 2 == len(events)
+    assert payloads[-1] == "[DONE]"
+    contents = [orjson.loads(p)["choices"][0]["delta"].get("content") for p in payloads[:-1]]
+    assert contents == ["", " t0", " t1", None]
+    stream = client.chat.completions.create(model=CHAT_MODEL, messages=[USER], max_tokens=8, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == " t0 t1"

@@ -99,7 +99,7 @@ def test_a_failed_request_is_a_span_with_its_error(
     sink: tuple[OtlpSink, str], backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway
 ) -> None:
     receiver, sink_url = sink
-    backend.status = 503
+    backend.status = 500
     with start_gateway(traced_policy(backend_server.url, sink_url)) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_ACME, max_retries=0)
         with pytest.raises(openai.APIStatusError):
@@ -114,7 +114,7 @@ def test_a_failed_request_is_a_span_with_its_error(
     assert server.attributes["http.response.status_code"] == 502
     assert server.attributes["error.type"] == "upstream_error"
     attempt = next(s for name, s in spans.items() if name.startswith("upstream "))
-    assert attempt.attributes["http.response.status_code"] == 503
+    assert attempt.attributes["http.response.status_code"] == 500
 
 
 def test_sampling_ratio_zero_exports_nothing(
