@@ -12,13 +12,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import uvicorn
-
-from gateway.app import GatewayApp
-from gateway.lifecycle import DrainingServer
 from gateway.policy.loader import PolicyError, PolicySnapshot, hash_api_key, load_policy
 from gateway.policy.timescale import scale_policy_time
-from gateway.settings import Settings
+from gateway.server import GatewayServer, build_server
+from gateway.settings import DEFAULT_ADMIN_PORT, Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_POLICY = REPO_ROOT / "policies" / "demo.yaml"
@@ -33,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     demo = subparsers.add_parser("demo", help="gateway + two simulated backends in one process")
     demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--admin-port", type=int, default=None, help=f"operator endpoints (default {DEFAULT_ADMIN_PORT})")
     demo.add_argument("--policy", default=str(DEMO_POLICY))
     demo.add_argument("--profile", default="llama-3.1-8b-h100", help="simulated engine profile (see `sim --help`)")
     demo.add_argument("--time-scale", type=float, default=1.0, help="multiply every simulated duration by K")
@@ -61,9 +59,34 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _add_listen_args(parser: argparse.ArgumentParser) -> None:
+    """Listener flags; each also reads ``GATEWAY_<NAME>`` (see ``gateway/settings.py``), the flag wins."""
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--log-level", default="warning")
+    operator = parser.add_argument_group("operator listener (/metrics, /admin/*, /healthz, /readyz)")
+    operator.add_argument("--admin-host", default=None, help="default 127.0.0.1")
+    operator.add_argument(
+        "--admin-port", type=int, default=None, help=f"default {DEFAULT_ADMIN_PORT}; 0 picks a free one"
+    )
+    guards = parser.add_argument_group("client connection guards")
+    guards.add_argument("--header-timeout", dest="header_timeout_s", type=float, default=None, help="seconds (10)")
+    guards.add_argument("--body-timeout", dest="body_timeout_s", type=float, default=None, help="seconds (30)")
+    guards.add_argument(
+        "--keepalive-timeout", dest="keepalive_timeout_s", type=float, default=None, help="seconds (75)"
+    )
+    guards.add_argument("--max-header-bytes", type=int, default=None, help="request line + headers (65536)")
+    guards.add_argument("--max-connections", type=int, default=None, help="open on the API listener (10000)")
+
+
+_LISTEN_SETTINGS = (
+    "admin_host",
+    "admin_port",
+    "header_timeout_s",
+    "body_timeout_s",
+    "keepalive_timeout_s",
+    "max_header_bytes",
+    "max_connections",
+)
 
 
 def _load_or_report(path: str) -> PolicySnapshot | None:
@@ -74,20 +97,13 @@ def _load_or_report(path: str) -> PolicySnapshot | None:
         return None
 
 
-def _uvicorn_config(app: GatewayApp, host: str, port: int, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level=log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=30,
-        backlog=4096,
-        proxy_headers=False,  # the gateway never reads the client address; saves work per request
-    )
+def _build_or_report(snapshot: PolicySnapshot, **settings: object) -> GatewayServer | None:
+    """The server from the environment and ``settings``; None, reported, on bad settings or a taken port."""
+    try:
+        return build_server(Settings.from_env(**settings), snapshot)
+    except (ValueError, OSError) as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -95,12 +111,14 @@ def _serve(args: argparse.Namespace) -> int:
     if snapshot is None:
         return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = Settings.from_env(policy_path=args.policy, host=args.host, port=args.port, log_level=args.log_level)
-    app = GatewayApp(settings, snapshot)
-    config = _uvicorn_config(app, args.host, args.port, args.log_level)
-    server = DrainingServer(config, lambda: app.gateway.drainable() if app.gateway else None)
-    server.run()
-    return 0 if server.started else 1
+    listen = {name: getattr(args, name) for name in _LISTEN_SETTINGS}
+    built = _build_or_report(
+        snapshot, policy_path=args.policy, host=args.host, port=args.port, log_level=args.log_level, **listen
+    )
+    if built is None:
+        return 1
+    built.run()
+    return 0 if built.server.started else 1
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -159,8 +177,16 @@ def _demo(args: argparse.Namespace) -> int:
     snapshot = scale_policy_time(snapshot, args.time_scale)
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ports = [urlsplit(b.url).port or 80 for b in snapshot.policy.backends]
-    settings = Settings.from_env(policy_path=args.policy, port=args.port)
-    server = uvicorn.Server(_uvicorn_config(GatewayApp(settings, snapshot), "127.0.0.1", args.port, "warning"))
+    built = _build_or_report(
+        snapshot,
+        policy_path=args.policy,
+        host="127.0.0.1",
+        port=args.port,
+        admin_port=args.admin_port,
+        log_level="warning",
+    )
+    if built is None:
+        return 1
     model = snapshot.policy.models[0].name
 
     async def run() -> None:
@@ -176,9 +202,9 @@ def _demo(args: argparse.Namespace) -> int:
             )
         )
         await _wait_for_ports(ports, engines)
-        print(_demo_banner(args.port, model, ports), flush=True)
+        print(_demo_banner(built, args.policy, model, ports), flush=True)
         try:
-            await server.serve()
+            await built.serve()
         finally:
             engines.cancel()
             await asyncio.gather(engines, return_exceptions=True)
@@ -212,11 +238,14 @@ async def _wait_for_ports(ports: list[int], task: asyncio.Task[None], timeout_s:
         pending.pop(0)
 
 
-def _demo_banner(port: int, model: str, ports: list[int]) -> str:
-    base = f"http://127.0.0.1:{port}"
+def _demo_banner(built: GatewayServer, policy: str, model: str, ports: list[int]) -> str:
+    base = built.api_url
+    tenants = " (tenants 'acme' with key demo-key-acme, 'globex' with key demo-key-globex)"
+    if Path(policy).resolve() != DEMO_POLICY:
+        tenants = ""  # another policy: its tenants and keys are the operator's own
     return f"""
 inference-gateway demo: gateway on {base}, simulated backends on ports {", ".join(map(str, ports))}
-Policy: {DEMO_POLICY} (tenants 'acme' with key demo-key-acme, 'globex' with key demo-key-globex)
+Policy: {policy}{tenants}
 
 Try it with curl:
   curl -N {base}/v1/chat/completions -H 'Authorization: Bearer demo-key-acme' \\
@@ -231,5 +260,5 @@ Or with the openai SDK:
                                               messages=[{{"role": "user", "content": "Hello"}}]):
       print(chunk.choices[0].delta.content or "", end="", flush=True) if chunk.choices else None
 
-Metrics: {base}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
+Metrics: {built.admin_url}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
 """

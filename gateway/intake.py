@@ -72,6 +72,8 @@ async def read_body(receive: Receive, declared_length: int | None, limit: int) -
     if declared_length == -1:
         raise InvalidRequest("Content-Length is not a number", code="invalid_header")
     message = await receive()
+    if message["type"] == "http.disconnect":  # gone, or cut by the body deadline (gateway/connections.py)
+        raise InvalidRequest("client disconnected while sending the body", code="client_disconnected")
     body: bytes = message.get("body", b"")
     if len(body) > limit:
         raise _too_large(f"exceeded {limit} bytes while being read", limit)
