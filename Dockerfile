@@ -11,7 +11,9 @@ RUN useradd --system --uid 10001 gateway
 COPY --from=build /install /usr/local
 COPY policies /etc/inference-gateway/policies
 USER 10001
-EXPOSE 8080
+# 8080: the API. 9464: the operator listener (/metrics, /admin/*), on loopback unless
+# `--admin-host 0.0.0.0` is given (deploy/kubernetes/gateway.yaml does, behind a NetworkPolicy).
+EXPOSE 8080 9464
 # SIGTERM starts the graceful drain; the pod's terminationGracePeriodSeconds must exceed it.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["inference-gateway", "serve", "--host", "0.0.0.0", "--port", "8080"]

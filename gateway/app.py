@@ -19,6 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admin import admin_routes
 from gateway.auth import authenticate
+from gateway.connections import is_operator_request
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.intake import read_headers
 from gateway.policy.loader import load_policy
@@ -26,6 +27,7 @@ from gateway.policy.snapshot import PolicySnapshot
 from gateway.proxy import InferenceHandler
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.telemetry import ConnectionCounts
 from gateway.types import Api
 
 log = logging.getLogger(__name__)
@@ -50,11 +52,18 @@ def with_request_id(scope: Scope, send: Send) -> Send:
 
 
 class GatewayApp:
-    """The ASGI entry point. ``GatewayApp(settings)`` loads the policy in its lifespan."""
+    """The ASGI entry point. ``GatewayApp(settings)`` loads the policy in its lifespan.
 
-    def __init__(self, settings: Settings, snapshot: PolicySnapshot | None = None) -> None:
+    Requests from the operator listener (``gateway/connections.py``) see only the operator
+    routes (probes, ``/metrics``, ``/admin/*``); the API listener never serves those two, since
+    they show tenants' costs and model names to whoever can connect."""
+
+    def __init__(
+        self, settings: Settings, snapshot: PolicySnapshot | None = None, connections: ConnectionCounts | None = None
+    ) -> None:
         self.settings = settings
         self._snapshot = snapshot
+        self.connections = connections
         self.gateway: Gateway | None = None
         self._hot: dict[str, InferenceHandler] = {}
         admin = admin_routes(lambda: self.gateway, error_response)
@@ -62,8 +71,15 @@ class GatewayApp:
             routes=[
                 Route("/healthz", self._healthz),
                 Route("/readyz", self._readyz),
-                Route("/metrics", self._metrics),
                 Route("/v1/models", self._models),
+            ],
+            default=self._not_found,
+        )
+        self._operator = Router(
+            routes=[
+                Route("/healthz", self._healthz),
+                Route("/readyz", self._readyz),
+                Route("/metrics", self._metrics),
                 Route("/admin/reload", admin["/admin/reload"], methods=["POST"]),
                 Route("/admin/policy", admin["/admin/policy"]),
             ],
@@ -72,6 +88,9 @@ class GatewayApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if is_operator_request(scope):
+                await self._operator(scope, receive, with_request_id(scope, send))
+                return
             handler = self._hot.get(scope["path"])
             if handler is not None and scope["method"] == "POST":
                 await handler(scope, receive, send)  # sets x-request-id itself
@@ -120,6 +139,8 @@ class GatewayApp:
     async def _metrics(self, request: Request) -> Response:
         if self.gateway is None:
             return PlainTextResponse("starting", status_code=503)
+        if self.connections is not None:
+            self.gateway.metrics.export_connections(self.connections)
         body = self.gateway.export_metrics()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -11,8 +11,10 @@ The tree (status, ``code``):
     ├── ModelNotAllowed        403  model_not_allowed
     ├── NotFound               404  model_not_found | not_found
     ├── MethodNotAllowed       405  method_not_allowed
+    ├── RequestTimeout         408  request_timeout (headers or body too slow: gateway/connections.py)
     ├── PayloadTooLarge        413  request_too_large
     ├── UnsupportedMediaType   415  unsupported_media_type
+    ├── HeadersTooLarge        431  request_header_too_large (gateway/connections.py)
     ├── Overloaded             429/503 (admission: rate limits, queue full, draining, ...)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
@@ -109,6 +111,20 @@ class UnsupportedMediaType(GatewayError):
     status = 415
     error_type = "invalid_request_error"
     default_code = "unsupported_media_type"
+
+
+class RequestTimeout(GatewayError):
+    """The request's headers or body did not arrive in time (a slow or stalled client)."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    error_type = "invalid_request_error"
+    default_code = "request_header_too_large"
 
 
 class Overloaded(GatewayError):

@@ -125,7 +125,7 @@ async def read_body(receive: Receive, declared_length: int | None, limit: int) -
     if declared_length == -1:
         raise InvalidRequest("Content-Length is not a number", code="invalid_header")
     message = await receive()
-    if message["type"] == "http.disconnect":
+    if message["type"] == "http.disconnect":  # gone, or cut by the body deadline (gateway/connections.py)
         raise ClientDisconnected()
     body: bytes = message.get("body", b"")
     if len(body) > limit:

@@ -2,13 +2,16 @@
 
 Read once at start-up from the command line and ``GATEWAY_*`` environment variables, then
 frozen. Anything a platform team changes per tenant or model belongs in the policy file,
-not here.
+not here. The connection guards (timeouts, header size, open connections) are listener
+settings like nginx's, so they live here too; ``gateway/connections.py`` enforces them.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+DEFAULT_ADMIN_PORT = 9464
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,6 +29,30 @@ class Settings:
     telemetry: bool = True
     """``GATEWAY_TELEMETRY=off`` stops recording metrics, costs and traces of requests: only to
     measure what telemetry costs (``loadtests/overhead.py --telemetry``), never in production."""
+    admin_host: str = "127.0.0.1"
+    """Where the operator listener (``/metrics``, ``/admin/*``, probes) binds: loopback unless the
+    platform restricts who reaches it (a NetworkPolicy, see ``deploy/kubernetes``)."""
+    admin_port: int = DEFAULT_ADMIN_PORT
+    """The operator listener's port; 0 picks a free one (tests). 9464 is the port registered for
+    an application's Prometheus endpoint (the OpenTelemetry exporter's default)."""
+    admin_max_connections: int = 64
+    """Its own bound: scrapes and probes never compete with API clients for connections."""
+    header_timeout_s: float = 10.0
+    """From a connection's start (or a request's first byte on a kept-alive one) to the end of its
+    headers; SDK headers are a few hundred bytes and arrive in one packet."""
+    body_timeout_s: float = 30.0
+    """From the end of the headers to the end of the body: even the largest body the policy
+    allows must arrive within it (a 10 MiB body at 30 s is 350 KB/s)."""
+    keepalive_timeout_s: float = 75.0
+    """An idle kept-alive connection is closed after this; above the 60 s idle timeout of common
+    load balancers, so a balancer never reuses a connection the gateway is closing (which it
+    answers with a 502). Idle connections are also the first closed at ``max_connections``."""
+    max_header_bytes: int = 65536
+    """Request line plus headers; more is refused with 431 (Envoy's default is 60 KiB)."""
+    max_connections: int = 10000
+    """Open connections on the API listener; at the bound the longest-idle one is closed, and
+    when none is idle a new one is refused with 503. Lowered at start-up to fit the process's
+    file descriptor limit (``gateway/server.py``)."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -39,5 +66,35 @@ class Settings:
             "trace_log_path": env.get("GATEWAY_TRACE_LOG") or None,
             "telemetry": env.get("GATEWAY_TELEMETRY", "on").lower() not in ("off", "0", "false"),
         }
+        for name, kind in _CONNECTION_ENV.items():
+            raw = env.get(f"GATEWAY_{name.upper()}")
+            if raw is not None:
+                try:
+                    values[name] = kind(raw)
+                except ValueError:
+                    raise ValueError(f"GATEWAY_{name.upper()}={raw!r}: not a valid {kind.__name__}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be greater than 0, not {getattr(self, name)}")
+        for name in ("max_header_bytes", "max_connections", "admin_max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.admin_port == self.port and self.port != 0:
+            raise ValueError(f"the admin port must differ from the API port ({self.port})")
+
+
+_CONNECTION_ENV: dict[str, type[int] | type[float] | type[str]] = {
+    "admin_host": str,
+    "admin_port": int,
+    "admin_max_connections": int,
+    "header_timeout_s": float,
+    "body_timeout_s": float,
+    "keepalive_timeout_s": float,
+    "max_header_bytes": int,
+    "max_connections": int,
+}
+"""The listener settings read from ``GATEWAY_<NAME>`` (e.g. ``GATEWAY_HEADER_TIMEOUT_S``)."""

@@ -10,8 +10,8 @@ Buckets follow LLM latencies: TTFT from 10 ms to 60 s, inter-token latency from 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
@@ -124,6 +124,14 @@ class PendingSamples:
             metrics.observe_many(metrics.child(histogram, *labels), values)
 
 
+class ConnectionCounts(Protocol):
+    """Counts the server's listeners keep (``gateway.connections.Listeners``)."""
+
+    def open_connections(self) -> Mapping[str, int]: ...
+
+    def closed_connections(self) -> Mapping[tuple[str, str], int]: ...
+
+
 class Metrics:
     """The gateway's Prometheus metrics, on a registry of its own (no process globals).
 
@@ -142,6 +150,7 @@ class Metrics:
         self._declare_cost_metrics(r)
         self._declare_trace_log_metrics(r)
         self._declare_state_metrics(r if redis else None)
+        self._declare_connection_metrics(r)
         self._advanced: dict[int, float] = {}
         self.pending = PendingSamples(self)
 
@@ -396,9 +405,31 @@ class Metrics:
             registry=r,
         )
 
+    def _declare_connection_metrics(self, r: CollectorRegistry) -> None:
+        """Client connections and what their guards closed (``gateway/connections.py``)."""
+        self.connections_open = Gauge(
+            "gateway_connections_open", "Open client connections, by listener (api, admin).", ["listener"], registry=r
+        )
+        self.connections_closed = Counter(
+            "gateway_connections_closed",
+            "Client connections the gateway closed or refused, by listener and reason: header_timeout, "
+            "header_too_large (431), body_timeout (408), keepalive_timeout, evicted_idle (the longest idle, "
+            "closed at max_connections for a new one), refused (503 at max_connections with none idle).",
+            ["listener", "reason"],
+            registry=r,
+        )
+
+    def export_connections(self, counts: ConnectionCounts) -> None:
+        """Bring the connection metrics up to the listeners' own counts (at scrape time)."""
+        for listener, count in counts.open_connections().items():
+            self.child(self.connections_open, listener).set(count)
+        for (listener, reason), total in counts.closed_connections().items():
+            self.advance(self.child(self.connections_closed, listener, reason), total)
+
     def advance(self, counter: Counter, total: float) -> None:
-        """Bring an unlabelled counter up to ``total``, a count another component keeps
-        (``TraceLog.dropped``), at scrape time: no call on that component's path."""
+        """Bring an unlabelled counter (or one labelled child, from ``child``) up to ``total``, a
+        count another component keeps (``TraceLog.dropped``), at scrape time: no call on that
+        component's path."""
         last = self._advanced.get(id(counter), 0.0)
         if total > last:
             counter.inc(total - last)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.keys import hash_api_key
-from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process, rss_bytes
+from loadtests.harness import GATEWAY, admin_args, admin_url, metric_sum, metrics, policy_file, process, rss_bytes
 from loadtests.loadgen.records import RequestRecord
 from loadtests.loadgen.runner import RunConfig, RunResult, run_sync, run_workload
 from loadtests.loadgen.stats import percentile
@@ -128,7 +128,7 @@ def system(k: float, admission: bool, knobs: Knobs) -> Iterator[int]:
     with ExitStack() as stack:
         stack.enter_context(process(sim, f"http://127.0.0.1:{ENGINE_PORT + 1}/health"))
         path = stack.enter_context(policy_file(gateway_policy(k, admission, knobs)))
-        serve = [*GATEWAY, "serve", "--policy", str(path), "--port", str(GATEWAY_PORT)]
+        serve = [*GATEWAY, "serve", "--policy", str(path), "--port", str(GATEWAY_PORT), *admin_args(GATEWAY_PORT)]
         gateway = stack.enter_context(process(serve, f"http://127.0.0.1:{GATEWAY_PORT}/readyz"))
         yield gateway.pid
 
@@ -212,7 +212,7 @@ def phase(
         started = time.monotonic()
         results = run_sync(lambda: run_flows(flows, args.phase_s, args.time_scale, out))
         stop.set()
-        settle = _wait_for_zero(f"http://127.0.0.1:{GATEWAY_PORT}")
+        settle = _wait_for_zero(admin_url(GATEWAY_PORT))
         lag = _engine_lag()
     report: dict[str, Any] = {
         "phase": name,
@@ -249,7 +249,8 @@ def _sample_rss(pid: int, out: list[int], stop: threading.Event) -> None:
 
 
 def _wait_for_zero(base_url: str, timeout_s: float = 60.0) -> dict[str, float]:
-    """Poll the gateway until its queues and in-flight counters are zero; report what it saw."""
+    """Poll the gateway's operator listener (``base_url``) until its queues and in-flight counters
+    are zero; report what it saw."""
     deadline = time.monotonic() + timeout_s
     while True:
         samples = metrics(base_url)

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import uvicorn
-
-from gateway.app import GatewayApp
-from gateway.commands import load_or_report, uvicorn_config
+from gateway.commands import build_or_report, load_or_report
 from gateway.policy.timescale import scale_policy_time
-from gateway.settings import Settings
+from gateway.server import GatewayServer
+from gateway.settings import DEFAULT_ADMIN_PORT
 from loadtests.sim import serve_engines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``demo`` sub-command."""
     demo = subparsers.add_parser("demo", help="gateway + two simulated backends in one process")
     demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--admin-port", type=int, default=None, help=f"operator endpoints (default {DEFAULT_ADMIN_PORT})")
     demo.add_argument("--policy", default=str(DEMO_POLICY))
     demo.add_argument("--profile", default="llama-3.1-8b-h100", help="simulated engine profile (see `sim --help`)")
     demo.add_argument("--time-scale", type=float, default=1.0, help="multiply every simulated duration by K")
@@ -45,8 +44,16 @@ def _demo(args: argparse.Namespace) -> int:
     snapshot = scale_policy_time(snapshot, args.time_scale)
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ports = [urlsplit(b.url).port or 80 for b in snapshot.policy.backends]
-    settings = Settings.from_env(policy_path=args.policy, port=args.port)
-    server = uvicorn.Server(uvicorn_config(GatewayApp(settings, snapshot), "127.0.0.1", args.port, "warning"))
+    built = build_or_report(
+        snapshot,
+        policy_path=args.policy,
+        host="127.0.0.1",
+        port=args.port,
+        admin_port=args.admin_port,
+        log_level="warning",
+    )
+    if built is None:
+        return 1
     model = snapshot.policy.models[0].name
 
     async def run() -> None:
@@ -62,9 +69,9 @@ def _demo(args: argparse.Namespace) -> int:
             )
         )
         await _wait_for_ports(ports, engines)
-        print(_demo_banner(args.port, model, ports), flush=True)
+        print(_demo_banner(built, args.policy, model, ports), flush=True)
         try:
-            await server.serve()
+            await built.serve()
         finally:
             engines.cancel()
             await asyncio.gather(engines, return_exceptions=True)
@@ -98,11 +105,14 @@ async def _wait_for_ports(ports: list[int], task: asyncio.Task[None], timeout_s:
         pending.pop(0)
 
 
-def _demo_banner(port: int, model: str, ports: list[int]) -> str:
-    base = f"http://127.0.0.1:{port}"
+def _demo_banner(built: GatewayServer, policy: str, model: str, ports: list[int]) -> str:
+    base = built.api_url
+    tenants = " (tenants 'acme' with key demo-key-acme, 'globex' with key demo-key-globex)"
+    if Path(policy).resolve() != DEMO_POLICY:
+        tenants = ""  # another policy: its tenants and keys are the operator's own
     return f"""
 inference-gateway demo: gateway on {base}, simulated backends on ports {", ".join(map(str, ports))}
-Policy: {DEMO_POLICY} (tenants 'acme' with key demo-key-acme, 'globex' with key demo-key-globex)
+Policy: {policy}{tenants}
 
 Try it with curl:
   curl -N {base}/v1/chat/completions -H 'Authorization: Bearer demo-key-acme' \\
@@ -117,5 +127,5 @@ Or with the openai SDK:
                                               messages=[{{"role": "user", "content": "Hello"}}]):
       print(chunk.choices[0].delta.content or "", end="", flush=True) if chunk.choices else None
 
-Metrics: {base}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
+Metrics: {built.admin_url}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
 """

@@ -22,6 +22,19 @@ from typing import IO
 from prometheus_client.parser import text_string_to_metric_families
 
 GATEWAY = [sys.executable, "-m", "gateway"]
+ADMIN_PORT_OFFSET = 1000
+"""A bench's gateway on port P serves /metrics on its operator listener at P + 1000, so that
+gateways running side by side never compete for the default operator port."""
+
+
+def admin_args(port: int) -> list[str]:
+    """The ``serve`` flags that put the operator listener of a gateway on ``port`` at its bench port."""
+    return ["--admin-port", str(port + ADMIN_PORT_OFFSET)]
+
+
+def admin_url(port: int) -> str:
+    """Where the gateway serving on ``port`` answers /metrics (see ``admin_args``)."""
+    return f"http://127.0.0.1:{port + ADMIN_PORT_OFFSET}"
 
 
 def pin(cpu: int) -> list[str]:

@@ -34,7 +34,7 @@ import aiohttp
 import numpy as np
 
 from gateway.keys import hash_api_key
-from loadtests.harness import cpu_seconds, pin, process
+from loadtests.harness import admin_args, cpu_seconds, pin, process
 
 MODEL = "sim-instant"
 API_KEY = "overhead-bench-key"
@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = [*pin(1), *exe, "serve", "--policy", policy.name, "--port", str(args.gateway_port)]
     if args.gateway_cmd:
         serve = [*pin(1), *args.gateway_cmd.split(), "--policy", policy.name, "--port", str(args.gateway_port)]
+    serve += admin_args(args.gateway_port)
     if len(pin(0)):
         os.sched_setaffinity(0, {0})
     minimal_port = args.gateway_port + 2

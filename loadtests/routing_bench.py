@@ -91,7 +91,7 @@ from gateway.routing.scorers.in_flight import InFlightScorer
 from gateway.routing.scorers.kv_usage import KvUsageScorer
 from gateway.routing.scorers.queue_depth import QueueDepthScorer
 from gateway.types import InferenceRequest
-from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process
+from loadtests.harness import GATEWAY, admin_args, admin_url, metric_sum, metrics, policy_file, process
 from loadtests.loadgen import runner
 from loadtests.loadgen.prompts import RequestFactory
 from loadtests.loadgen.records import RequestRecord
@@ -191,7 +191,7 @@ def serve_oracle_gateway(policy: str, port: int) -> int:
 
     salter = CacheSalter.from_env(SECRET_ENV)
     register_strategy("oracle", lambda spec: OracleRouter(spec, salter))
-    return gateway_main(["serve", "--policy", policy, "--port", str(port)])
+    return gateway_main(["serve", "--policy", policy, "--port", str(port), *admin_args(port)])
 
 
 # -- the system under test ---------------------------------------------------------------------
@@ -247,7 +247,7 @@ def system(k: float, strategy: str) -> Iterator[None]:
         if strategy == "oracle":
             serve = [sys.executable, "-m", "loadtests.routing_bench", "--serve-oracle", str(path)]
         else:
-            serve = [*GATEWAY, "serve", "--policy", str(path)]
+            serve = [*GATEWAY, "serve", "--policy", str(path), *admin_args(GATEWAY_PORT)]
         stack.enter_context(process([*serve, "--port", str(GATEWAY_PORT)], f"http://127.0.0.1:{GATEWAY_PORT}/readyz"))
         yield
 
@@ -270,7 +270,7 @@ def engine_counters() -> list[dict[str, float]]:
 
 
 def gateway_routing() -> dict[str, Any]:
-    samples = metrics(f"http://127.0.0.1:{GATEWAY_PORT}")
+    samples = metrics(admin_url(GATEWAY_PORT))
     count = metric_sum(samples, "gateway_routing_pick_seconds_count")
     reasons = {
         dict(labels)["reason"]: value

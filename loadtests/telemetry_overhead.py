@@ -39,7 +39,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtests.harness import cpu_seconds, pin, process
+from loadtests.harness import admin_args, cpu_seconds, pin, process
 from loadtests.overhead import API_KEY, CHAT_BODY, STREAM_TOKENS, PhaseResult, _pct, _phase, _policy
 
 SPANS_PER_REQUEST = 3
@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     sink = [*pin(0), sys.executable, "-m", "loadtests.otlp_sink", "--port", str(ports["sink"])]
 
     def serve(mode: str) -> list[str]:
-        return [*pin(1), *exe, "serve", "--policy", str(paths[mode]), "--port", str(ports[mode])]
+        port = ports[mode]
+        return [*pin(1), *exe, "serve", "--policy", str(paths[mode]), "--port", str(port), *admin_args(port)]
 
     if len(pin(0)):
         os.sched_setaffinity(0, {0})

@@ -24,11 +24,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import GatewayApp
 from gateway.policy.loader import parse_policy
 from gateway.settings import Settings
 from tests.fake_backend import FakeBackend
-from tests.servers import free_port, serve_in_thread
+from tests.servers import admin_url, free_port, serve_gateway_in_thread, serve_in_thread
 
 POLICIES = Path(__file__).parent / "policies"
 POLICY_FILE = POLICIES / "gateway.yaml"
@@ -61,15 +60,18 @@ def closed_port_url() -> str:
 
 
 @contextmanager
-def run_gateway(text: str, *, health_checks: bool = True) -> Iterator[str]:
-    """Serve a gateway with policy ``text`` (written to a file it watches) on loopback; yield its URL."""
+def run_gateway(text: str, *, health_checks: bool = True, **settings: object) -> Iterator[str]:
+    """Serve a gateway with policy ``text`` (written to a file it watches) on loopback; yield its
+    API URL (``metric`` and ``tests.servers.admin_url`` find its operator listener from it).
+    ``settings`` override ``Settings`` fields (connection guards, ...)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "policy.yaml"
         path.write_text(text)
         snapshot = parse_policy(text, str(path))
-        app = GatewayApp(Settings(policy_path=str(path), health_checks=health_checks), snapshot)
-        with serve_in_thread(app) as url:
-            yield url
+        fields: dict[str, object] = {"port": 0, "admin_port": 0, **settings}
+        config = Settings(policy_path=str(path), health_checks=health_checks, **fields)  # type: ignore[arg-type]
+        with serve_gateway_in_thread(config, snapshot) as built:
+            yield built.api_url
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -165,8 +167,9 @@ def chat_body() -> dict[str, object]:
 
 
 def metric(gateway_url: str, name: str, **labels: str) -> float:
-    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when none)."""
-    text = httpx.get(f"{gateway_url}/metrics").text
+    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when none), from
+    the operator listener of the gateway serving ``gateway_url``."""
+    text = httpx.get(f"{admin_url(gateway_url)}/metrics").text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

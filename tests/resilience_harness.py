@@ -194,15 +194,16 @@ class Gateway:
     proc: subprocess.Popen[bytes]
     url: str
     policy_path: Path
+    admin_url: str  # the operator listener: /metrics, /admin/*
 
     def metric(self, name: str, **labels: str) -> float:
-        return metric_sum(metrics(self.url), name, **labels)
+        return metric_sum(metrics(self.admin_url), name, **labels)
 
     def samples(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-        return {labels: v for (n, labels), v in metrics(self.url).items() if n == name}
+        return {labels: v for (n, labels), v in metrics(self.admin_url).items() if n == name}
 
     def admin_policy(self) -> Any:
-        status, document = self.call("GET", "/admin/policy", key=ADMIN_KEY)
+        status, document = call("GET", self.admin_url + "/admin/policy", key=ADMIN_KEY)
         assert status == 200, document
         return document
 
@@ -221,14 +222,13 @@ class Gateway:
 @contextmanager
 def gateway(text: str) -> Iterator[Gateway]:
     """``python -m gateway serve`` on a policy file holding ``text``; entered once ``/readyz`` is 200."""
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     with ExitStack() as stack:
         path = stack.enter_context(policy_file(text))
-        proc = stack.enter_context(
-            process([*GATEWAY, "serve", "--policy", str(path), "--port", str(port)], url + "/readyz")
-        )
-        yield Gateway(proc, url, path)
+        serve = [*GATEWAY, "serve", "--policy", str(path), "--port", str(port), "--admin-port", str(admin_port)]
+        proc = stack.enter_context(process(serve, url + "/readyz"))
+        yield Gateway(proc, url, path, f"http://127.0.0.1:{admin_port}")
 
 
 class Outcome(StrEnum):
@@ -470,7 +470,7 @@ def gauges_at_zero(gw: Gateway, names: tuple[str, ...]) -> Callable[[], bool]:
     """A condition: every sample of every gauge in ``names`` is 0."""
 
     def check() -> bool:
-        samples = metrics(gw.url)
+        samples = metrics(gw.admin_url)
         return all(v == 0 for (n, _), v in samples.items() if n in names)
 
     return check

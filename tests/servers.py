@@ -1,8 +1,11 @@
 """Real servers on loopback ports for the tests.
 
 `serve_in_thread` runs an ASGI app under uvicorn (uvloop, httptools) in a background thread
-and returns once the server accepts connections; `wait_until` polls a condition with a
-deadline, which is how tests synchronise (never a bare sleep).
+and returns once the server accepts connections; `serve_gateway_in_thread` does the same for
+the gateway, built exactly as `inference-gateway serve` builds it (`gateway/server.py`: both
+listeners, the guarded protocol) and remembers its operator listener's URL for `admin_url`;
+`wait_until` polls a condition with a deadline, which is how tests synchronise (never a bare
+sleep).
 """
 
 from __future__ import annotations
@@ -15,6 +18,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+
+from gateway.policy.snapshot import PolicySnapshot
+from gateway.server import GatewayServer, build_server
+from gateway.settings import Settings
+
+ADMIN_URLS: dict[str, str] = {}
+"""API URL -> operator listener URL of every gateway `serve_gateway_in_thread` is running."""
 
 
 def free_port() -> int:
@@ -41,11 +51,35 @@ def serve_in_thread(app: Any, port: int | None = None, **config: Any) -> Iterato
         app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning", **config
     )
     server = uvicorn.Server(cfg)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, what=f"server on port {port} to start")
-    try:
+    with _running(server, server.run, f"server on port {port}"):
         yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def serve_gateway_in_thread(settings: Settings, snapshot: PolicySnapshot | None = None) -> Iterator[GatewayServer]:
+    """The gateway of `settings` (give it port=0 and admin_port=0: free ports) in a thread."""
+    built = build_server(settings, snapshot)
+    ADMIN_URLS[built.api_url] = built.admin_url
+    try:
+        with _running(built.server, built.run, f"gateway on {built.api_url}"):
+            yield built
+    finally:
+        ADMIN_URLS.pop(built.api_url, None)
+        built.close()
+
+
+def admin_url(api_url: str) -> str:
+    """The operator listener (/metrics, /admin/*) of the test gateway serving `api_url`."""
+    return ADMIN_URLS.get(api_url, api_url)
+
+
+@contextmanager
+def _running(server: uvicorn.Server, run: Callable[[], None], what: str) -> Iterator[None]:
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, what=f"{what} to start")
+    try:
+        yield
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -113,19 +114,22 @@ def test_serve_refuses_an_invalid_policy_with_exit_1() -> None:
 
 
 @pytest.fixture
-def serving(tmp_path: Path, backend_credential: str) -> Iterator[str]:
-    """``inference-gateway serve`` in a subprocess, in front of a closed port; yields its URL."""
+def serving(tmp_path: Path, backend_credential: str) -> Iterator[tuple[str, str]]:
+    """``inference-gateway serve`` in a subprocess, in front of a closed port; yields its API and
+    operator URLs."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text("http://127.0.0.1:9"))
-    port = free_port()
+    port, admin_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)]
+    argv += ["--admin-port", str(admin_port)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)],
+        argv,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
     finally:
         process.terminate()
         process.wait(timeout=DEADLINE_S)
@@ -133,13 +137,58 @@ def serving(tmp_path: Path, backend_credential: str) -> Iterator[str]:
         process.stderr.close()
 
 
-def test_serve_starts_the_gateway_on_the_given_port(serving: str) -> None:
+def test_serve_starts_the_gateway_on_the_given_ports(serving: tuple[str, str]) -> None:
+    api, admin = serving
+
     def alive() -> bool:
         try:
-            return httpx.get(serving + "/healthz").status_code == 200
+            return httpx.get(api + "/healthz").status_code == 200
         except httpx.TransportError:
             return False
 
     wait_until(alive, timeout=DEADLINE_S, what="the served gateway to answer /healthz")
-    # Its only backend is at a closed port, so it is alive but not ready.
-    assert httpx.get(serving + "/readyz").status_code == 503
+    # Its only backend is at a closed port, so it is alive but not ready, on both listeners.
+    assert httpx.get(api + "/readyz").status_code == 503
+    assert httpx.get(admin + "/readyz").status_code == 503
+    # The operator endpoints answer on the operator listener only.
+    assert httpx.get(api + "/metrics").status_code == 404
+    assert httpx.get(admin + "/metrics").status_code == 200
+
+
+def test_serve_refuses_one_port_for_both_listeners_with_exit_1() -> None:
+    port = str(free_port())
+    result = run("serve", "--policy", VALID, "--port", port, "--admin-port", port)
+    assert result.returncode == 1
+    assert f"the admin port must differ from the API port ({port})" in result.stderr
+
+
+def test_serve_reports_a_taken_port_with_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("serve", "--policy", VALID, "--port", str(free_port()), "--admin-port", str(port))
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_demo_names_the_policy_it_was_given(tmp_path: Path) -> None:
+    """``demo --policy P`` runs P, and says so (not policies/demo.yaml)."""
+    engines = [free_port(), free_port()]
+    demo = (REPO / "policies" / "demo.yaml").read_text()
+    policy = tmp_path / "mine.yaml"
+    policy.write_text(demo.replace("18001", str(engines[0])).replace("18002", str(engines[1])))
+    port, admin_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "gateway", "demo", "--policy", str(policy), "--port", str(port)]
+    argv += ["--admin-port", str(admin_port), "--time-scale", "0.01"]
+    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        lines = iter(process.stdout.readline, "")
+        banner = [line for line, _ in zip(lines, range(6), strict=False)]
+    finally:
+        process.terminate()
+        process.wait(timeout=DEADLINE_S)
+        if process.stdout is not None:
+            process.stdout.close()
+    assert f"Policy: {policy}\n" in banner, banner

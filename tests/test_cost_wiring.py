@@ -22,7 +22,6 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import GatewayApp
 from gateway.outcome import TokenStats
 from gateway.policy.loader import PolicyError, parse_policy
 from gateway.service import Gateway
@@ -30,7 +29,7 @@ from gateway.settings import Settings
 from gateway.tracelog import TraceLog, TraceLogConfig
 from tests.conftest import KEY_ACME, KEY_GLOBEX, metric
 from tests.fake_backend import FakeBackend
-from tests.servers import serve_in_thread, wait_until
+from tests.servers import admin_url, serve_gateway_in_thread, serve_in_thread, wait_until
 
 ACME_HASH = "sha256:6371cb7a907cc8f10740229732c4b6164b285169494b85304468313513427878"
 GLOBEX_HASH = "sha256:6434a00879acb6a4faed427b6463c32e2e5e3736404258155c408f29558d268d"
@@ -78,10 +77,10 @@ def gateway(tmp_path: Path, text: str, **settings: Any) -> Iterator[tuple[str, G
     """A gateway serving ``text`` on loopback: its URL, the ``Gateway`` inside, its policy file."""
     path = tmp_path / "policy.yaml"
     path.write_text(text)
-    app = GatewayApp(Settings(policy_path=str(path), **settings), parse_policy(text, str(path)))
-    with serve_in_thread(app) as url:
-        assert app.gateway is not None
-        yield url, app.gateway, path
+    config = Settings(policy_path=str(path), port=0, admin_port=0, **settings)
+    with serve_gateway_in_thread(config, parse_policy(text, str(path))) as built:
+        assert built.app.gateway is not None
+        yield built.api_url, built.app.gateway, path
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +155,7 @@ def test_a_request_that_misses_its_slo_pays_but_is_no_goodput(tmp_path: Path, fa
         assert metric(url, "gateway_cost_dollars_total", model="m/chat") == pytest.approx(INTERVAL_S)
         assert metric(url, "gateway_cost_requests_total", model="m/chat") == 1.0
         assert metric(url, "gateway_cost_goodput_requests_total", model="m/chat") == 0.0
-        assert "gateway_cost_per_goodput_request_dollars{" not in httpx.get(f"{url}/metrics").text
+        assert "gateway_cost_per_goodput_request_dollars{" not in httpx.get(f"{admin_url(url)}/metrics").text
 
 
 def test_a_reload_charges_the_old_prices_up_to_it_and_a_removed_backend_stops_costing(
@@ -201,7 +200,7 @@ def test_the_gateway_closes_intervals_on_its_own_timer(tmp_path: Path, fake: tup
 def test_the_cost_metrics_are_on_metrics_before_any_request(tmp_path: Path, fake: tuple[FakeBackend, str]) -> None:
     _, backend_url = fake
     with gateway(tmp_path, policy(backend_url)) as (url, _, _):
-        text = httpx.get(f"{url}/metrics").text
+        text = httpx.get(f"{admin_url(url)}/metrics").text
     families = {f.name: f.type for f in text_string_to_metric_families(text)}
     assert {
         "gateway_cost_dollars": "counter",

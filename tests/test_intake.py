@@ -318,7 +318,7 @@ EVERY_KIND_OF_RESPONSE = [
     pytest.param("GET", "/v1/models", None, {"authorization": ""}, 401, id="a model list 401 carries a request id"),
     pytest.param("GET", "/healthz", None, {}, 200, id="healthz carries a request id"),
     pytest.param("GET", "/readyz", None, {}, 200, id="readyz carries a request id"),
-    pytest.param("GET", "/metrics", None, {}, 200, id="metrics carries a request id"),
+    pytest.param("GET", "/metrics", None, {}, 404, id="metrics, not served on the API listener, carry a request id"),
 ]
 
 

@@ -15,7 +15,7 @@ import pytest
 from gateway.keys import hash_api_key
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, policy_text
 from tests.fake_backend import FakeBackend
-from tests.servers import free_port, serve_in_thread, wait_until
+from tests.servers import admin_url, free_port, serve_gateway_in_thread, wait_until
 
 ADMIN_KEY = "admin-key-for-tests"
 ADMIN = (
@@ -34,18 +34,18 @@ def policy_path(tmp_path: Path, backend_server: BackendServer) -> Path:
 
 @pytest.fixture
 def gateway(policy_path: Path) -> object:
-    from gateway.app import GatewayApp
     from gateway.policy.loader import load_policy
     from gateway.settings import Settings
 
-    app = GatewayApp(Settings(policy_path=str(policy_path)), load_policy(policy_path))
-    with serve_in_thread(app) as url:
-        yield url
+    settings = Settings(policy_path=str(policy_path), port=0, admin_port=0)
+    with serve_gateway_in_thread(settings, load_policy(policy_path)) as built:
+        yield built.api_url
 
 
 def admin(url: str, method: str, path: str, key: str | None = ADMIN_KEY) -> httpx.Response:
+    """``path`` on the operator listener of the gateway serving ``url``."""
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.request(method, url + path, headers=headers)
+    return httpx.request(method, admin_url(url) + path, headers=headers)
 
 
 def test_an_invalid_policy_written_over_the_live_file_is_refused_and_the_old_one_keeps_serving(
@@ -88,8 +88,10 @@ def test_the_admin_endpoints_need_an_admin_key(gateway: str) -> None:
 def test_sigterm_drains_streams_refuses_new_requests_and_exits_zero(policy_path: Path, backend: FakeBackend) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port)]
+    argv += ["--admin-port", str(free_port())]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port)],
+        argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -8,7 +8,7 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 from tests.conftest import CHAT_MODEL, KEY_ACME, OTHER_MODEL, StartGateway, metric, policy_text
 from tests.fake_backend import FakeBackend
-from tests.servers import free_port, serve_in_thread, wait_until
+from tests.servers import admin_url, free_port, serve_in_thread, wait_until
 
 USER: ChatCompletionUserMessageParam = {"role": "user", "content": "Hi"}
 MODEL = {"model": CHAT_MODEL}
@@ -101,7 +101,7 @@ def test_a_non_streamed_answer_counts_its_usage_tokens(
 
 
 def test_metrics_are_prometheus_text_with_the_policy_version(gateway_url: str) -> None:
-    response = httpx.get(gateway_url + "/metrics")
+    response = httpx.get(admin_url(gateway_url) + "/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert metric(gateway_url, "gateway_policy_info", version="test-1") == 1

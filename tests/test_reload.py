@@ -17,13 +17,12 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import GatewayApp
 from gateway.keys import hash_api_key
 from gateway.policy.loader import load_policy
 from gateway.settings import Settings
 from tests.conftest import KEY_ACME, metric
 from tests.fake_backend import FakeBackend
-from tests.servers import serve_in_thread, wait_until
+from tests.servers import admin_url, serve_gateway_in_thread, serve_in_thread, wait_until
 
 ADMIN_KEY = "admin-key-for-reload-tests"
 MODEL = "m/chat"
@@ -75,17 +74,17 @@ def fakes(count: int) -> Iterator[list[tuple[FakeBackend, str]]]:
 @contextmanager
 def gateway(path: Path, text: str) -> Iterator[str]:
     path.write_text(text)
-    app = GatewayApp(Settings(policy_path=str(path), health_checks=False), load_policy(path))
-    with serve_in_thread(app) as url:
-        yield url
+    settings = Settings(policy_path=str(path), health_checks=False, port=0, admin_port=0)
+    with serve_gateway_in_thread(settings, load_policy(path)) as built:
+        yield built.api_url
 
 
 def reload(url: str) -> httpx.Response:
-    return httpx.post(f"{url}/admin/reload", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    return httpx.post(f"{admin_url(url)}/admin/reload", headers={"authorization": f"Bearer {ADMIN_KEY}"})
 
 
 def status(url: str) -> dict[str, object]:
-    reply = httpx.get(f"{url}/admin/policy", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+    reply = httpx.get(f"{admin_url(url)}/admin/policy", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert isinstance(reply, dict)
     return reply
 
@@ -142,7 +141,7 @@ def test_a_reload_that_cannot_be_applied_changes_nothing_and_says_why(
         assert metric(url, "gateway_policy_info", version="r-1") == 1
         assert metric(url, "gateway_policy_info", version="r-2") == 0
         assert metric(url, "gateway_policy_reloads", result="refused") == 1
-        assert httpx.get(f"{url}/readyz").json() == {"ready": True, "policy_version": "r-1"}
+        assert httpx.get(f"{admin_url(url)}/readyz").json() == {"ready": True, "policy_version": "r-1"}
         for _ in range(4):
             ask(url, content="any prompt")
         assert (len(servers[0][0].received), len(servers[1][0].received)) == (5, 0), "the old pool alone serves"

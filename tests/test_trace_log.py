@@ -7,13 +7,12 @@ from pathlib import Path
 import httpx
 import orjson
 
-from gateway.app import GatewayApp
 from gateway.policy.loader import parse_policy
 from gateway.settings import Settings
 from loadtests.loadgen.records import RequestRecord
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, policy_text
 from tests.fake_backend import FakeBackend
-from tests.servers import serve_in_thread, wait_until
+from tests.servers import serve_gateway_in_thread, wait_until
 
 
 def test_every_request_leaves_one_line_without_any_text(
@@ -22,10 +21,10 @@ def test_every_request_leaves_one_line_without_any_text(
     log = tmp_path / "trace.jsonl"
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text(backend_server.url))
-    settings = Settings(policy_path=str(policy), trace_log_path=str(log))
-    app = GatewayApp(settings, parse_policy(policy.read_text(), str(policy)))
+    settings = Settings(policy_path=str(policy), trace_log_path=str(log), port=0, admin_port=0)
     secret = "a prompt that must never reach the log"
-    with serve_in_thread(app) as url:
+    with serve_gateway_in_thread(settings, parse_policy(policy.read_text(), str(policy))) as built:
+        url = built.api_url
         headers = {"authorization": f"Bearer {KEY_ACME}"}
         body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": secret}], "stream": True}
         assert httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body).status_code == 200

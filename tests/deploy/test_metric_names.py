@@ -18,6 +18,7 @@ import yaml
 
 from tests.conftest import BackendServer, policy_text, run_gateway
 from tests.deploy.conftest import ALERTS, DASHBOARD, METRICS_DOC
+from tests.servers import admin_url
 from tests.state.redis_server import REDIS_URL, drop_keys, state_section, unique_prefix
 
 # A metric name, not part of a recording rule's level:name:operations.
@@ -82,7 +83,7 @@ def on_metrics(backend_server: BackendServer, backend_credential: str) -> Iterat
     Redis metrics (one without Redis has no ``gateway_redis_up`` for an alert to fire on)."""
     prefix = unique_prefix()
     with run_gateway(policy_text(backend_server.url) + state_section(REDIS_URL, prefix)) as url:
-        yield exposed(httpx.get(f"{url}/metrics").text)
+        yield exposed(httpx.get(f"{admin_url(url)}/metrics").text)
     drop_keys(REDIS_URL, prefix)
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import CHAT_MODEL
 from tests.deploy.conftest import binary
-from tests.servers import free_port, wait_until
+from tests.servers import admin_url, free_port, wait_until
 
 TTFT_P99_BY_CLASS = (
     'histogram_quantile(0.99, sum by (class, le) (rate(gateway_ttft_seconds_bucket{job="gateway"}[1m])))'
@@ -51,7 +51,7 @@ def prometheus(gateway_url: str, tmp_path: Path) -> Iterator[Prometheus]:
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
-        f"  - {{job_name: gateway, static_configs: [{{targets: ['{urlsplit(gateway_url).netloc}']}}]}}\n"
+        f"  - {{job_name: gateway, static_configs: [{{targets: ['{urlsplit(admin_url(gateway_url)).netloc}']}}]}}\n"
     )
     port = free_port()
     log = tmp_path / "prometheus.log"

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
 from tests.fake_backend import FakeBackend
-from tests.servers import wait_until
+from tests.servers import admin_url, wait_until
 from tests.state.redis_server import REDIS_URL, RedisProcess, drop_keys, state_section, unique_prefix
 
 ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
@@ -41,7 +41,7 @@ def prefix() -> Iterator[str]:
 
 def test_a_gateway_without_redis_exports_no_redis_up(gateway_url: str) -> None:
     """So that an alert on ``gateway_redis_up == 0`` never fires on a gateway that does not use Redis."""
-    assert "gateway_redis_up" not in httpx.get(f"{gateway_url}/metrics").text
+    assert "gateway_redis_up" not in httpx.get(f"{admin_url(gateway_url)}/metrics").text
 
 
 def test_two_replicas_share_a_tenants_requests_per_minute(

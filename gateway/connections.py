@@ -1,0 +1,461 @@
+"""Connection guards: deadlines, a bound on header bytes, a bound on open connections.
+
+What uvicorn 0.54 with httptools enforces by itself, and what it leaves open (its
+``protocols/http/httptools_impl.py`` and ``server.py``):
+
+* ``timeout_keep_alive`` closes a connection idle *after a response*; a connection that never
+  sends a request, or trickles one byte a second, has no deadline at all.
+* ``limit_concurrency`` is checked when a request's headers are complete, so silent sockets never
+  reach it; it counts connections and refuses without ever freeing an idle one.
+* ``h11_max_incomplete_event_size`` bounds headers under h11 only. httptools has no bound, and
+  accumulates each header value by ``bytes`` concatenation: a 32 MiB header is held whole.
+* Nothing bounds the time a body takes.
+
+The rules added here, per listener (``ConnectionLimits``, from ``Settings``):
+
+1. **Header deadline**: ``header_timeout_s`` from the connection's start, or from the first byte
+   of the next request on a kept-alive connection, to the end of the headers. On expiry the
+   connection is closed, after a 408 when part of a request had arrived.
+2. **Header size**: the request line and headers are counted as bytes arrive, before the parser
+   buffers them; past ``max_header_bytes`` the client gets 431 with ``connection: close`` and
+   nothing more is read.
+3. **Body deadline**: ``body_timeout_s`` from the end of the headers to the end of the body. On
+   expiry the application's ``receive()`` returns ``http.disconnect`` (the request ends and
+   releases what it holds), and the client gets a 408, or only the close when its response had
+   already started.
+4. **Keep-alive**: ``keepalive_timeout_s`` of idleness after a response (uvicorn's own timer).
+5. **Open connections**: at most ``max_connections``. A new connection at the bound closes the
+   connection idle the longest (waiting for its first request, for the next one after a
+   response, or holding part of a request's headers), one that never completed a request first,
+   the way nginx reuses idle connections. Only when none is idle is the newcomer refused: its
+   request is answered 503 ``too_many_connections`` with ``Retry-After``, then closed. A flood of
+   silent sockets therefore can never lock out a real client or a health probe.
+
+These answers always close the connection, and none is written into another response (a
+pipelined request's guard only closes). Every close is counted by listener and reason
+(``Listeners.closed_connections``, exported as ``gateway_connections_closed_total``) and logged
+at warning level at most once per ``LOG_INTERVAL_S`` per listener and reason.
+
+The operator listener's connections carry the ASGI scope extension ``OPERATOR_EXTENSION``, which
+is how the application tells its two listeners apart (``is_operator_request``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+
+from starlette.types import Receive, Scope, Send
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from gateway.errors import GatewayError, HeadersTooLarge, Overloaded, RequestTimeout
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application
+
+log = logging.getLogger(__name__)
+
+LOG_INTERVAL_S = 10.0
+OPERATOR_EXTENSION = "gateway.operator_listener"
+REFUSAL_RETRY_AFTER_S = 1.0
+
+
+class Reason(StrEnum):
+    """Why the gateway closed a client connection (the ``reason`` label)."""
+
+    HEADER_TIMEOUT = "header_timeout"
+    HEADER_TOO_LARGE = "header_too_large"
+    BODY_TIMEOUT = "body_timeout"
+    KEEPALIVE_TIMEOUT = "keepalive_timeout"
+    EVICTED_IDLE = "evicted_idle"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionLimits:
+    """One listener's guards. ``ConnectionLimits(header_timeout_s=10, ..., max_connections=10000)``."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    keepalive_timeout_s: float
+    max_header_bytes: int
+    max_connections: int
+
+
+def is_operator_request(scope: Scope) -> bool:
+    """Whether the request came in on the operator listener (``/metrics``, ``/admin/*``)."""
+    extensions = scope.get("extensions")
+    return extensions is not None and OPERATOR_EXTENSION in extensions
+
+
+class Guarded(Protocol):
+    """What a listener needs from one of its connections."""
+
+    client: tuple[str, int] | None
+
+    def evict(self) -> None: ...
+
+
+class Listener:
+    """One listening socket's connections: the bound, the idle ones by age, the closes by reason.
+
+    Idle connections sit in two queues ordered by when they became idle: ``_fresh`` (never
+    completed a request: silent sockets, slow headers, and refused newcomers) and ``_kept``
+    (idle after a response). A connection leaves them while a request is in progress.
+    """
+
+    def __init__(self, name: str, limits: ConnectionLimits, *, operator: bool = False) -> None:
+        self.name = name
+        self.limits = limits
+        self.operator = operator
+        self.refusal = Refusal(name, limits.max_connections)
+        self.closed: dict[Reason, int] = dict.fromkeys(Reason, 0)
+        self._members: dict[Guarded, None] = {}
+        self._fresh: dict[Guarded, None] = {}
+        self._kept: dict[Guarded, None] = {}
+        self._log = ThrottledLog(LOG_INTERVAL_S)
+
+    @property
+    def open(self) -> int:
+        return len(self._members)
+
+    def admit(self, connection: Guarded) -> bool:
+        """Register a new connection; False when it must be refused (the bound, nothing idle)."""
+        admitted = True
+        if len(self._members) >= self.limits.max_connections:
+            victim = next(iter(self._fresh), None) or next(iter(self._kept), None)
+            if victim is None:
+                admitted = False
+                self.record(Reason.REFUSED, connection.client)
+            else:
+                self.left(victim)
+                self.record(Reason.EVICTED_IDLE, victim.client)
+                victim.evict()
+        self._members[connection] = None
+        self._fresh[connection] = None
+        return admitted
+
+    def busy(self, connection: Guarded) -> None:
+        """A request's headers are complete: not idle until its response is."""
+        self._fresh.pop(connection, None)
+        self._kept.pop(connection, None)
+
+    def idle(self, connection: Guarded) -> None:
+        """A response completed and nothing else is in progress: idle, the newest of the idle."""
+        self._fresh.pop(connection, None)
+        if connection in self._members:
+            self._kept[connection] = None
+
+    def left(self, connection: Guarded) -> None:
+        self._members.pop(connection, None)
+        self._fresh.pop(connection, None)
+        self._kept.pop(connection, None)
+
+    def record(self, reason: Reason, client: tuple[str, int] | None) -> None:
+        self.closed[reason] += 1
+        if reason is Reason.KEEPALIVE_TIMEOUT:  # routine, not worth a log line
+            return
+        held = self._log.due(reason)
+        if held is not None:
+            peer = f"{client[0]}:{client[1]}" if client else "-"
+            more = f" ({held} more since the last report)" if held else ""
+            log.warning("%s listener: %s: connection from %s%s", self.name, _describe(reason, self.limits), peer, more)
+
+
+def _describe(reason: Reason, limits: ConnectionLimits) -> str:
+    descriptions = {
+        Reason.HEADER_TIMEOUT: f"request headers incomplete after {limits.header_timeout_s:g}s",
+        Reason.HEADER_TOO_LARGE: f"request headers over {limits.max_header_bytes} bytes (431)",
+        Reason.BODY_TIMEOUT: f"request body incomplete after {limits.body_timeout_s:g}s (408)",
+        Reason.EVICTED_IDLE: f"closed as the longest idle, for a new connection at {limits.max_connections} open",
+        Reason.REFUSED: f"refused (503): {limits.max_connections} connections open and none idle",
+    }
+    return descriptions.get(reason, reason.value)
+
+
+class ThrottledLog:
+    """At most one log line per ``interval_s`` per reason, and a count of the lines held back:
+    a flood of bad connections must not become a flood of log lines."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: dict[Reason, float] = {}
+        self._held: dict[Reason, int] = {}
+
+    def due(self, reason: Reason) -> int | None:
+        """None when a line for ``reason`` went out less than ``interval_s`` ago (this one is held
+        back); otherwise the number held back since that line."""
+        now = self._clock()
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval_s:
+            self._held[reason] = self._held.get(reason, 0) + 1
+            return None
+        self._last[reason] = now
+        return self._held.pop(reason, 0)
+
+
+class Listeners:
+    """Every listener of one server, found from a connection's local address."""
+
+    def __init__(self) -> None:
+        self.all: list[Listener] = []
+        self._by_port: dict[int, list[tuple[str, Listener]]] = {}
+
+    def add(self, listener: Listener, address: tuple[Any, ...]) -> None:
+        """``address`` is the listening socket's ``getsockname()`` (its host may be a wildcard)."""
+        self.all.append(listener)
+        self._by_port.setdefault(address[1], []).append((address[0], listener))
+
+    def find(self, local: object) -> Listener:
+        """The listener a connection arrived on, from its local ``(ip, port, ...)`` address."""
+        if isinstance(local, tuple) and len(local) >= 2:
+            candidates = self._by_port.get(local[1], ())
+            for host, listener in candidates:
+                if host == local[0]:
+                    return listener
+            if candidates:
+                return candidates[0][1]
+        return self.all[0]
+
+    def open_connections(self) -> Mapping[str, int]:
+        return {listener.name: listener.open for listener in self.all}
+
+    def closed_connections(self) -> Mapping[tuple[str, str], int]:
+        return {(li.name, reason.value): n for li in self.all for reason, n in li.closed.items()}
+
+
+class Refusal:
+    """The ASGI answer to a request on a connection refused at the bound: 503, then close."""
+
+    def __init__(self, listener: str, bound: int) -> None:
+        error = Overloaded(
+            f"The gateway has {bound} connections open on its {listener} listener and none idle; retry shortly.",
+            status=503,
+            code="too_many_connections",
+            retry_after_s=REFUSAL_RETRY_AFTER_S,
+        )
+        self._status = error.status
+        self._body = error.body()
+        self._headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self._body)).encode()),
+            (b"connection", b"close"),
+            *((name.encode(), value.encode()) for name, value in error.headers.items()),
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self._status, "headers": self._headers})
+        await send({"type": "http.response.body", "body": self._body})
+
+
+_NO_DEADLINE, _HEADER_DEADLINE, _BODY_DEADLINE = 0, 1, 2
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the guards of the module docstring.
+
+    Build one class per server with ``bound_to(listeners)`` and give it to ``uvicorn.Config(http=...)``.
+    The hot path pays attribute checks only: a request that arrives in one read arms no timer.
+    """
+
+    listeners: ClassVar[Listeners]
+
+    @classmethod
+    def bound_to(cls, listeners: Listeners) -> type[GuardedHttpToolsProtocol]:
+        return cast(type[GuardedHttpToolsProtocol], type(cls.__name__, (cls,), {"listeners": listeners}))
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.listener: Listener = self.listeners.all[0]
+        self._reading_body = False
+        self._request_begun = False  # bytes of a request whose headers are not complete yet
+        self._heads = 0  # requests whose headers completed on this connection
+        self._header_budget = 0
+        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_kind = _NO_DEADLINE
+
+    # Connection events
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        listener = self.listener = self.listeners.find(transport.get_extra_info("sockname"))
+        limits = listener.limits
+        # uvicorn annotates it int; its timer (loop.call_later) takes any number of seconds.
+        self.timeout_keep_alive = limits.keepalive_timeout_s  # type: ignore[assignment]
+        self._header_budget = limits.max_header_bytes
+        if not listener.admit(self):
+            self.app = cast("ASGI3Application", listener.refusal)
+        self._arm(_HEADER_DEADLINE)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._disarm()
+        self.listener.left(self)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._reading_body:
+            if len(data) > self._header_budget:
+                self._receive_past_budget(data)
+                return
+            self._header_budget -= len(data)
+        super().data_received(data)
+        self._rearm()
+
+    def _receive_past_budget(self, data: bytes) -> None:
+        """Feed the parser up to the header budget; 431 unless the headers ended within it."""
+        allowed, heads = self._header_budget, self._heads
+        self._header_budget = 0
+        if allowed:
+            super().data_received(data[:allowed])
+        if self.transport.is_closing():
+            return
+        if self._heads == heads:
+            self.listener.record(Reason.HEADER_TOO_LARGE, self.client)
+            limit = self.listener.limits.max_header_bytes
+            self._answer_and_close(HeadersTooLarge(f"The request line and headers exceed {limit} bytes."))
+            return
+        self.data_received(data[allowed:])  # a body, or the next request's head (counted afresh)
+
+    def evict(self) -> None:
+        """Closed by the listener at its bound, as the longest idle connection."""
+        self._disarm()
+        self.transport.close()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            self.listener.record(Reason.KEEPALIVE_TIMEOUT, self.client)
+        super().timeout_keep_alive_handler()
+
+    # Parser and response events (uvicorn's callbacks)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._request_begun = True
+        if self.listener.operator:
+            self.scope["extensions"] = {OPERATOR_EXTENSION: {}}
+
+    def on_headers_complete(self) -> None:
+        self._reading_body = True
+        self._request_begun = False
+        self._heads += 1
+        self.listener.busy(self)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_body = False
+        self._header_budget = self.listener.limits.max_header_bytes
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if not self._busy():
+            self.listener.idle(self)
+        self._rearm()
+
+    # Deadlines
+
+    def _busy(self) -> bool:
+        """A request is in progress (its response not complete), or one waits behind it."""
+        cycle = self.cycle
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
+
+    def _rearm(self) -> None:
+        """Put the deadline the connection's state calls for (module docstring, rules 1, 3, 4).
+
+        Runs after every read and response: the common case (a request in progress, no
+        deadline) costs two attribute checks."""
+        cycle = self.cycle
+        if self._reading_body:
+            # A pipelined request's body is not read (uvicorn pauses) until its turn comes.
+            kind = _NO_DEADLINE if self.pipeline else _BODY_DEADLINE
+        elif self.pipeline or (cycle is not None and not cycle.response_complete):
+            kind = _NO_DEADLINE  # a request in progress; the next one's head waits its turn
+        elif self._request_begun or self._heads == 0:
+            kind = _HEADER_DEADLINE
+            self._unset_keepalive_if_required()  # the next request began while the last response was sent
+        else:
+            kind = _NO_DEADLINE  # idle after a response: uvicorn's keep-alive timer runs
+            if self.timeout_keep_alive_task is None and not self.transport.is_closing():
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+        if kind != self._deadline_kind:
+            self._disarm()
+            if not self.transport.is_closing():
+                self._arm(kind)
+
+    def _arm(self, kind: int) -> None:
+        limits = self.listener.limits
+        self._deadline_kind = kind
+        if kind == _HEADER_DEADLINE:
+            self._deadline = self.loop.call_later(limits.header_timeout_s, self._headers_too_slow)
+        elif kind == _BODY_DEADLINE:
+            self._deadline = self.loop.call_later(limits.body_timeout_s, self._body_too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._deadline_kind = _NO_DEADLINE
+
+    def _headers_too_slow(self) -> None:
+        self._deadline, self._deadline_kind = None, _NO_DEADLINE
+        if self.transport.is_closing():
+            return
+        self.listener.record(Reason.HEADER_TIMEOUT, self.client)
+        if self._request_begun:
+            seconds = self.listener.limits.header_timeout_s
+            self._answer_and_close(RequestTimeout(f"The request headers did not arrive within {seconds:g}s."))
+        else:
+            self.transport.close()
+
+    def _body_too_slow(self) -> None:
+        self._deadline, self._deadline_kind = None, _NO_DEADLINE
+        if self.transport.is_closing():
+            return
+        self.listener.record(Reason.BODY_TIMEOUT, self.client)
+        cycle = self.cycle
+        answer = not cycle.response_started
+        cycle.disconnected = True  # the app's receive() now returns http.disconnect; its sends are dropped
+        cycle.message_event.set()
+        if answer:
+            seconds = self.listener.limits.body_timeout_s
+            self._write_error(RequestTimeout(f"The request body did not arrive within {seconds:g}s."))
+        self.transport.close()
+
+    def _answer_and_close(self, error: GatewayError) -> None:
+        """Answer ``error`` and close; only close when another response is in progress."""
+        if not self._busy():
+            self._write_error(error)
+        self.transport.close()
+
+    def _write_error(self, error: GatewayError) -> None:
+        body = error.body()
+        head = [STATUS_LINE[error.status]]
+        headers = [
+            *self.server_state.default_headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            *((name.encode(), value.encode()) for name, value in error.headers.items()),
+        ]
+        for name, value in headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"\r\n", body]
+        self.transport.write(b"".join(head))

@@ -1,0 +1,158 @@
+"""The one way the gateway's HTTP server is built: two listeners, guarded connections, a drain.
+
+``build_server(settings, snapshot)`` binds the API listener (``host:port``) and the operator
+listener (``admin_host:admin_port``: ``/metrics``, ``/admin/*`` and the probes), and returns a
+``GatewayServer`` whose ``run()`` (or ``await serve()``) serves both from one uvicorn server and
+one event loop. ``serve``, ``demo`` and the tests all go through it, so the tests exercise the
+production protocol (``gateway/connections.py``) and configuration.
+
+The operator listener has its own small connection bound, so a flood on the API port never
+takes a scrape or an admin call's connection, and API clients never take the operator's.
+The API listener's bound is lowered, with a warning, when the process may not open that many
+files: connections must be refused by the guard, cleanly, before ``accept`` fails for lack of a
+descriptor (after trying to raise the soft limit to what is needed, as Go's runtime does).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import socket
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from gateway.app import GatewayApp
+from gateway.connections import ConnectionLimits, GuardedHttpToolsProtocol, Listener, Listeners
+from gateway.lifecycle import DrainingServer
+from gateway.policy.snapshot import PolicySnapshot
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FD_RESERVE = 256
+"""Descriptors kept for everything but client and upstream connections: the policy file, logs,
+Redis, the trace exporter, the listening sockets, the event loop's own."""
+
+
+@dataclass
+class GatewayServer:
+    """A built, bound, not yet running gateway server."""
+
+    app: GatewayApp
+    server: DrainingServer
+    sockets: list[socket.socket]
+    listeners: Listeners
+    api_url: str
+    admin_url: str
+    closed: bool = field(default=False, init=False)
+
+    def run(self) -> None:
+        """Serve until SIGTERM (drained) or SIGINT; blocks."""
+        try:
+            self.server.run(sockets=self.sockets)
+        finally:
+            self.close()
+
+    async def serve(self) -> None:
+        try:
+            await self.server.serve(sockets=self.sockets)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the listening sockets (uvicorn closes them too once it ran; twice is harmless)."""
+        for sock in self.sockets:
+            sock.close()
+        self.closed = True
+
+
+def build_server(settings: Settings, snapshot: PolicySnapshot | None = None) -> GatewayServer:
+    """Bind both listeners and build the app and its server; ``OSError`` when a port is taken."""
+    api_socket = bind_socket(settings.host, settings.port)
+    try:
+        admin_socket = bind_socket(settings.admin_host, settings.admin_port)
+    except OSError:
+        api_socket.close()
+        raise
+    limits = ConnectionLimits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        keepalive_timeout_s=settings.keepalive_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_connections=fit_to_file_limit(settings),
+    )
+    listeners = Listeners()
+    listeners.add(Listener("api", limits), api_socket.getsockname())
+    admin_limits = ConnectionLimits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        keepalive_timeout_s=settings.keepalive_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_connections=settings.admin_max_connections,
+    )
+    listeners.add(Listener("admin", admin_limits, operator=True), admin_socket.getsockname())
+    app = GatewayApp(settings, snapshot, connections=listeners)
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        http=GuardedHttpToolsProtocol.bound_to(listeners),
+        ws="none",  # no WebSocket endpoint; an upgrade would also take the connection out of its guard
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+        backlog=4096,
+        proxy_headers=False,  # the gateway never reads the client address; saves work per request
+    )
+    server = DrainingServer(config, lambda: app.gateway.drainable() if app.gateway else None)
+    sockets = [api_socket, admin_socket]
+    return GatewayServer(app, server, sockets, listeners, _url(api_socket), _url(admin_socket))
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket (uvicorn's own ``Config.bind_socket``, for any number of listeners)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def fit_to_file_limit(settings: Settings) -> int:
+    """The API listener's connection bound, lowered to what the descriptor limit allows."""
+    others = settings.admin_max_connections + settings.max_upstream_connections + FD_RESERVE
+    needed = settings.max_connections + others
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return settings.max_connections
+    target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    except (ValueError, OSError):
+        pass
+    if soft >= needed:
+        return settings.max_connections
+    bound = max(1, soft - others)
+    log.warning(
+        "max_connections lowered from %d to %d: the process may open %d files (ulimit -n), "
+        "and %d go to the operator listener, upstream connections and the rest",
+        settings.max_connections,
+        bound,
+        soft,
+        others,
+    )
+    return bound
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
