@@ -29,6 +29,7 @@ from gateway.endpoints import BackendState
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound, UpstreamError, UpstreamTimeout
 from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
 from gateway.migration import ask_for_progress, can_continue, continuation
+from gateway.output_length import fit_output_length
 from gateway.policy.model import Backend, BackendKind, PriorityClass, Tenant
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
@@ -387,6 +388,8 @@ class InferenceHandler:
 
     def _fit_body(self, request: InferenceRequest, tenant: Tenant, backend: Backend, rank: int, migrate: bool) -> bool:
         """The fields this backend needs set for this request; True when its stream is tracked."""
+        if fit_output_length(request.body, backend.kind, request.api, request.max_tokens):
+            request.body_modified = True  # the one output-length field this kind obeys, no other alias
         if backend.engine_priority:
             request.body["priority"] = engine_priority(backend.kind, rank)
             request.body_modified = True

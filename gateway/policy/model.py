@@ -84,14 +84,43 @@ class OverLimit(StrEnum):
     CLAMP = "clamp"
 
 
+class MediaTokens(Strict):
+    """Tokens charged to the prompt estimate for each non-text content part, by part type.
+
+    The gateway cannot see an image's or a clip's size in tokens without the model's processor,
+    so each part costs a fixed, conservative amount: an image about what a 1024x1024 image costs
+    the common vision models (OpenAI's high detail 765, Qwen2-VL about 1,300, Llama 3.2 Vision
+    about 1,600); audio about 40 s at Whisper-style encoders' 25 tokens a second; a video or a
+    file (a PDF's pages) several images. Raise them for models that spend more.
+    """
+
+    image_url: Annotated[int, Field(ge=0)] = 1024
+    input_audio: Annotated[int, Field(ge=0)] = 1024
+    video_url: Annotated[int, Field(ge=0)] = 4096
+    file: Annotated[int, Field(ge=0)] = 4096
+
+
 class RequestLimits(Strict):
-    """Limits applied while a request is read and parsed, before any backend sees it."""
+    """Limits applied while a request is read and parsed, before any backend sees it.
+
+    The structural bounds (``max_json_containers``, ``max_content_parts``, ``max_tools``) bound
+    the CPU one request can cost before it is refused: they are checked before the steps whose
+    cost grows with them (parsing, the prompt estimate), see ``gateway/json_bounds.py``. A
+    generous legitimate chat body (512 messages with a few parts each, 128 tools with their
+    schemas) holds well under 16,384 objects and arrays.
+    """
 
     max_body_bytes: PositiveInt = 1_048_576
     max_json_depth: PositiveInt = 32
     max_messages: PositiveInt = 512
     max_n: PositiveInt = 8
     max_tokens_over_limit: OverLimit = OverLimit.REJECT
+    max_json_containers: PositiveInt = 16_384
+    max_content_parts: PositiveInt = 256
+    """Content parts of one message (text, images, ...)."""
+    max_tools: PositiveInt = 128
+    """Tools (functions) one request may declare; OpenAI's own limit."""
+    media_tokens: MediaTokens = MediaTokens()
 
 
 class Slo(Strict):
