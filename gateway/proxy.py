@@ -22,7 +22,7 @@ import httpx
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import resolve_class
+from gateway.admission import charged_tokens, output_events, resolve_class
 from gateway.auth import authenticate, authorize_model
 from gateway.breaker import CircuitBreaker
 from gateway.endpoints import BackendState
@@ -30,6 +30,7 @@ from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
 from gateway.intake import RequestHeaders, parse_json_object, read_body, read_headers
 from gateway.migration import ask_for_progress, can_continue, continuation
 from gateway.output_length import fit_output_length
+from gateway.policy.loader import PolicySnapshot
 from gateway.policy.model import Backend, BackendKind, PriorityClass, Tenant
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
@@ -168,6 +169,39 @@ class InferenceHandler:
         snapshot = gateway.policy()
         tenant = authenticate(headers.authorization, snapshot)
         exchange.tenant = tenant.name
+        gateway.limiter.precheck(tenant)  # 429 before reading the body when its rpm is known spent
+        try:
+            request, class_name, klass, deadline = await self._intake(exchange, headers, receive, snapshot, tenant)
+        except GatewayError:
+            await gateway.limiter.charge_rejected(tenant)  # a refused request costs a request too
+            raise
+        admission = await gateway.limiter.admit(tenant, request)
+        exchange.t_admit = gateway.clock.now()
+        exchange.extra_headers = admission.headers
+        disconnected = False
+        try:
+            await _until_disconnect(receive, self._dispatch(exchange, request, tenant, class_name, klass, deadline))
+        except ClientDisconnected:
+            disconnected = True
+            raise
+        finally:
+            timer = exchange.timer
+            used_tokens = charged_tokens(
+                usage=timer.usage if timer else None,
+                # a backend took it: its answer started, or the client left while it was being served
+                reached_backend=exchange.started or (disconnected and bool(exchange.backend)),
+                completed=exchange.outcome == "completed",
+                reserved=admission.reserved_tokens,
+                prompt_estimate=request.prompt_tokens,
+                outputs_sent=output_events(timer),
+            )
+            await gateway.limiter.settle(admission, used_tokens)
+
+    async def _intake(
+        self, exchange: Exchange, headers: RequestHeaders, receive: Receive, snapshot: PolicySnapshot, tenant: Tenant
+    ) -> tuple[InferenceRequest, str, PriorityClass, float]:
+        """Body, model, class and validation: everything between authentication and admission."""
+        gateway = self.gateway
         limits = snapshot.policy.limits
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
         body = parse_json_object(raw, limits.max_json_depth)
@@ -198,18 +232,7 @@ class InferenceHandler:
         deadline = exchange.arrival + request_timeout(headers.request_timeout, klass.deadline_s)
         if request.stream:
             _ask_for_usage(request)
-        admission = await gateway.limiter.admit(tenant, request)
-        exchange.t_admit = gateway.clock.now()
-        exchange.extra_headers = admission.headers
-        used_tokens: int | None = None
-        try:
-            await _until_disconnect(receive, self._dispatch(exchange, request, tenant, class_name, klass, deadline))
-            used_tokens = _used_tokens(exchange)
-        except ClientDisconnected:
-            used_tokens = request.prompt_tokens if exchange.backend else None
-            raise
-        finally:
-            await gateway.limiter.settle(admission, used_tokens)
+        return request, class_name, klass, deadline
 
     async def _dispatch(
         self,
@@ -475,16 +498,6 @@ def request_timeout(header: bytes | None, default_s: float) -> float:
             "x-request-timeout must be a number of seconds between 0 and 86400.", code="invalid_header"
         )
     return value
-
-
-def _used_tokens(exchange: Exchange) -> int | None:
-    usage = exchange.timer.usage if exchange.timer else None
-    if not usage:
-        return None
-    total = usage.get("total_tokens")
-    if isinstance(total, int):
-        return total
-    return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
 
 
 def _ask_for_usage(request: InferenceRequest) -> None:

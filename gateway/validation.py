@@ -217,7 +217,7 @@ def _check_n(body: dict[str, Any], limits: RequestLimits) -> None:
 def choices(body: dict[str, Any]) -> int:
     """How many completions the request asks for (``n``, validated): its output bound applies to each."""
     n = body.get("n")
-    return int(n) if _is_positive_int(n) else 1
+    return n if isinstance(n, int) and _is_positive_int(n) else 1
 
 
 def _is_positive_int(value: Any) -> bool:

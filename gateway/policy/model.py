@@ -482,13 +482,19 @@ class StatePolicy(Strict):
 
     Usage in a policy file::
 
-        state: {backend: redis, redis_url: "redis://redis:6379/0", key_prefix: "gw:", timeout_ms: 50}
+        state: {backend: redis, redis_url: "redis://redis:6379/0", key_prefix: "gw:", timeout_ms: 50,
+                request_budget_ms: 20}
 
     ``memory`` (the default) keeps them in the process: right for one replica. ``redis`` shares
     them between replicas; the environment variable named by ``url_env`` replaces ``redis_url``
     when set (use it, from a Secret, when the URL carries a password), and one of the two is
     required. When Redis is unreachable or slower than ``timeout_ms``, every replica enforces
     the limits on its own until Redis answers again (fail open, ``gateway/state/redis.py``).
+    ``request_budget_ms`` is what one request may wait on Redis in all (admission plus
+    settlement, one script each): past it the request is answered from the in-process limits
+    and Redis counts as down until a background ping answers within half of it, so a slow
+    Redis costs one request this budget, not every request a round trip. A Redis in the same
+    zone answers a script in well under a millisecond; 20 ms leaves room for a busy one.
     A replica renews its concurrency leases every ``ping_interval_s``; a dead replica's slots
     are freed ``lease_ttl_s`` after its last renewal. Read at start-up only: a reload that
     changes this section is logged and takes effect at the next restart.
@@ -499,6 +505,7 @@ class StatePolicy(Strict):
     url_env: EnvName = "GATEWAY_REDIS_URL"
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,64}$")] = "gw:"
     timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 50.0
+    request_budget_ms: Annotated[float, Field(gt=0, le=5000)] = 20.0
     ping_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
     lease_ttl_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
