@@ -5,6 +5,8 @@ The tree (status, ``code``):
     GatewayError
     ├── InvalidRequest         400  invalid_json | invalid_field | too_deep | too_many_messages
     │                               | prompt_too_long | max_tokens_too_large | n_too_large
+    │                               | too_complex | too_many_content_parts | too_many_tools
+    │                               | conflicting_max_tokens
     ├── AuthenticationFailed   401  missing_api_key | invalid_api_key
     ├── ModelNotAllowed        403  model_not_allowed
     ├── NotFound               404  model_not_found | not_found
