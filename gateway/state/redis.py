@@ -416,8 +416,11 @@ class RedisLimitStore:
     async def check(self) -> bool:
         """Ping Redis (renewing this replica's leases on the way); sets and returns ``up``.
 
-        Redis is up when the ping answers within ``probe_max_s``: one that answers, but slower
-        than a request may wait for it, is kept out (or taken out) like one that does not."""
+        A Redis that is down comes back only when the ping answers within ``probe_max_s``: one
+        that answers, but slower than a request may wait for it, stays out like one that does
+        not. A Redis that is up is taken out by a failed ping, not by a slow one: requests find
+        out for themselves (their budget), and a ping's time includes the event loop's own
+        delays, which must not flap the limits between shared and local."""
         loop = asyncio.get_running_loop()
         try:
             if not self.up:
@@ -427,7 +430,7 @@ class RedisLimitStore:
             async with asyncio.timeout(self.config.timeout_s * 4):
                 await self._heartbeat()
             took = loop.time() - started
-            if took > self.config.probe_max_s:
+            if took > self.config.probe_max_s and not self.up:
                 raise TimeoutError(f"a ping took {took * 1000:.1f} ms, over {self.config.probe_max_s * 1000:g} ms")
         except FAILURES as exc:
             self._failed("ping", exc)
