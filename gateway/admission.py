@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.clock import Clock, MonotonicClock
 from gateway.errors import InvalidRequest, Overloaded
@@ -46,6 +46,7 @@ from gateway.types import InferenceRequest
 from gateway.validation import choices
 
 Headers = list[tuple[bytes, bytes]]
+T = TypeVar("T")
 
 REQUESTS, TOKENS = "rpm", "tpm"
 
@@ -183,7 +184,8 @@ class TenantLimiter:
             kind = "requests" if take.bucket.name == REQUESTS else "tokens"
             self._headers(admission.headers, kind, int(take.bucket.capacity), result)
         if not verdict.admitted:
-            refusal = self._refusal(tenant, verdict, reserved)
+            results = dict(zip((take.bucket.name for take in takes), verdict.buckets, strict=True))
+            refusal = self._refusal(tenant, verdict, results, reserved)
             refusal.headers.update((k.decode(), v.decode()) for k, v in admission.headers)
             raise refusal
         admission.holds_slot = limits.max_concurrent is not None
@@ -191,7 +193,7 @@ class TenantLimiter:
         admission.took_tokens = limits.tpm is not None
         return admission
 
-    async def _timed(self, admission: Admission, call: Any) -> Any:
+    async def _timed(self, admission: Admission, call: Callable[[float], Awaitable[T]]) -> T:
         """Run one store call within what is left of the request's budget, and spend what it took."""
         started = time.perf_counter()
         try:
@@ -199,7 +201,7 @@ class TenantLimiter:
         finally:
             admission.store_budget_s -= time.perf_counter() - started
 
-    def _refusal(self, tenant: Tenant, verdict: Verdict, reserved: int) -> Overloaded:
+    def _refusal(self, tenant: Tenant, verdict: Verdict, results: dict[str, BucketResult], reserved: int) -> Overloaded:
         limits = tenant.limits
         if verdict.refused_by == "slot":
             return Overloaded(
@@ -209,8 +211,7 @@ class TenantLimiter:
                 code="tenant_concurrency_limited",
                 retry_after_s=1.0,
             )
-        names = [REQUESTS] * (limits.rpm is not None) + [TOKENS] * (limits.tpm is not None)
-        result = verdict.buckets[names.index(verdict.refused_by or "")]
+        result = results[verdict.refused_by or ""]
         if verdict.refused_by == REQUESTS:
             self._out_of_requests[tenant.name] = self._clock.now() + result.retry_after_s
             return Overloaded(
