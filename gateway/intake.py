@@ -96,16 +96,18 @@ def _too_large(what: str, limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body {what}; the limit is {limit} bytes.")
 
 
-def parse_json_object(raw: bytes, max_depth: int, max_containers: int = 16_384) -> dict[str, Any]:
+def parse_json_object(
+    raw: bytes, max_depth: int, max_containers: int = 16_384, max_keys: int = 16_384
+) -> dict[str, Any]:
     """Strict JSON to a dict; 400 on a syntax error, a non-object, or nesting over ``max_depth``.
 
-    A large body's depth and container count are checked on its bytes before it is parsed
+    A large body's depth, containers and keys are checked on its bytes before it is parsed
     (``gateway/json_bounds.py``), so that a hostile one is refused before it costs a parse."""
     if not raw:
         raise InvalidRequest("Request body is empty; expected a JSON object.", code="invalid_json")
     scanned = len(raw) >= SCAN_FROM_BYTES
     if scanned:
-        check_structure(raw, max_depth=max_depth, max_containers=max_containers)
+        check_structure(raw, max_depth=max_depth, max_containers=max_containers, max_keys=max_keys)
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

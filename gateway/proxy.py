@@ -204,7 +204,7 @@ class InferenceHandler:
         gateway = self.gateway
         limits = snapshot.policy.limits
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
-        body = parse_json_object(raw, limits.max_json_depth, limits.max_json_containers)
+        body = parse_json_object(raw, limits.max_json_depth, limits.max_json_containers, limits.max_json_keys)
         model = require_model(body)
         model_policy = snapshot.models.get(model)
         if model_policy is None:

@@ -3,7 +3,7 @@
 Usage::
 
     python -m loadtests.hostile_tenant [--victim-rate 20] [--abuser-rate 12] [--phase-s 5] [--rounds 3]
-                                       [--shapes many_messages,tiny_parts,deep_nesting,many_numbers]
+                                       [--shapes many_messages,tiny_parts,deep_nesting,many_numbers,many_keys]
                                        [--abuser-rpm 100000] [--gateway-pythonpath DIR] [--out FILE]
 
 A zero-delay simulated engine (profile ``instant``) and the gateway, each its own process, the
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--abuser-rate", type=float, default=12.0)
     parser.add_argument("--phase-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--shapes", default="many_messages,tiny_parts,deep_nesting,many_numbers")
+    parser.add_argument("--shapes", default="many_messages,tiny_parts,deep_nesting,many_numbers,many_keys")
     parser.add_argument("--abuser-rpm", type=int, default=100_000)
     parser.add_argument("--backend-port", type=int, default=18601)
     parser.add_argument("--gateway-port", type=int, default=18600)

@@ -103,11 +103,11 @@ class MediaTokens(Strict):
 class RequestLimits(Strict):
     """Limits applied while a request is read and parsed, before any backend sees it.
 
-    The structural bounds (``max_json_containers``, ``max_content_parts``, ``max_tools``) bound
-    the CPU one request can cost before it is refused: they are checked before the steps whose
-    cost grows with them (parsing, the prompt estimate), see ``gateway/json_bounds.py``. A
-    generous legitimate chat body (512 messages with a few parts each, 128 tools with their
-    schemas) holds well under 16,384 objects and arrays.
+    The structural bounds (``max_json_containers``, ``max_json_keys``, ``max_content_parts``,
+    ``max_tools``) bound the CPU one request can cost before it is refused: they are checked
+    before the steps whose cost grows with them (parsing, the prompt estimate), see
+    ``gateway/json_bounds.py``. A generous legitimate chat body (512 messages with a few parts
+    each, 128 tools with their schemas) holds well under 16,384 objects and arrays, and as many keys.
     """
 
     max_body_bytes: PositiveInt = 1_048_576
@@ -116,6 +116,8 @@ class RequestLimits(Strict):
     max_n: PositiveInt = 8
     max_tokens_over_limit: OverLimit = OverLimit.REJECT
     max_json_containers: PositiveInt = 16_384
+    max_json_keys: PositiveInt = 16_384
+    """Object keys in the whole body (a chat of 512 messages with tool schemas has a few thousand)."""
     max_content_parts: PositiveInt = 256
     """Content parts of one message (text, images, ...)."""
     max_tools: PositiveInt = 128
