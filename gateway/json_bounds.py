@@ -6,7 +6,7 @@ allocates an object per message, then the depth check walked every node in Pytho
 ``too_many_messages`` could refuse it, and one tenant sending 12 such bodies a second raised
 another tenant's median latency tenfold. Nesting depth and the number of objects and arrays
 (and object keys) are what make a body expensive to parse and walk, so they are bounded first, on the bytes,
-at a cost that depends only on the size (about 4 ms per MiB here): a hostile body is refused
+at a cost that depends only on the size (2 to 4 ms per MiB here): a hostile body is refused
 before a single object is allocated.
 
 **How.** Vectorised over the bytes (numpy): escaped backslashes and quotes removed, a quote
@@ -35,8 +35,9 @@ def structure(raw: bytes) -> tuple[int, int, int]:
     """``(depth, containers, keys)`` of a JSON text: its deepest nesting, its objects plus arrays,
     and its objects' keys (parsing a key costs a string, a hash and a dict slot: a body of
     92,000 keys took 10 ms to parse)."""
-    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-    data = np.frombuffer(unescaped, dtype=np.uint8)
+    if b"\\" in raw:  # a one-byte search is ~100x faster than the two-byte ones it saves
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    data = np.frombuffer(raw, dtype=np.uint8)
     outside = (np.cumsum(data == _QUOTE, dtype=np.int32) & 1) == 0
     opens = ((data == _OPEN_ARRAY) | (data == _OPEN_OBJECT)) & outside
     closes = ((data == _CLOSE_ARRAY) | (data == _CLOSE_OBJECT)) & outside
