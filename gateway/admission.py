@@ -1,11 +1,28 @@
 """Per-tenant admission: the request's priority class, then its rate limits.
 
 Limits are checked in the order that wastes least: concurrency slot, requests per minute,
-tokens per minute. Each is a token bucket refilled continuously (capacity = the per-minute
-limit, refill = limit / 60 per second), so a tenant can burst up to its minute's allowance
-and then proceeds at its rate. Tokens are reserved at admission as prompt (estimated) plus
-``max_tokens``, and settled at the end with the real usage the backend reported; a request
-the system rejects later (full queue, dead backend) gives back everything it took.
+tokens per minute, all in one atomic store call (``LimitStore.admit``: one Redis script). Each
+rate is a token bucket refilled continuously (capacity = the per-minute limit, refill = limit
+/ 60 per second), so a tenant can burst up to its minute's allowance and then proceeds at its
+rate.
+
+**Tokens: reserved, then settled with what was really used.** At admission a request reserves
+its prompt (estimated) plus its output bound times ``n``. At its end ``settle`` moves the bucket
+to the real usage in one store call: the unused part comes back, and a usage *above* the
+reservation is charged even when the bucket does not hold it (it goes negative, down to
+``-tpm``), so a tenant whose estimates were low waits until the refill pays its debt instead of
+finding its bucket full. What "really used" is, when the backend gave no usage, is
+``charged_tokens``: a request that never reached a backend gives everything back, its request
+included; a stream cut short pays its prompt and the output chunks it was sent.
+
+**Refused requests pay too.** A request that authenticated but was refused before admission
+(invalid body, unknown model, ...) costs the gateway CPU, so ``charge_rejected`` takes it from
+the tenant's requests per minute. A tenant known to be out of requests is refused by
+``precheck`` before its body is read, from what this replica learnt at its last refusal (no
+store call): a stream of invalid bodies cannot outrun its rate limit.
+
+**Store latency is bounded per request**: admission and settlement share the store's
+``request_budget_s`` (``gateway/state/redis.py``: past it the store answers from its fallback).
 
 Every response carries OpenAI's ``x-ratelimit-*`` headers for the limits the tenant has, and
 a refusal is a 429 whose ``Retry-After`` is the time until the bucket holds enough again.
@@ -14,15 +31,24 @@ a refusal is a 429 whose ``Retry-After`` is the time until the bucket holds enou
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from gateway.clock import Clock, MonotonicClock
 from gateway.errors import InvalidRequest, Overloaded
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.state.base import BucketResult, LimitStore
+from gateway.state.base import Adjust, Ask, Bucket, BucketResult, LimitStore, Settlement, Take, Verdict
+from gateway.streaming import TokenTimer
 from gateway.types import InferenceRequest
+from gateway.validation import choices
 
 Headers = list[tuple[bytes, bytes]]
+T = TypeVar("T")
+
+REQUESTS, TOKENS = "rpm", "tpm"
 
 
 def resolve_class(tenant: Tenant, requested: bytes | None, snapshot: PolicySnapshot) -> tuple[str, PriorityClass]:
@@ -52,98 +78,204 @@ def format_duration(seconds: float) -> str:
 
 @dataclass(slots=True)
 class Admission:
-    """What one request holds against its tenant's limits until ``settle``."""
+    """What one request holds against its tenant's limits until ``settle``.
+
+    ``store_budget_s`` is what the request may still wait on the limit store."""
 
     tenant: Tenant
     reserved_tokens: int
+    store_budget_s: float
     headers: Headers = field(default_factory=list)
     holds_slot: bool = False
     took_request: bool = False
     took_tokens: bool = False
 
 
+def requests_bucket(rpm: int) -> Bucket:
+    return Bucket(REQUESTS, rpm, rpm / 60)
+
+
+def tokens_bucket(tpm: int) -> Bucket:
+    return Bucket(TOKENS, tpm, tpm / 60)
+
+
+def output_events(timer: TokenTimer | None) -> int:
+    """Output chunks a client was sent (each carries at least one token)."""
+    if timer is None or timer.first_output is None:
+        return 0
+    return 1 + len(timer.gaps)
+
+
+def charged_tokens(
+    *,
+    usage: Mapping[str, Any] | None,
+    reached_backend: bool,
+    completed: bool,
+    reserved: int,
+    prompt_estimate: int,
+    outputs_sent: int,
+) -> int | None:
+    """The tokens a finished request is charged, as far as they are known.
+
+    1. The backend's usage, when it gave one (``total_tokens``, else prompt plus completion).
+    2. None (everything given back, the request too) when no backend ever saw the request.
+    3. The reservation, when it completed but reported no usage (a backend that never does).
+    4. The prompt estimate plus the output chunks sent, when it ended early: cut by its client,
+       broken off by its backend, or refused by it.
+    """
+    if usage:
+        total = usage.get("total_tokens")
+        if isinstance(total, int):
+            return total
+        return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+    if not reached_backend:
+        return None
+    if completed:
+        return reserved
+    return prompt_estimate + outputs_sent
+
+
 class TenantLimiter:
     """Applies a tenant's ``limits`` (rpm, tpm, max_concurrent) through a ``LimitStore``."""
 
-    def __init__(self, store: LimitStore) -> None:
+    def __init__(self, store: LimitStore, clock: Clock | None = None) -> None:
         self.store = store
+        self._clock = clock or MonotonicClock()
+        self._out_of_requests: dict[str, float] = {}  # tenant -> until when its rpm is known spent
+
+    def precheck(self, tenant: Tenant) -> None:
+        """429 at once, before the body is read, while the tenant is known to be out of requests.
+
+        Known from this replica's last refusal of it (``Retry-After`` of its rpm bucket): no
+        store call, so a refused tenant's requests cost nearly nothing. Conservative only by a
+        request refunded meanwhile (one the system refused after admitting it)."""
+        until = self._out_of_requests.get(tenant.name)
+        if until is None:
+            return
+        wait = until - self._clock.now()
+        if wait <= 0:
+            del self._out_of_requests[tenant.name]
+            return
+        rpm = tenant.limits.rpm
+        raise Overloaded(
+            f"Tenant '{tenant.name}' is over its limit of {rpm} requests per minute.",
+            status=429,
+            code="tenant_rate_limited",
+            retry_after_s=wait,
+        )
 
     async def admit(self, tenant: Tenant, request: InferenceRequest) -> Admission:
-        """Reserve the request against every limit of ``tenant``; 429 on the first that refuses."""
+        """Reserve the request against every limit of ``tenant`` at once; 429 naming the first that refuses."""
         limits = tenant.limits
-        admission = Admission(tenant, request.prompt_tokens + request.max_tokens)
-        try:
-            if limits.max_concurrent is not None:
-                if not await self.store.acquire_slot(f"conc:{tenant.name}", limits.max_concurrent):
-                    raise Overloaded(
-                        f"Tenant '{tenant.name}' already has {limits.max_concurrent} requests in flight, "
-                        "its concurrency limit.",
-                        status=429,
-                        code="tenant_concurrency_limited",
-                        retry_after_s=1.0,
-                    )
-                admission.holds_slot = True
-            if limits.rpm is not None:
-                result = await self.store.take(f"rpm:{tenant.name}", 1, limits.rpm, limits.rpm / 60)
-                self._headers(admission.headers, "requests", limits.rpm, result)
-                if not result.allowed:
-                    raise Overloaded(
-                        f"Tenant '{tenant.name}' is over its limit of {limits.rpm} requests per minute.",
-                        status=429,
-                        code="tenant_rate_limited",
-                        retry_after_s=result.retry_after_s,
-                    )
-                admission.took_request = True
-            if limits.tpm is not None:
-                await self._take_tokens(admission, limits.tpm)
-        except Overloaded as refusal:
+        reserved = request.prompt_tokens + request.max_tokens * choices(request.body)
+        admission = Admission(tenant, reserved, self.store.request_budget_s)
+        if limits.tpm is not None and reserved > limits.tpm:
+            raise self._larger_than_a_minute(tenant.name, reserved, limits.tpm)
+        takes: list[Take] = []
+        if limits.rpm is not None:
+            takes.append(Take(requests_bucket(limits.rpm), 1))
+        if limits.tpm is not None:
+            takes.append(Take(tokens_bucket(limits.tpm), reserved))
+        if limits.max_concurrent is None and not takes:
+            return admission
+        ask = Ask(scope=tenant.name, slot_limit=limits.max_concurrent, takes=tuple(takes))
+        verdict = await self._timed(admission, lambda budget: self.store.admit(ask, timeout_s=budget))
+        for take, result in zip(takes, verdict.buckets, strict=True):
+            kind = "requests" if take.bucket.name == REQUESTS else "tokens"
+            self._headers(admission.headers, kind, int(take.bucket.capacity), result)
+        if not verdict.admitted:
+            results = dict(zip((take.bucket.name for take in takes), verdict.buckets, strict=True))
+            refusal = self._refusal(tenant, verdict, results, reserved)
             refusal.headers.update((k.decode(), v.decode()) for k, v in admission.headers)
-            await self.settle(admission, None)
-            raise
+            raise refusal
+        admission.holds_slot = limits.max_concurrent is not None
+        admission.took_request = limits.rpm is not None
+        admission.took_tokens = limits.tpm is not None
         return admission
 
-    async def _take_tokens(self, admission: Admission, tpm: int) -> None:
-        tenant, amount = admission.tenant, admission.reserved_tokens
-        if amount > tpm:
-            refusal = Overloaded(
-                f"This request needs up to {amount} tokens (prompt plus max_tokens); tenant '{tenant.name}' "
-                f"may use {tpm} tokens per minute. Lower max_tokens or the prompt.",
+    async def _timed(self, admission: Admission, call: Callable[[float], Awaitable[T]]) -> T:
+        """Run one store call within what is left of the request's budget, and spend what it took."""
+        started = time.perf_counter()
+        try:
+            return await call(admission.store_budget_s)
+        finally:
+            admission.store_budget_s -= time.perf_counter() - started
+
+    def _refusal(self, tenant: Tenant, verdict: Verdict, results: dict[str, BucketResult], reserved: int) -> Overloaded:
+        limits = tenant.limits
+        if verdict.refused_by == "slot":
+            return Overloaded(
+                f"Tenant '{tenant.name}' already has {limits.max_concurrent} requests in flight, "
+                "its concurrency limit.",
                 status=429,
-                code="tenant_token_limited",
-                retry_after_s=60.0,
+                code="tenant_concurrency_limited",
+                retry_after_s=1.0,
             )
-            refusal.headers["x-should-retry"] = "false"
-            raise refusal
-        result = await self.store.take(f"tpm:{tenant.name}", amount, tpm, tpm / 60)
-        self._headers(admission.headers, "tokens", tpm, result)
-        if not result.allowed:
-            raise Overloaded(
-                f"Tenant '{tenant.name}' is over its limit of {tpm} tokens per minute "
-                f"(this request reserves {amount}).",
+        result = results[verdict.refused_by or ""]
+        if verdict.refused_by == REQUESTS:
+            self._out_of_requests[tenant.name] = self._clock.now() + result.retry_after_s
+            return Overloaded(
+                f"Tenant '{tenant.name}' is over its limit of {limits.rpm} requests per minute.",
                 status=429,
-                code="tenant_token_limited",
+                code="tenant_rate_limited",
                 retry_after_s=result.retry_after_s,
             )
-        admission.took_tokens = True
+        debt = " (it used more tokens than it reserved earlier: its bucket is in debt)" if result.remaining < 0 else ""
+        return Overloaded(
+            f"Tenant '{tenant.name}' is over its limit of {limits.tpm} tokens per minute "
+            f"(this request reserves {reserved}){debt}.",
+            status=429,
+            code="tenant_token_limited",
+            retry_after_s=result.retry_after_s,
+        )
+
+    @staticmethod
+    def _larger_than_a_minute(tenant: str, reserved: int, tpm: int) -> Overloaded:
+        refusal = Overloaded(
+            f"This request needs up to {reserved} tokens (prompt plus max_tokens times n); tenant '{tenant}' "
+            f"may use {tpm} tokens per minute. Lower max_tokens or the prompt.",
+            status=429,
+            code="tenant_token_limited",
+            retry_after_s=60.0,
+        )
+        refusal.headers["x-should-retry"] = "false"
+        return refusal
 
     @staticmethod
     def _headers(headers: Headers, kind: str, limit: int, result: BucketResult) -> None:
+        remaining = max(0, int(result.remaining))
         headers.append((f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()))
-        headers.append((f"x-ratelimit-remaining-{kind}".encode(), str(int(result.remaining)).encode()))
+        headers.append((f"x-ratelimit-remaining-{kind}".encode(), str(remaining).encode()))
         headers.append((f"x-ratelimit-reset-{kind}".encode(), format_duration(result.reset_s).encode()))
 
     async def settle(self, admission: Admission, used_tokens: int | None) -> None:
-        """Release the slot and give back what was not used (everything when ``used_tokens`` is None)."""
+        """Release the slot and move the tokens to ``used_tokens`` (None: give back everything, the request too).
+
+        Usage above the reservation is charged (the bucket may go negative, see the module docstring)."""
         tenant, limits = admission.tenant, admission.tenant.limits
-        if admission.holds_slot:
-            admission.holds_slot = False
-            await self.store.release_slot(f"conc:{tenant.name}")
+        adjusts: list[Adjust] = []
         if admission.took_tokens and limits.tpm is not None:
-            admission.took_tokens = False
-            unused = admission.reserved_tokens - (used_tokens or 0)
-            if used_tokens is None or unused > 0:
-                refund = admission.reserved_tokens if used_tokens is None else unused
-                await self.store.refund(f"tpm:{tenant.name}", refund, limits.tpm, limits.tpm / 60)
+            give_back = admission.reserved_tokens - (used_tokens or 0)
+            if give_back:
+                adjusts.append(Adjust(tokens_bucket(limits.tpm), give_back))
         if used_tokens is None and admission.took_request and limits.rpm is not None:
-            admission.took_request = False
-            await self.store.refund(f"rpm:{tenant.name}", 1, limits.rpm, limits.rpm / 60)
+            adjusts.append(Adjust(requests_bucket(limits.rpm), 1))
+            self._out_of_requests.pop(tenant.name, None)
+        settlement = Settlement(scope=tenant.name, release_slot=admission.holds_slot, adjusts=tuple(adjusts))
+        admission.holds_slot = admission.took_tokens = admission.took_request = False
+        if settlement.release_slot or settlement.adjusts:
+            await self._timed(admission, lambda budget: self.store.settle(settlement, timeout_s=budget))
+
+    async def charge_rejected(self, tenant: Tenant) -> None:
+        """Take one request from the tenant's rpm for a request refused before admission.
+
+        When its rpm is spent, nothing is taken (the bucket never goes negative for requests)
+        but the tenant is known to be out of requests: ``precheck`` refuses its next ones."""
+        rpm = tenant.limits.rpm
+        if rpm is None:
+            return
+        bucket = requests_bucket(rpm)
+        ask = Ask(scope=tenant.name, takes=(Take(bucket, 1),))
+        verdict = await self.store.admit(ask, timeout_s=self.store.request_budget_s)
+        if not verdict.admitted:
+            self._out_of_requests[tenant.name] = self._clock.now() + verdict.buckets[0].retry_after_s

@@ -111,9 +111,15 @@ EMBEDDING_EXTRAS = frozenset(
     }
 )  # fmt: skip
 
+OUTPUT_LENGTH_ALIASES = frozenset({"max_tokens", "max_completion_tokens", "n_predict"})
+"""Every name engines read an output bound from: all accepted on both generating APIs, because
+validation normalises them into the request's one bound, refuses two that disagree, applies the
+model's cap, and each attempt sends the bound in the one field its engine obeys
+(``gateway/output_length.py``). None of them can bypass the cap."""
+
 ALLOWED_FIELDS: Mapping[Api, frozenset[str]] = {
-    Api.CHAT: OPENAI_CHAT | SAMPLING_EXTRAS | CHAT_EXTRAS,
-    Api.COMPLETIONS: OPENAI_COMPLETIONS | SAMPLING_EXTRAS,
+    Api.CHAT: OPENAI_CHAT | SAMPLING_EXTRAS | CHAT_EXTRAS | OUTPUT_LENGTH_ALIASES,
+    Api.COMPLETIONS: OPENAI_COMPLETIONS | SAMPLING_EXTRAS | OUTPUT_LENGTH_ALIASES,
     Api.EMBEDDINGS: OPENAI_EMBEDDINGS | EMBEDDING_EXTRAS,
 }
 
@@ -140,7 +146,6 @@ REFUSED_FIELDS: Mapping[str, str] = {
     "lora_path": "it makes the engine load an adapter from a path (SGLang)",
     "session_params": "it continues an engine-side session (SGLang)",
     "chat_template": "a request may not bring its own template; the model's applies",
-    "n_predict": "the output length is bounded by max_tokens, which the gateway checks",
 }
 """Owned fields refused with 400: they steer the engine beyond the client's own request."""
 

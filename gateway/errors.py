@@ -7,6 +7,8 @@ The tree (status, ``code``):
     │                               | prompt_too_long | max_tokens_too_large | n_too_large
     │                               | unsupported_field | duplicate_key | duplicate_header
     │                               | media_url_not_allowed
+    │                               | too_complex | too_many_content_parts | too_many_tools
+    │                               | conflicting_max_tokens
     ├── AuthenticationFailed   401  missing_api_key | invalid_api_key
     ├── ModelNotAllowed        403  model_not_allowed
     ├── NotFound               404  model_not_found | not_found

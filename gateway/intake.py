@@ -28,6 +28,7 @@ import orjson
 from starlette.types import Receive
 
 from gateway.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from gateway.json_bounds import SCAN_FROM_BYTES, check_structure
 
 REQUEST_ID_PATTERN = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -154,11 +155,19 @@ def _too_large(what: str, limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body {what}; the limit is {limit} bytes.")
 
 
-def parse_json_object(raw: bytes, max_depth: int) -> dict[str, Any]:
+def parse_json_object(
+    raw: bytes, max_depth: int, max_containers: int = 16_384, max_keys: int = 16_384
+) -> dict[str, Any]:
     """Strict JSON to a dict; 400 on a syntax error, a non-object, a duplicate key, or nesting
-    over ``max_depth``."""
+    over ``max_depth``.
+
+    A large body's depth, containers and keys are checked on its bytes before it is parsed
+    (``gateway/json_bounds.py``), so that a hostile one is refused before it costs a parse."""
     if not raw:
         raise InvalidRequest("Request body is empty; expected a JSON object.", code="invalid_json")
+    scanned = len(raw) >= SCAN_FROM_BYTES
+    if scanned:
+        check_structure(raw, max_depth=max_depth, max_containers=max_containers, max_keys=max_keys)
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -167,7 +176,7 @@ def parse_json_object(raw: bytes, max_depth: int) -> dict[str, Any]:
         raise InvalidRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(document, dict):
         raise InvalidRequest("Request body must be a JSON object.", code="invalid_json")
-    if _depth_exceeds(document, max_depth):
+    if not scanned and _depth_exceeds(document, max_depth):
         raise _too_deep(max_depth)
     if not _surely_unique(raw, document):
         _refuse_duplicate_keys(raw)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import TenantLimiter, resolve_class
+from gateway.admission import TenantLimiter, charged_tokens, output_events, resolve_class
 from gateway.attempt import AttemptDeps, Attempts
 from gateway.auth import authenticate, authorize_model
 from gateway.body_fields import screen_body
@@ -49,7 +49,7 @@ from gateway.intake import (
     require_json_content_type,
 )
 from gateway.outcome import RequestOutcome, Result
-from gateway.policy.model import Slo
+from gateway.policy.model import Slo, Tenant
 from gateway.recorder import Recorder
 from gateway.response import ClientResponse
 from gateway.runtime import Runtime
@@ -167,14 +167,57 @@ class InferenceHandler:
         known: _Known,
     ) -> ErrorCode | None:
         deps = self.deps
-        snapshot = runtime.snapshot
         check_headers(headers)  # a repeated Authorization would make the tenant ambiguous
-        tenant = authenticate(headers.authorization, snapshot)
+        tenant = authenticate(headers.authorization, runtime.snapshot)
         known.tenant = tenant.name
+        deps.limiter.precheck(tenant)  # 429 before reading the body when its rpm is known spent
+        try:
+            ctx = await self._intake(runtime, tenant, headers, receive, span, arrival, known)
+        except GatewayError:
+            await deps.limiter.charge_rejected(tenant)  # a refused request costs a request too
+            raise
+        request = ctx.request
+        admission = await deps.limiter.admit(tenant, request)
+        known.t_admit = deps.clock.now()
+        response.extra_headers = admission.headers
+        attempts = known.attempts = Attempts(ctx, deps.attempts, response)
+        ended: ErrorCode | None = ErrorCode.INTERNAL_ERROR
+        disconnected = False
+        try:
+            ended = await _until_disconnect(receive, self._within_deadline(attempts, ctx.deadline))
+            return ended
+        except ClientDisconnected:
+            disconnected = True
+            raise
+        finally:
+            timer = attempts.timer
+            used_tokens = charged_tokens(
+                usage=timer.usage if timer else None,
+                # a backend took it: its answer started, or the client left while it was being served
+                reached_backend=response.started or (disconnected and bool(attempts.records)),
+                completed=ended is None,
+                reserved=admission.reserved_tokens,
+                prompt_estimate=request.prompt_tokens,
+                outputs_sent=output_events(timer),
+            )
+            await deps.limiter.settle(admission, used_tokens)
+
+    async def _intake(
+        self,
+        runtime: Runtime,
+        tenant: Tenant,
+        headers: RequestHeaders,
+        receive: Receive,
+        span: RequestSpan,
+        arrival: float,
+        known: _Known,
+    ) -> RequestContext:
+        """Body, model, class and validation: everything between authentication and admission."""
+        snapshot = runtime.snapshot
         limits = snapshot.policy.limits
         require_json_content_type(headers)
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
-        body = parse_json_object(raw, limits.max_json_depth)
+        body = parse_json_object(raw, limits.max_json_depth, limits.max_json_containers, limits.max_json_keys)
         stripped = screen_body(self.api, body, limits)
         model = require_model(body)
         model_policy = snapshot.models.get(model)
@@ -192,33 +235,18 @@ class InferenceHandler:
             arrival=arrival,
             model_policy=model_policy,
             limits=limits,
-            estimator=deps.estimator,
+            estimator=self.deps.estimator,
         )
         if headers.session_id or stripped:
             session_id = headers.session_id.decode(errors="replace") if headers.session_id else None
-            request = dataclasses.replace(
-                request, session_id=session_id, body_modified=request.body_modified or stripped
-            )
+            modified = request.body_modified or stripped
+            request = dataclasses.replace(request, session_id=session_id, body_modified=modified)
         known.stream = request.stream
         span.describe(
             model=model, tenant=tenant.name, class_name=class_name, max_tokens=request.max_tokens, stream=request.stream
         )
         deadline = arrival + request_timeout(headers.request_timeout, priority_class.deadline_s)
-        ctx = RequestContext(request, tenant, class_name, priority_class, deadline, runtime, span)
-        admission = await deps.limiter.admit(tenant, request)
-        known.t_admit = deps.clock.now()
-        response.extra_headers = admission.headers
-        attempts = known.attempts = Attempts(ctx, deps.attempts, response)
-        used_tokens: int | None = None
-        try:
-            ended = await _until_disconnect(receive, self._within_deadline(attempts, deadline))
-            used_tokens = _used_tokens(attempts)
-            return ended
-        except ClientDisconnected:
-            used_tokens = request.prompt_tokens if attempts.records else None
-            raise
-        finally:
-            await deps.limiter.settle(admission, used_tokens)
+        return RequestContext(request, tenant, class_name, priority_class, deadline, runtime, span)
 
     async def _within_deadline(self, attempts: Attempts, deadline: float) -> ErrorCode | None:
         """``attempts.run()``, cut at the request's deadline (504 ``deadline_exceeded``, or the
@@ -298,16 +326,6 @@ def request_timeout(header: bytes | None, default_s: float) -> float:
             "x-request-timeout must be a number of seconds between 0 and 86400.", code="invalid_header"
         )
     return value
-
-
-def _used_tokens(attempts: Attempts) -> int | None:
-    usage = attempts.timer.usage if attempts.timer else None
-    if not usage:
-        return None
-    total = usage.get("total_tokens")
-    if isinstance(total, int):
-        return total
-    return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
 
 
 async def _until_disconnect(receive: Receive, work: Awaitable[ErrorCode | None]) -> ErrorCode | None:

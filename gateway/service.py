@@ -68,7 +68,7 @@ class Gateway:
         except MissingCredential as exc:
             raise RuntimeError(str(exc)) from exc
         self.limit_store = self._limit_store(snapshot)
-        self.limiter = TenantLimiter(self.limit_store)
+        self.limiter = TenantLimiter(self.limit_store, self.clock)
         self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
         self.source = PolicySource(settings.policy_path, initial=snapshot, install=self.install)
         self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock)

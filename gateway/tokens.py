@@ -1,16 +1,49 @@
 """Fast prompt-size estimates, used to enforce limits before a backend sees the request.
 
-The estimate is deliberately cheap (no tokenizer on the hot path): about four characters a
-token for English text with BPE vocabularies, plus a few tokens per chat message for the
-template. A real tokenizer can be plugged in per model through the ``TokenEstimator``
-protocol; limits are then exact instead of approximate.
+The estimate is deliberately cheap (no tokenizer on the hot path) but counts everything the
+engine will turn into prompt tokens, because a tenant's token limit and a model's prompt cap
+are only as good as it: a part it does not see is a prompt the tenant gets for free.
+
+* **Text**: about four characters a token for ASCII (English BPE vocabularies), and about one
+  token per CJK character: ``len / 4 + (utf8_bytes - len) x 3/8``, so a 3-byte character
+  (CJK, kana, Hangul) counts 1, a 2-byte one (accented Latin, Cyrillic, Greek) 5/8 and a
+  4-byte one (emoji) 11/8. Counting characters alone under-counted CJK text by 4x.
+* **Chat**: each message's text parts plus a few template tokens (``MESSAGE_OVERHEAD_TOKENS``);
+  the assistant's ``tool_calls`` (name and ``arguments``) and legacy ``function_call``;
+  ``tool`` messages' content; the ``tools`` (and legacy ``functions``) definitions and a
+  ``response_format`` JSON schema, as the size of their JSON (chat templates render tool
+  schemas as JSON into the prompt); each non-text part (image, audio, video, file) at the
+  policy's fixed charge (``MediaTokens``); a part of an unknown type at the size of its JSON.
+* **Completions and embeddings**: text, token ids (exact), or lists of either.
+
+A real tokenizer can be plugged in per model through the ``TokenEstimator`` protocol; limits
+are then exact instead of approximate. Cost: ``loadtests/estimator_cost.py``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+import orjson
+
+from gateway.policy.model import MediaTokens
+
 MESSAGE_OVERHEAD_TOKENS = 4
+TOOL_CALL_OVERHEAD_TOKENS = 4
+
+# Content part types the engines accept, by the charge (``MediaTokens`` field) they cost.
+_MEDIA_PART_CHARGE = {
+    "image_url": "image_url",
+    "image_embeds": "image_url",
+    "input_image": "image_url",
+    "input_audio": "input_audio",
+    "audio_url": "input_audio",
+    "video_url": "video_url",
+    "file": "file",
+}
+_TEXT_PART_FIELDS = {"text": "text", "input_text": "text", "refusal": "refusal"}
 
 
 class TokenEstimator(Protocol):
@@ -20,29 +53,101 @@ class TokenEstimator(Protocol):
 
 
 class CharRatioEstimator:
-    """``ceil(len(text) / chars_per_token)``: within ~20% for English BPE tokenizers."""
+    """``ceil(len / cpt + (utf8_bytes - len) x k)``, k such that a 3-byte character is one token.
 
-    __slots__ = ("chars_per_token",)
+    Within ~20% for English BPE tokenizers; about right for CJK; over-counts Cyrillic and
+    Greek by up to 2x (safe: a limit errs towards refusing, never towards a free prompt)."""
+
+    __slots__ = ("_per_extra_byte", "chars_per_token")
 
     def __init__(self, chars_per_token: float = 4.0) -> None:
         self.chars_per_token = chars_per_token
+        self._per_extra_byte = (1 - 1 / chars_per_token) / 2
 
     def count(self, text: str) -> int:
-        return -(-len(text) // int(self.chars_per_token)) if text else 0
+        if not text:
+            return 0
+        n = len(text)
+        if text.isascii():  # O(1) in CPython: a flag of the string object
+            return -(-n // int(self.chars_per_token))
+        extra = len(text.encode("utf-8", "surrogatepass")) - n
+        return math.ceil(n / self.chars_per_token + extra * self._per_extra_byte)
 
 
-def chat_prompt_tokens(messages: list[Any], estimator: TokenEstimator) -> int:
-    """Tokens of a chat prompt: each message's text parts plus the template overhead."""
+def json_tokens(value: Any, estimator: TokenEstimator) -> int:
+    """Tokens of ``value`` rendered as JSON (tool schemas, arguments objects, unknown parts)."""
+    try:
+        return estimator.count(orjson.dumps(value).decode())
+    except TypeError:  # not JSON-serialisable: cannot come from a parsed body
+        return 0
+
+
+def chat_prompt_tokens(body: Mapping[str, Any], estimator: TokenEstimator, media: MediaTokens) -> int:
+    """Tokens of a chat request's prompt: messages, tool calls, tool definitions, output schema."""
     total = 0
-    for message in messages:
+    for message in body["messages"]:
         total += MESSAGE_OVERHEAD_TOKENS
         content = message.get("content")
         if isinstance(content, str):
             total += estimator.count(content)
         elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += estimator.count(part["text"])
+            total += parts_tokens(content, estimator, media)
+        calls = message.get("tool_calls")
+        if calls:
+            total += _tool_calls_tokens(calls, estimator)
+        legacy_call = message.get("function_call")
+        if legacy_call:
+            total += _call_tokens(legacy_call, estimator)
+    for name in ("tools", "functions"):
+        definitions = body.get(name)
+        if definitions:
+            total += json_tokens(definitions, estimator)
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        total += json_tokens(response_format.get("json_schema"), estimator)
+    return total
+
+
+def parts_tokens(parts: list[Any], estimator: TokenEstimator, media: MediaTokens) -> int:
+    """Tokens of a message's content parts: text counted, media at the policy's fixed charge."""
+    total = 0
+    for part in parts:
+        if isinstance(part, str):
+            total += estimator.count(part)
+            continue
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        text_field = _TEXT_PART_FIELDS.get(kind) if isinstance(kind, str) else None
+        if text_field is not None:
+            text = part.get(text_field)
+            total += estimator.count(text) if isinstance(text, str) else 0
+            continue
+        charge = _MEDIA_PART_CHARGE.get(kind) if isinstance(kind, str) else None
+        total += getattr(media, charge) if charge is not None else json_tokens(part, estimator)
+    return total
+
+
+def _tool_calls_tokens(calls: Any, estimator: TokenEstimator) -> int:
+    if not isinstance(calls, list):
+        return json_tokens(calls, estimator)
+    total = 0
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        total += TOOL_CALL_OVERHEAD_TOKENS + (_call_tokens(function, estimator) if function else 0)
+    return total
+
+
+def _call_tokens(function: Any, estimator: TokenEstimator) -> int:
+    """A function call's name and arguments (a JSON string, or an object some clients send)."""
+    if not isinstance(function, dict):
+        return json_tokens(function, estimator)
+    name, arguments = function.get("name"), function.get("arguments")
+    total = estimator.count(name) if isinstance(name, str) else 0
+    if isinstance(arguments, str):
+        total += estimator.count(arguments)
+    elif arguments is not None:
+        total += json_tokens(arguments, estimator)
     return total
 
 
@@ -51,7 +156,7 @@ def prompt_input_tokens(prompt: Any, estimator: TokenEstimator) -> int:
     if isinstance(prompt, str):
         return estimator.count(prompt)
     if isinstance(prompt, list):
-        if all(isinstance(item, int) for item in prompt):
-            return len(prompt)
+        if prompt and type(prompt[0]) is int:
+            return len(prompt)  # token ids (the validation checked every item is an int)
         return sum(prompt_input_tokens(item, estimator) for item in prompt)
     return 0

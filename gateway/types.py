@@ -63,7 +63,18 @@ class InferenceRequest:
         return bool(isinstance(options, dict) and options.get("continuous_usage_stats"))
 
     def encode(self, fields: Mapping[str, Any]) -> bytes:
-        """The body with ``fields`` set on top (the client's bytes when there is nothing to change)."""
-        if not fields and not self.body_modified:
+        """The body with ``fields`` set on top, a None value removing its field; the client's own
+        bytes when validation changed nothing and every field already holds in them."""
+        body = self.body
+        if not self.body_modified and all(
+            (name not in body) if value is None else (body.get(name) == value and type(body.get(name)) is type(value))
+            for name, value in fields.items()
+        ):
             return self.raw_body
-        return orjson.dumps({**self.body, **fields} if fields else self.body)
+        if not fields:
+            return orjson.dumps(body)
+        merged = {**body, **fields}
+        for name, value in fields.items():
+            if value is None:
+                del merged[name]
+        return orjson.dumps(merged)

@@ -5,6 +5,9 @@ own body from that frozen request and the backend it goes to, so that nothing on
 needed (vLLM's ``cache_salt`` or ``continuous_usage_stats``, an engine ``priority``) leaks into
 a retry on a backend of another kind. The fields an attempt may set:
 
+* the output bound (``gateway/output_length.py``): every alias the client may have sent
+  (``max_tokens``, ``max_completion_tokens``, ``n_predict``) removed, and the request's one
+  validated bound set in the field this kind of engine obeys;
 * ``priority``: the class rank as the engine's priority, when the backend asks for it
   (``engine_priority``; vLLM runs lower numbers first, SGLang higher);
 * the isolation fields of the tenant on this kind of engine (``isolation_fields`` in
@@ -15,7 +18,8 @@ a retry on a backend of another kind. The fields an attempt may set:
   records usage from it), and per-chunk usage when the stream may have to be continued
   elsewhere (``gateway/migration.py``); the relay hides from the client what it did not ask for.
 
-When none applies the client's bytes are forwarded as they came (no re-serialisation).
+A field set to None is removed. When every field already holds in the client's body, its bytes
+are forwarded as they came (no re-serialisation).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.output_length import output_length_edits
 from gateway.policy.model import Backend, BackendKind
 from gateway.types import InferenceRequest
 
@@ -37,6 +42,7 @@ def attempt_fields(
 ) -> dict[str, Any]:
     """The fields this attempt sets on top of the client's body (see the module docstring)."""
     fields: dict[str, Any] = dict(isolation)
+    fields.update(output_length_edits(backend.kind, request.api, request.max_tokens))
     if backend.engine_priority:
         fields["priority"] = engine_priority(backend.kind, rank)
     if request.stream:

@@ -1,10 +1,11 @@
-"""Tenant limits (rpm, tpm, concurrency), their headers and settlement; priority class resolution."""
+"""Tenant limits (rpm, tpm, concurrency), their headers and settlement (debts included), refused
+requests charged; priority class resolution."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.admission import TenantLimiter, format_duration, resolve_class
+from gateway.admission import TenantLimiter, charged_tokens, format_duration, resolve_class
 from gateway.errors import InvalidRequest, Overloaded
 from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
@@ -32,13 +33,14 @@ tenants:
     )
 
 
-def request(prompt: int = 10, max_tokens: int = 90) -> InferenceRequest:
-    return InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, prompt, max_tokens, 0.0)
+def request(prompt: int = 10, max_tokens: int = 90, n: int | None = None) -> InferenceRequest:
+    body = {} if n is None else {"n": n}
+    return InferenceRequest("id", Api.CHAT, "m", body, b"", False, False, prompt, max_tokens, 0.0)
 
 
 def limiter() -> tuple[TenantLimiter, FakeClock]:
     clock = FakeClock()
-    return TenantLimiter(MemoryLimitStore(clock)), clock
+    return TenantLimiter(MemoryLimitStore(clock), clock), clock
 
 
 def tenant_of(snapshot: PolicySnapshot) -> Tenant:
@@ -110,6 +112,101 @@ async def test_the_bucket_refills_with_time() -> None:
         await limits.admit(tenant, request())
     clock.advance(1.0)
     await limits.admit(tenant, request())
+
+
+async def test_usage_above_the_reservation_puts_the_tenant_in_debt_until_the_refill_pays_it() -> None:
+    tenant = tenant_of(policy("{tpm: 600}"))  # 10 tokens a second
+    limits, clock = limiter()
+    admission = await limits.admit(tenant, request(10, 90))  # reserves 100
+    await limits.settle(admission, used_tokens=700)  # the backend produced far more than reserved
+    with pytest.raises(Overloaded) as refused:
+        await limits.admit(tenant, request(10, 90))
+    error = refused.value
+    assert error.code == "tenant_token_limited"
+    assert "in debt" in error.message
+    assert error.headers["retry-after"] == "20"  # from -100 to 100 at 10 per second
+    assert error.headers["x-ratelimit-remaining-tokens"] == "0"
+    clock.advance(19.9)
+    with pytest.raises(Overloaded):
+        await limits.admit(tenant, request(10, 90))
+    clock.advance(0.2)
+    await limits.admit(tenant, request(10, 90))
+
+
+async def test_a_tenant_that_overruns_every_reservation_cannot_exceed_its_minute() -> None:
+    """The issue's case: tpm 5,000, requests reserving 100 and using 2,000; settlement used to only refund."""
+    tenant = tenant_of(policy("{tpm: 5000}"))
+    limits, clock = limiter()
+    consumed = 0
+    for _ in range(57):
+        try:
+            admission = await limits.admit(tenant, request(10, 90))
+        except Overloaded:
+            clock.advance(1.0)
+            continue
+        await limits.settle(admission, used_tokens=2000)
+        consumed += 2000
+        clock.advance(1.0)
+    # The bucket's capacity, its refill over 57 s, and the one overrun charged after its admission.
+    assert consumed <= 5000 + 5000 / 60 * 57 + 2000
+    with pytest.raises(Overloaded) as refused:
+        await limits.admit(tenant, request(10, 90))
+    assert refused.value.headers["x-ratelimit-remaining-tokens"] == "0", "the bucket must not read full"
+
+
+async def test_the_reservation_covers_every_choice_of_n() -> None:
+    tenant = tenant_of(policy("{tpm: 1000}"))
+    limits, _ = limiter()
+    admission = await limits.admit(tenant, request(10, 90, n=3))
+    assert admission.reserved_tokens == 280
+    assert dict(admission.headers)[b"x-ratelimit-remaining-tokens"] == b"720"
+
+
+async def test_a_request_refused_before_admission_costs_one_request_per_minute() -> None:
+    tenant = tenant_of(policy("{rpm: 3}"))
+    limits, clock = limiter()
+    await limits.charge_rejected(tenant)
+    await limits.charge_rejected(tenant)
+    limits.precheck(tenant)  # one request left
+    await limits.admit(tenant, request())
+    await limits.charge_rejected(tenant)  # nothing left to take: the tenant is now known to be out
+    with pytest.raises(Overloaded) as refused:
+        limits.precheck(tenant)
+    assert refused.value.code == "tenant_rate_limited"
+    assert refused.value.headers["retry-after"] == "20"
+    clock.advance(20.0)
+    limits.precheck(tenant)
+
+
+async def test_a_tenant_refused_for_its_rate_is_refused_before_its_body_is_read() -> None:
+    tenant = tenant_of(policy("{rpm: 1}"))
+    limits, clock = limiter()
+    await limits.admit(tenant, request())
+    with pytest.raises(Overloaded):
+        await limits.admit(tenant, request())
+    with pytest.raises(Overloaded) as early:
+        limits.precheck(tenant)
+    assert early.value.headers["retry-after"] == "60"
+    clock.advance(60.0)
+    limits.precheck(tenant)
+    await limits.admit(tenant, request())
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        pytest.param({"usage": {"total_tokens": 321}}, 321, id="the backend's usage when it gave one"),
+        pytest.param({"usage": {"prompt_tokens": 20, "completion_tokens": 5}}, 25, id="prompt plus completion"),
+        pytest.param({"reached_backend": False}, None, id="never reached a backend: everything back"),
+        pytest.param({"completed": True}, 500, id="completed without usage: the reservation"),
+        pytest.param({}, 107, id="cut short: the prompt estimate plus the chunks sent"),
+    ],
+)
+def test_what_a_finished_request_is_charged(outcome: dict[str, object], expected: int | None) -> None:
+    facts: dict[str, object] = {"usage": None, "reached_backend": True, "completed": False}
+    facts.update(outcome)
+    charged = charged_tokens(reserved=500, prompt_estimate=100, outputs_sent=7, **facts)  # type: ignore[arg-type]
+    assert charged == expected
 
 
 @pytest.mark.parametrize(

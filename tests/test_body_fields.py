@@ -67,7 +67,6 @@ REFUSED_FIELDS = [
     pytest.param({"data_parallel_rank": 0}, "data_parallel_rank", id="a data-parallel rank"),
     pytest.param({"chat_template": "{{ messages }}"}, "chat_template", id="a request's own template"),
     pytest.param({"id_slot": 0}, "id_slot", id="a llama.cpp slot"),
-    pytest.param({"n_predict": 100000}, "n_predict", id="llama.cpp's output length, past max_tokens"),
     pytest.param({"lora_path": "/models/other"}, "lora_path", id="an adapter by path"),
     pytest.param({"bootstrap_host": "10.0.0.9"}, "bootstrap_host", id="a prefill server"),
 ]
@@ -237,7 +236,8 @@ def test_a_stripped_field_is_gone_from_the_forwarded_bytes_when_nothing_else_cha
     headers = {"authorization": f"Bearer {KEY_ACME}", "content-type": "application/json"}
     with start_gateway(text, health_checks=False) as url:
         assert httpx.post(f"{url}/v1/chat/completions", content=raw, headers=headers).status_code == 200
-    assert backend.received[-1].body == {"model": CHAT_MODEL, "messages": MESSAGES, "max_tokens": 4}
+    # ... and the output bound in the one field an OpenAI chat endpoint reads (gateway/output_length.py).
+    assert backend.received[-1].body == {"model": CHAT_MODEL, "messages": MESSAGES, "max_completion_tokens": 4}
 
 
 # --- the policy's extension ------------------------------------------------------------------

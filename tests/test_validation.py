@@ -1,6 +1,6 @@
 """Field checks and policy limits: each 400 names the field and the limit; clamping rewrites.
 
-The test policy's limits: 4 messages, ``n`` up to 2, and for ``test/chat`` at most 64
+The test policy's limits: 4 messages, 8 content parts each, 4 tools, ``n`` up to 2, and for ``test/chat`` at most 64
 estimated prompt tokens and 32 output tokens (default 16); the estimate is about four
 characters a token plus four per chat message.
 """
@@ -47,8 +47,110 @@ INVALID_REQUESTS = [
         {"model": CHAT_MODEL, "prompt": list(range(65))},
         "prompt_too_long",
         "prompt",
-        "about 65 tokens",
+        "at least 65 tokens",
         id="a prompt of 65 token ids is over the limit of 64",
+    ),
+    pytest.param(
+        "/v1/completions",
+        {"model": CHAT_MODEL, "prompt": [[1, 2, 3]] * 30},
+        "prompt_too_long",
+        "prompt",
+        "at least 90 tokens",
+        id="a batch of token-id prompts is bounded by its total length before it is read",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": "漢字" * 40}]),
+        "prompt_too_long",
+        "messages",
+        "about 84 tokens (estimated)",
+        id="CJK text counts about a token per character, not a quarter",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(tools=[{"type": "function", "function": {"name": "f", "description": "d" * 300}}]),
+        "prompt_too_long",
+        "messages",
+        "accepts at most 64",
+        id="tool definitions count in the prompt estimate",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(
+            messages=[
+                USER,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": '{"q": "' + "x" * 300 + '"}'},
+                        }
+                    ],
+                },
+            ]
+        ),
+        "prompt_too_long",
+        "messages",
+        "accepts at most 64",
+        id="an assistant's tool-call arguments count in the prompt estimate",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}] * 8}]),
+        "prompt_too_long",
+        "messages",
+        "about 68 tokens (estimated)",  # 8 images at the test policy's 8 tokens each, plus the message's 4
+        id="an image part is charged at the policy's fixed price per image",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {"title": "z" * 300}}}),
+        "prompt_too_long",
+        "messages",
+        "accepts at most 64",
+        id="a response_format JSON schema counts in the prompt estimate",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}] * 9}]),
+        "too_many_content_parts",
+        "messages[0].content",
+        "'messages[0].content' has 9 parts; the limit is 8",
+        id="a message with more content parts than the limit is refused",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(tools=[{"type": "function", "function": {"name": "f"}}] * 5),
+        "too_many_tools",
+        "tools",
+        "'tools' has 5 entries; the limit is 4",
+        id="more tools than the limit are refused",
+    ),
+    pytest.param(
+        "/v1/completions",
+        {"model": CHAT_MODEL, "prompt": "Hi", "max_completion_tokens": 1, "max_tokens": 3000},
+        "conflicting_max_tokens",
+        "max_tokens",
+        "'max_completion_tokens' is 1, 'max_tokens' is 3000",
+        id="two output-length fields with different values are refused, naming both",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(max_tokens=8, n_predict=5000),
+        "conflicting_max_tokens",
+        "n_predict",
+        "'n_predict' is 5000",
+        id="llama.cpp's n_predict is an output-length field like the others",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(n_predict=-1),
+        "invalid_field",
+        "n_predict",
+        "'n_predict' must be a positive integer",
+        id="n_predict of -1 (llama.cpp's unbounded) is refused",
     ),
     pytest.param(
         "/v1/embeddings",
@@ -222,10 +324,43 @@ def test_a_request_within_the_limits_reaches_the_backend(
     assert received["messages"] == body["messages"]
 
 
-def test_a_model_without_a_default_max_tokens_gets_none_added(http: httpx.Client, backend: FakeBackend) -> None:
+def test_a_model_without_a_default_max_tokens_sends_its_cap(http: httpx.Client, backend: FakeBackend) -> None:
+    """Else the engine would take its own default: all of its remaining context, far above the cap."""
     response = http.post("/v1/chat/completions", json={"model": OTHER_MODEL, "messages": [USER]})
     assert response.status_code == 200
-    assert "max_tokens" not in backend.received[-1].body
+    assert backend.received[-1].body["max_tokens"] == 32
+
+
+ONE_FIELD = [
+    pytest.param(
+        "/v1/completions",
+        {"model": CHAT_MODEL, "prompt": "Hi", "max_completion_tokens": 9},
+        9,
+        id="a completions max_completion_tokens becomes the max_tokens vLLM reads there",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        chat(max_completion_tokens=7, max_tokens=7),
+        7,
+        id="two output-length fields with the same value are one bound",
+    ),
+    pytest.param("/v1/chat/completions", chat(n_predict=5), 5, id="n_predict becomes max_tokens for vLLM"),
+    pytest.param(
+        "/v1/chat/completions", chat(max_tokens=None, max_completion_tokens=None), 16, id="null bounds are absent"
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "bound"), ONE_FIELD)
+def test_the_backend_sees_one_output_length_field_the_one_its_kind_obeys(
+    http: httpx.Client, backend: FakeBackend, path: str, body: dict[str, Any], bound: int
+) -> None:
+    response = http.post(path, json=body)
+    assert response.status_code == 200, response.text
+    received = backend.received[-1].body
+    assert {k: received[k] for k in ("max_tokens", "max_completion_tokens", "n_predict") if k in received} == {
+        "max_tokens": bound
+    }
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +399,9 @@ def test_in_clamp_mode_the_backend_receives_the_capped_value(
 ) -> None:
     response = httpx.post(clamping_gateway + path, json=body, headers={"authorization": "Bearer key-acme"})
     assert response.status_code == 200, response.text
-    assert backend.received[-1].body[field] == 32
+    received = backend.received[-1].body
+    assert received["max_tokens"] == 32  # the field a vLLM backend reads, whichever the client used
+    assert "max_completion_tokens" not in received
 
 
 def test_a_model_with_an_upstream_name_is_renamed_for_the_backend(clamping_gateway: str, backend: FakeBackend) -> None:

@@ -87,14 +87,45 @@ class OverLimit(StrEnum):
     CLAMP = "clamp"
 
 
+class MediaTokens(Strict):
+    """Tokens charged to the prompt estimate for each non-text content part, by part type.
+
+    The gateway cannot see an image's or a clip's size in tokens without the model's processor,
+    so each part costs a fixed, conservative amount: an image about what a 1024x1024 image costs
+    the common vision models (OpenAI's high detail 765, Qwen2-VL about 1,300, Llama 3.2 Vision
+    about 1,600); audio about 40 s at Whisper-style encoders' 25 tokens a second; a video or a
+    file (a PDF's pages) several images. Raise them for models that spend more.
+    """
+
+    image_url: Annotated[int, Field(ge=0)] = 1024
+    input_audio: Annotated[int, Field(ge=0)] = 1024
+    video_url: Annotated[int, Field(ge=0)] = 4096
+    file: Annotated[int, Field(ge=0)] = 4096
+
+
 class RequestLimits(Strict):
-    """Limits applied while a request is read and parsed, before any backend sees it."""
+    """Limits applied while a request is read and parsed, before any backend sees it.
+
+    The structural bounds (``max_json_containers``, ``max_json_keys``, ``max_content_parts``,
+    ``max_tools``) bound the CPU one request can cost before it is refused: they are checked
+    before the steps whose cost grows with them (parsing, the prompt estimate), see
+    ``gateway/json_bounds.py``. A generous legitimate chat body (512 messages with a few parts
+    each, 128 tools with their schemas) holds well under 16,384 objects and arrays, and as many keys.
+    """
 
     max_body_bytes: PositiveInt = 1_048_576
     max_json_depth: PositiveInt = 32
     max_messages: PositiveInt = 512
     max_n: PositiveInt = 8
     max_tokens_over_limit: OverLimit = OverLimit.REJECT
+    max_json_containers: PositiveInt = 16_384
+    max_json_keys: PositiveInt = 16_384
+    """Object keys in the whole body (a chat of 512 messages with tool schemas has a few thousand)."""
+    max_content_parts: PositiveInt = 256
+    """Content parts of one message (text, images, ...)."""
+    max_tools: PositiveInt = 128
+    """Tools (functions) one request may declare; OpenAI's own limit."""
+    media_tokens: MediaTokens = MediaTokens()
     extra_body_fields: frozenset[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]] = frozenset()
     """Body fields clients may send beyond the default allowlist (``gateway/body_fields.py``),
     e.g. ``[mm_processor_kwargs, documents]``; a field the gateway owns is refused here."""
@@ -508,13 +539,19 @@ class StatePolicy(Strict):
 
     Usage in a policy file::
 
-        state: {backend: redis, redis_url: "redis://redis:6379/0", key_prefix: "gw:", timeout_ms: 50}
+        state: {backend: redis, redis_url: "redis://redis:6379/0", key_prefix: "gw:", timeout_ms: 50,
+                request_budget_ms: 20}
 
     ``memory`` (the default) keeps them in the process: right for one replica. ``redis`` shares
     them between replicas; the environment variable named by ``url_env`` replaces ``redis_url``
     when set (use it, from a Secret, when the URL carries a password), and one of the two is
     required. When Redis is unreachable or slower than ``timeout_ms``, every replica enforces
     the limits on its own until Redis answers again (fail open, ``gateway/state/redis.py``).
+    ``request_budget_ms`` is what one request may wait on Redis in all (admission plus
+    settlement, one script each): past it the request is answered from the in-process limits
+    and Redis counts as down until a background ping answers within half of it, so a slow
+    Redis costs one request this budget, not every request a round trip. A Redis in the same
+    zone answers a script in well under a millisecond; 20 ms leaves room for a busy one.
     A replica renews its concurrency leases every ``ping_interval_s``; a dead replica's slots
     are freed ``lease_ttl_s`` after its last renewal. Read at start-up only: a reload that
     changes this section is logged and takes effect at the next restart.
@@ -525,6 +562,7 @@ class StatePolicy(Strict):
     url_env: EnvName = "GATEWAY_REDIS_URL"
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,64}$")] = "gw:"
     timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 50.0
+    request_budget_ms: Annotated[float, Field(gt=0, le=5000)] = 20.0
     ping_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
     lease_ttl_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
 

@@ -3,8 +3,21 @@
 Rate limits must hold across gateway replicas, so their state sits behind this interface:
 ``state/memory.py`` keeps it in the process (one replica, the default), ``state/redis.py``
 shares it between replicas through Redis (the policy's ``state`` section picks one,
-``state/factory.py`` builds it). Every operation is one atomic step on one key, so that a Redis implementation is
-one Lua script per call and never a read-modify-write race between replicas.
+``state/factory.py`` builds it).
+
+**Two operations per request, each one atomic step.** ``admit`` takes a tenant's concurrency
+slot and every bucket it asks for (requests, tokens) all at once or not at all; ``settle``
+releases the slot and adjusts the buckets to what the request really cost. A Redis
+implementation is one Lua script per call: one round trip at admission, one at settlement,
+and never a read-modify-write race between replicas.
+
+**Buckets may go negative, down to ``-capacity``.** Tokens are reserved at admission from an
+estimate (prompt plus the output bound); when the real usage is higher, ``settle`` charges the
+difference even when the bucket does not hold it, so a tenant that overran waits until the
+refill pays its debt (a take is refused while the level is below the amount, and its
+``retry_after_s`` includes the debt). The floor at ``-capacity`` bounds that wait to two
+minutes of refill for a per-minute limit: a usage figure that is wrong (a backend that ignored
+the output bound, or reported nonsense) must not lock a tenant out for hours.
 """
 
 from __future__ import annotations
@@ -14,12 +27,52 @@ from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
-class BucketResult:
-    """The outcome of taking ``amount`` from a token bucket.
+class Bucket:
+    """A token bucket of a scope: ``name`` (``rpm``, ``tpm``), its capacity and refill per second."""
 
-    ``remaining`` is what is left after the take (or before it, when refused);
-    ``retry_after_s`` is how long until ``amount`` would be available (0 when taken);
-    ``reset_s`` is how long until the bucket is full again.
+    name: str
+    capacity: float
+    refill_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """Take ``amount`` from ``bucket`` at admission (refused when the bucket does not hold it)."""
+
+    bucket: Bucket
+    amount: float
+
+
+@dataclass(frozen=True, slots=True)
+class Adjust:
+    """Change ``bucket`` at settlement: ``amount > 0`` gives back (up to capacity), ``< 0`` charges.
+
+    A charge is taken even from a bucket that does not hold it (down to ``-capacity``)."""
+
+    bucket: Bucket
+    amount: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ask:
+    """One admission: a concurrency slot of ``scope`` (when ``slot_limit``) and every take, or nothing.
+
+    ``scope`` is whose limits these are (the tenant): every key of one ask lives under it (one
+    Redis Cluster hash slot)."""
+
+    scope: str
+    slot_limit: int | None = None
+    takes: tuple[Take, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BucketResult:
+    """The state of one bucket after an ask.
+
+    ``allowed``: the bucket held the amount asked; ``remaining``: its level after the take
+    (before it, when the ask was refused; negative while a debt is paid off);
+    ``retry_after_s``: how long until it holds the amount (0 when it does);
+    ``reset_s``: how long until it is full again.
     """
 
     allowed: bool
@@ -27,24 +80,60 @@ class BucketResult:
     retry_after_s: float
     reset_s: float
 
+    @classmethod
+    def of(cls, level: float, amount: float, capacity: float, refill_per_s: float, taken: bool) -> BucketResult:
+        """The result for a bucket at ``level`` before the take (after it when ``taken``)."""
+        remaining = level - amount if taken else level
+        wait = max(0.0, (amount - level) / refill_per_s)
+        return cls(level >= amount, remaining, 0.0 if taken else wait, (capacity - remaining) / refill_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The answer to an ``Ask``: admitted (slot and every take done) or refused (nothing done).
+
+    ``refused_by`` names the first limit that refused, in the order checked: ``"slot"``, then
+    each take's bucket name. ``buckets`` has one result per take, in the ask's order."""
+
+    admitted: bool
+    refused_by: str | None
+    buckets: tuple[BucketResult, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settlement:
+    """What one request gives back or owes at its end: its slot, and adjustments of its buckets."""
+
+    scope: str
+    release_slot: bool = False
+    adjusts: tuple[Adjust, ...] = ()
+
+
+def refill(level: float, elapsed_s: float, bucket: Bucket) -> float:
+    """The level of a bucket ``elapsed_s`` after it was at ``level`` (never above capacity)."""
+    return min(bucket.capacity, level + max(0.0, elapsed_s) * bucket.refill_per_s)
+
+
+def adjusted(level: float, amount: float, capacity: float) -> float:
+    """``level + amount`` kept within ``[-capacity, capacity]`` (see the module docstring)."""
+    return min(capacity, max(-capacity, level + amount))
+
 
 class LimitStore(Protocol):
-    """Token buckets (requests and tokens per minute) and concurrency slots, by key."""
+    """Token buckets and concurrency slots per scope (tenant), one atomic call per step.
 
-    async def take(self, key: str, amount: float, capacity: float, refill_per_s: float) -> BucketResult:
-        """Take ``amount`` if the bucket (refilled since last use) holds it; never goes negative."""
-        ...
+    ``timeout_s`` is what the caller may still wait on the store for this request (what is left
+    of its budget, see ``RedisLimitStore``; None: a whole budget); past it, the call is answered
+    from a local fallback instead. ``request_budget_s`` is the budget a request starts with
+    (``inf`` for an in-process store).
+    """
 
-    async def refund(self, key: str, amount: float, capacity: float, refill_per_s: float) -> None:
-        """Give back part of a take (a request that used fewer tokens, or was rejected later)."""
-        ...
+    request_budget_s: float
 
-    async def acquire_slot(self, key: str, limit: int) -> bool:
-        """Take one of ``limit`` concurrency slots; False when all are taken."""
-        ...
+    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict: ...
 
-    async def release_slot(self, key: str) -> None: ...
+    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> None: ...
 
-    async def slots_in_use(self, key: str) -> int: ...
+    async def slots_in_use(self, scope: str) -> int: ...
 
     async def aclose(self) -> None: ...

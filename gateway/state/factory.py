@@ -27,6 +27,7 @@ def redis_config(state: StatePolicy, env: Mapping[str, str] | None = None) -> Re
         url=url,
         key_prefix=state.key_prefix,
         timeout_s=state.timeout_ms / 1000,
+        request_budget_s=state.request_budget_ms / 1000,
         ping_interval_s=state.ping_interval_s,
         lease_ttl_s=state.lease_ttl_s,
     )

@@ -1,62 +1,77 @@
 """In-process ``LimitStore``: exact, lock-free (one event loop), lost on restart.
 
-The default for a single replica. Buckets are refilled lazily on each use from the time
-elapsed, so idle keys cost nothing; a key whose bucket is full and which holds no slot is
-dropped, so memory follows the active tenants, not all tenants ever seen.
+The default for a single replica, and the fallback of the Redis store. Buckets are refilled
+lazily on each use from the time elapsed, so idle keys cost nothing; a key whose bucket is
+full and which holds no slot is dropped, so memory follows the active tenants, not all
+tenants ever seen. No call awaits anything, so each is atomic on the event loop.
 """
 
 from __future__ import annotations
 
+import math
+
 from gateway.clock import Clock, MonotonicClock
-from gateway.state.base import BucketResult
+from gateway.state.base import Ask, Bucket, BucketResult, Settlement, Verdict, adjusted, refill
 
 
 class MemoryLimitStore:
     """Token buckets and slot counters in dicts. ``MemoryLimitStore(clock=FakeClock())`` in tests."""
 
+    request_budget_s = math.inf
+
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or MonotonicClock()
-        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (level, time of level)
+        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}  # (scope, name) -> (level, time of level)
         self._slots: dict[str, int] = {}
 
-    def _level(self, key: str, capacity: float, refill_per_s: float, now: float) -> float:
-        level, at = self._buckets.get(key, (capacity, now))
-        return min(capacity, level + (now - at) * refill_per_s)
+    def _level(self, scope: str, bucket: Bucket, now: float) -> float:
+        level, at = self._buckets.get((scope, bucket.name), (bucket.capacity, now))
+        return refill(level, now - at, bucket)
 
-    async def take(self, key: str, amount: float, capacity: float, refill_per_s: float) -> BucketResult:
-        now = self._clock.now()
-        level = self._level(key, capacity, refill_per_s, now)
-        if level >= amount:
-            level -= amount
-            self._buckets[key] = (level, now)
-            return BucketResult(True, level, 0.0, (capacity - level) / refill_per_s)
-        self._buckets[key] = (level, now)
-        return BucketResult(False, level, (amount - level) / refill_per_s, (capacity - level) / refill_per_s)
-
-    async def refund(self, key: str, amount: float, capacity: float, refill_per_s: float) -> None:
-        now = self._clock.now()
-        level = min(capacity, self._level(key, capacity, refill_per_s, now) + amount)
-        if level >= capacity:
-            self._buckets.pop(key, None)
+    def _store(self, scope: str, bucket: Bucket, level: float, now: float) -> None:
+        if level >= bucket.capacity:
+            self._buckets.pop((scope, bucket.name), None)
         else:
-            self._buckets[key] = (level, now)
+            self._buckets[(scope, bucket.name)] = (level, now)
 
-    async def acquire_slot(self, key: str, limit: int) -> bool:
-        used = self._slots.get(key, 0)
-        if used >= limit:
-            return False
-        self._slots[key] = used + 1
-        return True
+    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict:
+        now = self._clock.now()
+        scope = ask.scope
+        refused_by = None
+        if ask.slot_limit is not None and self._slots.get(scope, 0) >= ask.slot_limit:
+            refused_by = "slot"
+        levels = [self._level(scope, take.bucket, now) for take in ask.takes]
+        for take, level in zip(ask.takes, levels, strict=True):
+            if refused_by is None and level < take.amount:
+                refused_by = take.bucket.name
+        admitted = refused_by is None
+        if admitted:
+            if ask.slot_limit is not None:
+                self._slots[scope] = self._slots.get(scope, 0) + 1
+            for take, level in zip(ask.takes, levels, strict=True):
+                self._store(scope, take.bucket, level - take.amount, now)
+        results = tuple(
+            BucketResult.of(level, take.amount, take.bucket.capacity, take.bucket.refill_per_s, admitted)
+            for take, level in zip(ask.takes, levels, strict=True)
+        )
+        return Verdict(admitted, refused_by, results)
 
-    async def release_slot(self, key: str) -> None:
-        used = self._slots.get(key, 0) - 1
-        if used > 0:
-            self._slots[key] = used
-        else:
-            self._slots.pop(key, None)
+    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> None:
+        now = self._clock.now()
+        scope = settlement.scope
+        if settlement.release_slot:
+            used = self._slots.get(scope, 0) - 1
+            if used > 0:
+                self._slots[scope] = used
+            else:
+                self._slots.pop(scope, None)
+        for adjust in settlement.adjusts:
+            bucket = adjust.bucket
+            level = adjusted(self._level(scope, bucket, now), adjust.amount, bucket.capacity)
+            self._store(scope, bucket, level, now)
 
-    async def slots_in_use(self, key: str) -> int:
-        return self._slots.get(key, 0)
+    async def slots_in_use(self, scope: str) -> int:
+        return self._slots.get(scope, 0)
 
     async def aclose(self) -> None:
         self._buckets.clear()

@@ -1,8 +1,11 @@
 """Redis-backed ``LimitStore``: tenant limits shared by every gateway replica.
 
-Each operation is one Lua script (registered once, run by EVALSHA; redis-py loads it again
-after a ``NOSCRIPT``, e.g. when Redis restarted), so a take or an acquire is one atomic step
-and never a read-modify-write race between replicas.
+**One round trip per step.** An admission (the tenant's concurrency slot, its requests and
+its tokens per minute) is one Lua script, and so is a settlement (the slot back, the tokens
+adjusted to the real usage); scripts are registered once and run by EVALSHA (redis-py loads
+them again after a ``NOSCRIPT``, e.g. when Redis restarted). Each is atomic, so replicas never
+race on a read-modify-write. A tenant's keys share one hash tag (``gw:{acme}:rpm``, ...): one
+Redis Cluster slot per script.
 
 **Time.** Token buckets refill from Redis's own clock (``TIME`` inside the script), never from
 the replica's: replicas whose clocks disagree still see one bucket level. A ``clock`` may be
@@ -11,7 +14,7 @@ injected for tests; the scripts then use it instead.
 **Concurrency slots: a lease per replica, renewed while it holds slots.** A slot key is a hash
 ``replica -> slots it holds`` plus a sorted set ``replica -> lease expiry``. A replica renews
 its leases (and rewrites its counts from what it really holds) every ``ping_interval_s``; an
-acquire first drops the replicas whose lease expired. So a replica that dies holding slots
+admission first drops the replicas whose lease expired. So a replica that dies holding slots
 frees them ``lease_ttl_s`` later, while a live one keeps slots for requests of any length.
 The alternative, a plain counter with a TTL longer than the longest request deadline (600 s
 by default), would block a tenant for ten minutes after a crash, and never free a leaked slot
@@ -19,19 +22,28 @@ at all while traffic keeps refreshing the TTL. The rewrite also repairs a count 
 release left behind, within one renewal.
 
 **Failure: fail open to a per-replica fallback** (Envoy's global rate limit with
-``failure_mode_deny: false``). A command that fails or takes longer than ``timeout_s`` marks
-Redis down; from then on every operation goes straight to an in-process ``MemoryLimitStore``
-(same limits, enforced by this replica alone, so a tenant may get up to N replicas x its limit)
-without waiting on Redis, until the background ping succeeds again. Requests are never held up
-or failed because Redis is: an outage costs accuracy of the limits, not availability. ``up``
-tells whether the last command or ping succeeded; ``on_error``/``on_fallback`` count failures
-and the operations answered locally.
+``failure_mode_deny: false``). A command that fails marks Redis down; from then on every
+operation goes straight to an in-process ``MemoryLimitStore`` (same limits, enforced by this
+replica alone, so a tenant may get up to N replicas x its limit) without waiting on Redis,
+until the background ping succeeds again. Requests are never failed because Redis is: an
+outage costs accuracy of the limits, not availability. ``up`` tells whether the last command
+or ping succeeded; ``on_error``/``on_fallback`` count failures and the operations answered
+locally.
+
+**Slow is down: a latency budget per request.** A Redis that answers every command, but in
+30 ms, would add 30 ms to every request per round trip without ever failing. So a request
+may wait on Redis ``request_budget_s`` in all (its admission and its settlement share it, the
+caller passes what is left as ``timeout_s``); a call that would exceed it is cut and answered
+by the fallback, and Redis is marked down as for an outage. The background ping brings it back
+only when it answers within ``probe_max_s`` (half the budget: a request makes two calls), so a
+slow Redis costs one request its budget, not every request, and is used again once fast.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,7 +55,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.clock import Clock
-from gateway.state.base import BucketResult
+from gateway.state.base import Ask, Bucket, BucketResult, Settlement, Take, Verdict
 from gateway.state.memory import MemoryLimitStore
 
 log = logging.getLogger(__name__)
@@ -64,53 +76,30 @@ local sec, usec = now(ARGV[1], ARGV[2])
 local t = tonumber(sec) + tonumber(usec) / 1e6
 """
 
-# KEYS[1]: the bucket hash {level, s, us}; ARGV[3..5]: amount, capacity, refill per second.
-_BUCKET = (
-    _NOW
-    + """
-local amount, capacity, rate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local state = redis.call('HMGET', KEYS[1], 'level', 's', 'us')
-local level = capacity
-if state[1] then
+# Bucket hashes {level, s, us}: the level and the time it was written (refilled lazily).
+_BUCKETS = """
+local function level_of(key, capacity, rate)
+  local state = redis.call('HMGET', key, 'level', 's', 'us')
+  if not state[1] then
+    return capacity
+  end
   local elapsed = (tonumber(sec) - tonumber(state[2])) + (tonumber(usec) - tonumber(state[3])) / 1e6
-  level = math.min(capacity, tonumber(state[1]) + math.max(0, elapsed) * rate)
+  return math.min(capacity, tonumber(state[1]) + math.max(0, elapsed) * rate)
 end
-local function store(value)
-  redis.call('HSET', KEYS[1], 'level', string.format('%.17g', value), 's', sec, 'us', usec)
-  redis.call('PEXPIRE', KEYS[1], math.ceil((capacity - value) / rate * 1000) + 1000)
+local function store(key, value, capacity, rate)
+  if value >= capacity then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 'level', string.format('%.17g', value), 's', sec, 'us', usec)
+  redis.call('PEXPIRE', key, math.ceil((capacity - value) / rate * 1000) + 1000)
 end
 """
-)
-
-TAKE = (
-    _BUCKET
-    + """
-local allowed = 0
-if level >= amount then
-  level = level - amount
-  allowed = 1
-end
-store(level)
-return {allowed, string.format('%.17g', level)}
-"""
-)
-
-REFUND = (
-    _BUCKET
-    + """
-level = math.min(capacity, level + amount)
-if level >= capacity then
-  redis.call('DEL', KEYS[1])
-else
-  store(level)
-end
-return 1
-"""
-)
 
 # KEYS[1]: hash replica -> slots held; KEYS[2]: zset replica -> lease expiry (seconds).
 _SLOTS = (
     _NOW
+    + _BUCKETS
     + """
 local function purge()
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', t)
@@ -129,30 +118,71 @@ end
 """
 )
 
-# ARGV[3..5]: replica, limit, lease ttl in seconds.
-ACQUIRE = (
+# One admission: KEYS[3..] the buckets to take from; ARGV[3..5]: replica, slot limit ('' for
+# none), lease ttl; then per bucket amount, capacity, refill per second. Everything or nothing.
+# Returns {refused, level...}: refused 0 (admitted), 1 (the slot) or 1 + the refusing bucket's
+# position; each bucket's level after the take (before it, when refused).
+ADMIT = (
     _SLOTS
     + """
-if purge() >= tonumber(ARGV[4]) then
-  return 0
+local replica, limit, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local refused = 0
+if limit ~= '' and purge() >= tonumber(limit) then
+  refused = 1
 end
-local ttl = tonumber(ARGV[5])
-redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
-redis.call('ZADD', KEYS[2], t + ttl, ARGV[3])
-redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000))
-redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000))
-return 1
+local levels, amounts = {}, {}
+for i = 3, #KEYS do
+  local j = 6 + (i - 3) * 3
+  local amount = tonumber(ARGV[j])
+  local level = level_of(KEYS[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
+  levels[i - 2], amounts[i - 2] = level, amount
+  if refused == 0 and level < amount then
+    refused = i - 1
+  end
+end
+if refused == 0 then
+  if limit ~= '' then
+    redis.call('HINCRBY', KEYS[1], replica, 1)
+    redis.call('ZADD', KEYS[2], t + ttl, replica)
+    redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000))
+    redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000))
+  end
+  for i = 3, #KEYS do
+    local j = 6 + (i - 3) * 3
+    levels[i - 2] = levels[i - 2] - amounts[i - 2]
+    store(KEYS[i], levels[i - 2], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
+  end
+end
+local reply = {refused}
+for i, level in ipairs(levels) do
+  reply[i + 1] = string.format('%.17g', level)
+end
+return reply
 """
 )
 
-RELEASE = """
-local n = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-if n <= 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
+# One settlement: ARGV[3..4]: replica, '1' to release one of its slots; then per bucket
+# (KEYS[3..]) the adjustment (> 0 gives back, < 0 charges), capacity, refill per second.
+# Levels stay within [-capacity, capacity] (see ``state/base.py``).
+SETTLE = (
+    _SLOTS
+    + """
+if ARGV[4] == '1' then
+  local n = redis.call('HINCRBY', KEYS[1], ARGV[3], -1)
+  if n <= 0 then
+    redis.call('HDEL', KEYS[1], ARGV[3])
+    redis.call('ZREM', KEYS[2], ARGV[3])
+  end
 end
-return n
+for i = 3, #KEYS do
+  local j = 5 + (i - 3) * 3
+  local amount, capacity, rate = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+  local level = level_of(KEYS[i], capacity, rate)
+  store(KEYS[i], math.min(capacity, math.max(-capacity, level + amount)), capacity, rate)
+end
+return 1
 """
+)
 
 IN_USE = _SLOTS + "return purge()\n"
 
@@ -194,19 +224,30 @@ class RedisConfig:
     """Where the shared state lives and how long to wait for it.
 
     ``RedisConfig(url="redis://127.0.0.1:6379/0", key_prefix="gw:", timeout_s=0.05)``; several
-    gateways (or test runs) share one Redis under different prefixes. The URL may hold a
-    password, so ``repr`` shows only where it points.
+    gateways (or test runs) share one Redis under different prefixes. ``timeout_s`` bounds one
+    command off the request path (pings, renewals); ``request_budget_s`` bounds what one
+    request may wait on Redis in all (see ``RedisLimitStore``). The URL may hold a password,
+    so ``repr`` shows only where it points.
     """
 
     url: str
     key_prefix: str = "gw:"
     timeout_s: float = 0.05
+    request_budget_s: float = 0.02
     ping_interval_s: float = 1.0
     lease_ttl_s: float = 10.0
 
+    @property
+    def probe_max_s(self) -> float:
+        """A ping slower than this keeps Redis out: half the budget, a request makes two calls."""
+        return self.request_budget_s / 2
+
     def __repr__(self) -> str:
         where = self.url.rsplit("@", 1)[-1].split("://")[-1]
-        return f"RedisConfig(url=<{where}>, key_prefix={self.key_prefix!r}, timeout_s={self.timeout_s})"
+        return (
+            f"RedisConfig(url=<{where}>, key_prefix={self.key_prefix!r}, timeout_s={self.timeout_s}, "
+            f"request_budget_s={self.request_budget_s})"
+        )
 
 
 class RedisLimitStore:
@@ -225,6 +266,7 @@ class RedisLimitStore:
         on_fallback: Callable[[str], None] = _ignore,
     ) -> None:
         self.config = config
+        self.request_budget_s = config.request_budget_s
         self.replica = uuid.uuid4().hex[:16]
         self.up = True  # optimistic until a command fails; check() at start-up tells for sure
         self.fallback = MemoryLimitStore(clock)
@@ -237,39 +279,42 @@ class RedisLimitStore:
             socket_connect_timeout=config.timeout_s,
             retry=Retry(NoBackoff(), 0),  # no retry: a failure falls back at once
         )
-        self._take = self._redis.register_script(TAKE)
-        self._refund = self._redis.register_script(REFUND)
-        self._acquire = self._redis.register_script(ACQUIRE)
-        self._release = self._redis.register_script(RELEASE)
+        self._admit = self._redis.register_script(ADMIT)
+        self._settle = self._redis.register_script(SETTLE)
         self._in_use = self._redis.register_script(IN_USE)
         self._renew = self._redis.register_script(RENEW)
-        self._held: dict[str, int] = {}  # slot key -> slots this replica holds in Redis
-        self._pending: dict[str, int] = {}  # slot key -> acquires/releases in flight
-        self._local: dict[str, int] = {}  # slot key -> slots this replica holds in the fallback
+        self._held: dict[str, int] = {}  # scope -> slots this replica holds in Redis
+        self._pending: dict[str, int] = {}  # scope -> admissions/settlements with a slot in flight
+        self._local: dict[str, int] = {}  # scope -> slots this replica holds in the fallback
 
-    def _now(self) -> tuple[str, str]:
+    def _now(self) -> list[str]:
         if self._clock is None:
-            return "", ""
+            return ["", ""]
         sec, usec = divmod(round(self._clock.now() * 1e6), 1_000_000)
-        return str(sec), str(usec)
+        return [str(sec), str(usec)]
 
-    def _bucket_key(self, key: str) -> str:
-        return f"{self.config.key_prefix}{key}"
+    def _keys(self, scope: str, buckets: list[Bucket]) -> list[str]:
+        """The scope's slot hash and lease set, then its buckets: one hash tag, one cluster slot."""
+        base = f"{self.config.key_prefix}{{{scope}}}"
+        return [f"{base}:held", f"{base}:leases", *(f"{base}:{b.name}" for b in buckets)]
 
-    def _slot_keys(self, key: str) -> list[str]:
-        base = f"{self.config.key_prefix}{{{key}}}"  # a hash tag keeps both on one cluster slot
-        return [f"{base}:held", f"{base}:leases"]
-
-    async def _call(self, operation: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]) -> T:
-        """``remote()`` while Redis is up, ``local()`` (the fallback) when it is down or fails."""
+    async def _call(
+        self, operation: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]], budget_s: float
+    ) -> T:
+        """``remote()`` while Redis is up and within ``budget_s``, else ``local()`` (the fallback)."""
         if self.up:
             try:
-                async with asyncio.timeout(self.config.timeout_s * 4):  # connect plus command
+                if budget_s <= 0:
+                    raise TimeoutError("the request's budget for Redis is spent")
+                async with asyncio.timeout(min(budget_s, self.config.timeout_s * 4)):  # connect plus command
                     return await remote()
             except FAILURES as exc:
                 self._failed(operation, exc)
         self._on_fallback(operation)
         return await local()
+
+    def _budget(self, timeout_s: float | None) -> float:
+        return self.config.request_budget_s if timeout_s is None else timeout_s
 
     def _failed(self, operation: str, exc: BaseException) -> None:
         self._on_error(operation)
@@ -283,95 +328,110 @@ class RedisLimitStore:
             )
         self.up = False
 
-    async def take(self, key: str, amount: float, capacity: float, refill_per_s: float) -> BucketResult:
-        async def remote() -> BucketResult:
-            args = [*self._now(), repr(float(amount)), repr(float(capacity)), repr(float(refill_per_s))]
-            allowed, level = await self._take(keys=[self._bucket_key(key)], args=args)
-            remaining = float(level)
-            reset = (capacity - remaining) / refill_per_s
-            if allowed:
-                return BucketResult(True, remaining, 0.0, reset)
-            return BucketResult(False, remaining, (amount - remaining) / refill_per_s, reset)
+    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict:
+        scope, slot = ask.scope, ask.slot_limit is not None
 
-        return await self._call("take", remote, lambda: self.fallback.take(key, amount, capacity, refill_per_s))
-
-    async def refund(self, key: str, amount: float, capacity: float, refill_per_s: float) -> None:
-        async def remote() -> None:
-            args = [*self._now(), repr(float(amount)), repr(float(capacity)), repr(float(refill_per_s))]
-            await self._refund(keys=[self._bucket_key(key)], args=args)
-
-        await self._call("refund", remote, lambda: self.fallback.refund(key, amount, capacity, refill_per_s))
-
-    async def acquire_slot(self, key: str, limit: int) -> bool:
-        async def remote() -> bool:
-            # Counted as held before the answer, and marked in flight: a renewal meanwhile
-            # only extends the lease and never writes a count that misses this slot.
-            self._held[key] = self._held.get(key, 0) + 1
-            self._pending[key] = self._pending.get(key, 0) + 1
-            ok = False
+        async def remote() -> Verdict:
+            if slot:
+                # Counted as held before the answer, and marked in flight: a renewal meanwhile
+                # only extends the lease and never writes a count that misses this slot.
+                self._held[scope] = self._held.get(scope, 0) + 1
+                self._pending[scope] = self._pending.get(scope, 0) + 1
+            admitted = False
             try:
-                args = [*self._now(), self.replica, str(limit), repr(self.config.lease_ttl_s)]
-                ok = bool(await self._acquire(keys=self._slot_keys(key), args=args))
+                args = [*self._now(), self.replica, "" if ask.slot_limit is None else str(ask.slot_limit)]
+                args.append(repr(self.config.lease_ttl_s))
+                for take in ask.takes:
+                    b = take.bucket
+                    args += [repr(float(take.amount)), repr(float(b.capacity)), repr(float(b.refill_per_s))]
+                keys = self._keys(scope, [take.bucket for take in ask.takes])
+                refused, *levels = await self._admit(keys=keys, args=args)
+                admitted = refused == 0
             finally:
-                if not ok:
-                    self._held[key] -= 1  # a lost answer may leave one counted: the renewal repairs it
-                self._done(key)
-            return ok
+                if slot:
+                    if not admitted:
+                        self._held[scope] -= 1  # a lost answer may leave one counted: the renewal repairs it
+                    self._done(scope)
+            refused_by = None if admitted else "slot" if refused == 1 else ask.takes[refused - 2].bucket.name
+            results = tuple(
+                _result(float(level), take, admitted) for take, level in zip(ask.takes, levels, strict=True)
+            )
+            return Verdict(admitted, refused_by, results)
 
-        async def local() -> bool:
-            ok = await self.fallback.acquire_slot(key, limit)
-            if ok:
-                self._local[key] = self._local.get(key, 0) + 1
-            return ok
+        async def local() -> Verdict:
+            verdict = await self.fallback.admit(ask)
+            if verdict.admitted and slot:
+                self._local[scope] = self._local.get(scope, 0) + 1
+            return verdict
 
-        return await self._call("acquire_slot", remote, local)
+        return await self._call("admit", remote, local, self._budget(timeout_s))
 
-    async def release_slot(self, key: str) -> None:
-        """Frees a fallback slot first (those are certain), else one held in Redis.
-
-        A release that fails is not retried: the slot is counted out here, and the next
-        renewal writes the true count to Redis."""
-        if self._local.get(key, 0) > 0:
-            self._local[key] -= 1
-            await self.fallback.release_slot(key)
+    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> None:
+        """Slots are given back where they were taken: a fallback slot first (those are certain),
+        else one held in Redis. A release that fails is not retried: the slot is counted out
+        here, and the next renewal writes the true count to Redis."""
+        scope = settlement.scope
+        release_remote = False
+        if settlement.release_slot:
+            if self._local.get(scope, 0) > 0:
+                self._local[scope] -= 1
+                await self.fallback.settle(Settlement(scope=scope, release_slot=True))
+            elif self._held.get(scope, 0) > 0:
+                self._held[scope] -= 1
+                release_remote = True
+        if not release_remote and not settlement.adjusts:
             return
-        if self._held.get(key, 0) <= 0:
-            return
-        self._held[key] -= 1
 
         async def remote() -> None:
-            self._pending[key] = self._pending.get(key, 0) + 1
+            if release_remote:
+                self._pending[scope] = self._pending.get(scope, 0) + 1
             try:
-                await self._release(keys=self._slot_keys(key), args=[self.replica])
+                args = [*self._now(), self.replica, "1" if release_remote else "0"]
+                for adjust in settlement.adjusts:
+                    b = adjust.bucket
+                    args += [repr(float(adjust.amount)), repr(float(b.capacity)), repr(float(b.refill_per_s))]
+                await self._settle(keys=self._keys(scope, [a.bucket for a in settlement.adjusts]), args=args)
             finally:
-                self._done(key)
+                if release_remote:
+                    self._done(scope)
 
         async def local() -> None:
-            return None
+            await self.fallback.settle(Settlement(scope=scope, adjusts=settlement.adjusts))
 
-        await self._call("release_slot", remote, local)
+        await self._call("settle", remote, local, self._budget(timeout_s))
 
-    def _done(self, key: str) -> None:
-        pending = self._pending.get(key, 0) - 1
+    def _done(self, scope: str) -> None:
+        pending = self._pending.get(scope, 0) - 1
         if pending > 0:
-            self._pending[key] = pending
+            self._pending[scope] = pending
         else:
-            self._pending.pop(key, None)
+            self._pending.pop(scope, None)
 
-    async def slots_in_use(self, key: str) -> int:
+    async def slots_in_use(self, scope: str) -> int:
         async def remote() -> int:
-            return int(await self._in_use(keys=self._slot_keys(key), args=list(self._now())))
+            return int(await self._in_use(keys=self._keys(scope, []), args=self._now()))
 
-        return await self._call("slots_in_use", remote, lambda: self.fallback.slots_in_use(key))
+        return await self._call("slots_in_use", remote, lambda: self.fallback.slots_in_use(scope), math.inf)
 
     async def check(self) -> bool:
-        """Ping Redis (renewing this replica's leases on the way); sets and returns ``up``."""
+        """Ping Redis (renewing this replica's leases on the way); sets and returns ``up``.
+
+        A Redis that is down comes back only when the ping answers within ``probe_max_s``: one
+        that answers, but slower than a request may wait for it, stays out like one that does
+        not. A Redis that is up is taken out by a failed ping, not by a slow one: requests find
+        out for themselves (their budget), and a ping's time includes the event loop's own
+        delays, which must not flap the limits between shared and local."""
+        loop = asyncio.get_running_loop()
         try:
             if not self.up:
                 # Idle connections from before the outage may be dead (a partition sends no FIN).
                 await self._redis.connection_pool.disconnect(inuse_connections=False)
+            started = loop.time()
             async with asyncio.timeout(self.config.timeout_s * 4):
                 await self._heartbeat()
+            took = loop.time() - started
+            if took > self.config.probe_max_s and not self.up:
+                raise TimeoutError(f"a ping took {took * 1000:.1f} ms, over {self.config.probe_max_s * 1000:g} ms")
         except FAILURES as exc:
             self._failed("ping", exc)
             return False
@@ -383,17 +443,17 @@ class RedisLimitStore:
     async def _heartbeat(self) -> None:
         keys: list[str] = []
         counts: list[str] = []
-        for key, held in list(self._held.items()):
-            keys += self._slot_keys(key)
-            counts.append("-1" if self._pending.get(key) else str(max(0, held)))
+        for scope, held in list(self._held.items()):
+            keys += self._keys(scope, [])
+            counts.append("-1" if self._pending.get(scope) else str(max(0, held)))
         if not keys:
             await self._redis.ping()
             return
         args = [*self._now(), self.replica, repr(self.config.lease_ttl_s), *counts]
         await self._renew(keys=keys, args=args)
-        for key, held in list(self._held.items()):
-            if held <= 0 and not self._pending.get(key):
-                del self._held[key]
+        for scope, held in list(self._held.items()):
+            if held <= 0 and not self._pending.get(scope):
+                del self._held[scope]
 
     async def run(self) -> None:
         """Ping every ``ping_interval_s`` until cancelled (the gateway owns the task)."""
@@ -403,8 +463,8 @@ class RedisLimitStore:
 
     async def aclose(self) -> None:
         """Give back this replica's leases (best effort), then close the connections."""
-        for key in self._held:
-            self._held[key] = 0
+        for scope in self._held:
+            self._held[scope] = 0
         if self.up and self._held:
             try:
                 async with asyncio.timeout(self.config.timeout_s * 4):
@@ -413,3 +473,10 @@ class RedisLimitStore:
                 log.info("leases not given back at shutdown; they expire in %ss", self.config.lease_ttl_s)
         await self._redis.aclose()
         await self.fallback.aclose()
+
+
+def _result(level: float, take: Take, admitted: bool) -> BucketResult:
+    """A bucket's result from the level the script returned (after the take when admitted)."""
+    b = take.bucket
+    before = level + take.amount if admitted else level
+    return BucketResult.of(before, take.amount, b.capacity, b.refill_per_s, admitted)

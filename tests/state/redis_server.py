@@ -42,12 +42,13 @@ def drop_keys(url: str, prefix: str) -> None:
 def state_section(url: str, prefix: str, *, timeout_ms: float = 1000, ping_interval_s: float = 0.05) -> str:
     """A policy ``state`` section that puts the limits in Redis at ``url`` under ``prefix``.
 
-    The timeout is generous: the test machine is shared and busy, and a command slower than
-    it would (rightly) send the gateway to its fallback for a ping interval. A killed Redis
+    The timeout and the request budget are generous: the test machine is shared and busy, and a
+    command slower than them would (rightly) send the gateway to its fallback for a ping interval. A killed Redis
     refuses connections at once, so it does not make the outage tests slower."""
     return (
         f"\nstate: {{backend: redis, redis_url: '{url}', key_prefix: '{prefix}', timeout_ms: {timeout_ms}, "
-        f"ping_interval_s: {ping_interval_s}, lease_ttl_s: {max(1.0, 3 * ping_interval_s)}}}\n"
+        f"request_budget_ms: {timeout_ms}, ping_interval_s: {ping_interval_s}, "
+        f"lease_ttl_s: {max(1.0, 3 * ping_interval_s)}}}\n"
     )
 
 
@@ -101,3 +102,55 @@ class RedisProcess:
     def stop(self) -> None:
         if self.process is not None:
             self.kill()
+
+
+class DelayingProxy:
+    """A TCP proxy in front of a Redis that holds every reply ``delay_s`` before passing it on.
+
+    A slow Redis that never fails: every command answers, just late. ``delay_s`` may be changed
+    while it runs (0 passes replies at once). Runs on the test's event loop: ``async with``."""
+
+    def __init__(self, upstream_port: int = 6379, delay_s: float = 0.03) -> None:
+        self.upstream_port = upstream_port
+        self.delay_s = delay_s
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def __aenter__(self) -> DelayingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        redis_reader, redis_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        up = asyncio.create_task(self._pipe(client_reader, redis_writer, delayed=False))
+        down = asyncio.create_task(self._pipe(redis_reader, client_writer, delayed=True))
+        self._tasks |= {up, down}
+        try:
+            await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down):
+                task.cancel()
+                self._tasks.discard(task)
+            for writer in (client_writer, redis_writer):
+                writer.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, delayed: bool) -> None:
+        while data := await reader.read(65536):
+            if delayed and self.delay_s > 0:
+                await asyncio.sleep(self.delay_s)  # replies keep their order
+            writer.write(data)
+            await writer.drain()

@@ -71,19 +71,19 @@ def test_a_replica_keeps_serving_while_redis_is_down_and_shares_again_when_it_is
             wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1")
             assert chat(client)
             with redis_server.client() as redis_client:
-                assert redis_client.exists(f"{prefix}rpm:acme"), "the limits did not go to Redis"
+                assert redis_client.exists(f"{prefix}{{acme}}:rpm"), "the limits did not go to Redis"
 
             redis_server.kill()
             for _ in range(5):
                 assert chat(client)  # served from the per-replica fallback, never a 5xx
             wait_until(lambda: metric(url, "gateway_redis_up") == 0, what="gateway_redis_up 0")
             assert metric(url, "gateway_redis_errors_total") >= 1
-            assert metric(url, "gateway_redis_fallback_operations_total", operation="take") >= 5
+            assert metric(url, "gateway_redis_fallback_operations_total", operation="admit") >= 5
 
             redis_server.start()  # same port, empty: no keys, no scripts
             wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1 again")
             assert chat(client)
             with redis_server.client() as redis_client:
-                assert redis_client.exists(f"{prefix}rpm:acme"), "the limits did not go back to Redis"
+                assert redis_client.exists(f"{prefix}{{acme}}:rpm"), "the limits did not go back to Redis"
     finally:
         redis_server.stop()

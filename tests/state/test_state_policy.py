@@ -27,6 +27,9 @@ def with_state(section: str) -> str:
             id="a URL that is not redis:// or rediss://",
         ),
         pytest.param("{timeout_ms: 0}", "state.timeout_ms: must be greater than 0", id="a zero timeout"),
+        pytest.param(
+            "{request_budget_ms: 0}", "state.request_budget_ms: must be greater than 0", id="a zero request budget"
+        ),
         pytest.param("{key_prefix: 'gw {x}'}", "state.key_prefix: must match pattern", id="a prefix with spaces"),
         pytest.param(
             "{ping_interval_s: 5, lease_ttl_s: 10}",
@@ -45,15 +48,20 @@ def test_a_bad_state_section_is_refused_at_load(section: str, problem: str) -> N
 def test_the_state_is_in_memory_unless_the_policy_says_otherwise() -> None:
     state = parse_policy(POLICY_TEMPLATE, "p.yaml").policy.state
     assert state.backend == "memory"
+    assert state.request_budget_ms == 20
     assert isinstance(build_limit_store(state, FakeClock()), MemoryLimitStore)
 
 
 async def test_a_redis_state_builds_a_redis_store_with_its_settings() -> None:
-    section = "{backend: redis, redis_url: 'redis://cache:6379/2', key_prefix: 'eu:', timeout_ms: 20}"
+    section = (
+        "{backend: redis, redis_url: 'redis://cache:6379/2', key_prefix: 'eu:', timeout_ms: 20, request_budget_ms: 8}"
+    )
     state = parse_policy(with_state(section), "p.yaml").policy.state
     store = build_limit_store(state, FakeClock())
     assert isinstance(store, RedisLimitStore)
     assert (store.config.url, store.config.key_prefix, store.config.timeout_s) == ("redis://cache:6379/2", "eu:", 0.02)
+    assert store.request_budget_s == store.config.request_budget_s == 0.008
+    assert store.config.probe_max_s == 0.004
     await store.aclose()
 
 

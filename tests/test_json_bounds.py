@@ -1,0 +1,121 @@
+"""The raw-bytes structure scan: exact depth and container counts, and hostile bodies refused.
+
+The shapes are the ones profiled for the issue (about 900 KiB each): each is either refused by
+a structural bound before it is parsed, or cheap to parse; the CPU each costs is measured by
+``python -m loadtests.hostile_tenant``, not asserted here.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.errors import InvalidRequest
+from gateway.intake import parse_json_object
+from gateway.json_bounds import check_structure, structure
+
+
+def reference(document: Any) -> tuple[int, int, int]:
+    """Depth, containers and keys by walking the parsed document (what the scan must agree with)."""
+    if isinstance(document, dict):
+        children = [reference(v) for v in document.values()]
+        keys = len(document)
+    elif isinstance(document, list):
+        children = [reference(v) for v in document]
+        keys = 0
+    else:
+        return 0, 0, 0
+    depth = 1 + max((d for d, _, _ in children), default=0)
+    return depth, 1 + sum(c for _, c, _ in children), keys + sum(k for _, _, k in children)
+
+
+def random_document(rng: random.Random, depth: int = 0) -> Any:
+    tricky = ['a"b', "back\\slash\\", "[{", '}]":', "\\", '\\"', "漢字 ü", "", "k: v"]
+    roll = rng.random()
+    if depth > 6 or roll < 0.35:
+        return rng.choice([rng.choice(tricky), rng.randint(-5, 5), 1.5, True, None])
+    if roll < 0.7:
+        return [random_document(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {rng.choice(tricky) + str(i): random_document(rng, depth + 1) for i in range(rng.randint(0, 4))}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_scan_agrees_with_a_walk_of_the_parsed_document(seed: int) -> None:
+    document = {"model": "m", "x": random_document(random.Random(seed))}
+    assert structure(orjson.dumps(document)) == reference(document)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(b'{"a": "[[[[{{{{::"}', (1, 1, 1), id="brackets and colons inside a string do not count"),
+        pytest.param(b'{"a": "\\"[[", "b": [1]}', (2, 2, 2), id="an escaped quote does not end the string"),
+        pytest.param(b'{"a": "\\\\", "b": [[1]]}', (3, 3, 2), id="an escaped backslash before the closing quote"),
+        pytest.param(b"[]", (1, 1, 0), id="an empty array"),
+    ],
+)
+def test_strings_and_escapes_are_skipped(text: bytes, expected: tuple[int, int, int]) -> None:
+    assert structure(text) == expected
+
+
+KIB = 1024
+
+
+def hostile(shape: str) -> bytes:
+    """About 900 KiB of the named shape."""
+    target = 900 * KIB
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    if shape == "many messages":
+        body["messages"] = [{"role": "user", "content": "hi"}] * (target // 31)
+    elif shape == "many tiny parts":
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": "a"}] * (target // 27)}]
+    elif shape == "deep allowed nesting":
+        node: Any = 1
+        for _ in range(28):
+            node = [node]
+        body["tools"] = [node] * (target // 59)
+    elif shape == "many keys":
+        body.update({f"k{i}": 1 for i in range(target // 10)})
+    elif shape == "many numbers":
+        body["logit_bias"] = [1] * (target // 2)
+    elif shape == "one giant string":
+        body["messages"] = [{"role": "user", "content": "x" * target}]
+    return orjson.dumps(body)
+
+
+@pytest.mark.parametrize(
+    ("shape", "outcome"),
+    [
+        pytest.param("many messages", "too_complex", id="30k messages are refused before parsing"),
+        pytest.param("many tiny parts", "too_complex", id="33k content parts are refused before parsing"),
+        pytest.param("deep allowed nesting", "too_complex", id="450k nested arrays within the depth are refused"),
+        pytest.param("many keys", "too_complex", id="92k keys are refused before parsing"),
+        pytest.param("many numbers", "parsed", id="460k numbers parse (cheap: no containers)"),
+        pytest.param("one giant string", "parsed", id="one 900 KiB string parses"),
+    ],
+)
+def test_hostile_900_kib_bodies_are_refused_by_structure_or_cheap_to_parse(shape: str, outcome: str) -> None:
+    raw = hostile(shape)
+    assert len(raw) > 850 * KIB
+    try:
+        parse_json_object(raw, 32, 16_384, 16_384)
+        result = "parsed"
+    except InvalidRequest as refused:
+        result = refused.code
+    assert result == outcome
+
+
+def test_the_bounds_name_the_limit() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        check_structure(b"[" * 40 + b"]" * 40, max_depth=32, max_containers=100, max_keys=100)
+    assert (refused.value.code, refused.value.message) == ("too_deep", "Request JSON is nested deeper than 32 levels.")
+    with pytest.raises(InvalidRequest) as refused:
+        check_structure(b"[" + b"[]," * 200 + b"[]]", max_depth=32, max_containers=100, max_keys=100)
+    assert refused.value.code == "too_complex"
+    assert "202 objects and arrays; the limit is 100" in refused.value.message
+    with pytest.raises(InvalidRequest) as refused:
+        check_structure(orjson.dumps({f"k{i}": 1 for i in range(101)}), max_depth=32, max_containers=100, max_keys=100)
+    assert "101 object keys; the limit is 100" in refused.value.message
