@@ -1,18 +1,23 @@
 """Real servers on loopback ports for the tests.
 
 `serve_in_thread` runs an ASGI app under uvicorn (uvloop, httptools) in a background thread
-and returns once the server accepts connections; `wait_until` polls a condition with a
-deadline, which is how tests synchronise (never a bare sleep).
+and returns once the server accepts connections; `serve_in_process` runs a command that serves
+with uvicorn (``python -m gateway serve ...``) as a child process on a port the child itself
+picks; `wait_until` polls a condition with a deadline, which is how tests synchronise (never a
+bare sleep).
 """
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 import uvicorn
 
@@ -49,3 +54,61 @@ def serve_in_thread(app: Any, port: int | None = None, **config: Any) -> Iterato
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+# What uvicorn logs (at INFO) once it listens: with ``--port 0`` the port the kernel gave it.
+_LISTENING = re.compile(r"Uvicorn running on (http://\S+)")
+
+
+@dataclass
+class ChildServer:
+    """A server in a child process: the process, its base URL, and what it wrote to stderr so far."""
+
+    proc: subprocess.Popen[bytes]
+    url: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def stderr(self, last: int = 40) -> str:
+        """The child's last ``last`` stderr lines, for the message of a failing assertion."""
+        return "\n".join(self.lines[-last:])
+
+
+@contextmanager
+def serve_in_process(argv: list[str], timeout: float = 30.0) -> Iterator[ChildServer]:
+    """Run ``argv`` (a uvicorn server told ``--port 0 --log-level info``) until the block ends;
+    enter once it listens, with its URL from its log; kill it on exit if it still runs.
+
+    Why port 0: a port taken by the parent and handed to the child can be taken by someone else
+    (any outgoing connection of a busy test run) before the child binds it; then the child
+    exits and the parent waits for nothing. Why a reader thread: a child writing to a pipe
+    nobody reads blocks once the pipe's buffer (64 KiB) is full, in the middle of a log line.
+    """
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = ChildServer(proc)
+    assert proc.stderr is not None
+    reader = threading.Thread(target=_drain, args=(proc.stderr, child), name="child-stderr", daemon=True)
+    reader.start()
+    try:
+        try:
+            wait_until(lambda: bool(child.url) or proc.poll() is not None, timeout, what=f"{argv!r} to listen")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its stderr:\n{child.stderr()}") from None
+        if not child.url:
+            raise AssertionError(f"{argv!r} exited {proc.returncode} before listening:\n{child.stderr()}")
+        yield child
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        reader.join(timeout=10)
+        proc.stderr.close()
+
+
+def _drain(pipe: IO[bytes], child: ChildServer) -> None:
+    """Read the child's stderr to its end (the child closes it when it exits)."""
+    for raw in pipe:
+        line = raw.decode(errors="replace").rstrip()
+        child.lines.append(line)
+        found = _LISTENING.search(line)
+        if found and not child.url:
+            child.url = found.group(1)
