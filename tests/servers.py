@@ -41,6 +41,26 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
 @contextmanager
 def serve_in_thread(app: Any, port: int | None = None, **config: Any) -> Iterator[str]:
     """Serve `app` on 127.0.0.1 in a thread; yield its base URL; stop it on exit."""
+    with server_in_thread(app, port, **config) as running:
+        yield running.url
+
+
+@dataclass
+class ThreadServer:
+    """A uvicorn server running in a thread of this process (see ``server_in_thread``)."""
+
+    url: str
+    server: uvicorn.Server
+
+    def stop_listening(self) -> None:
+        """Begin uvicorn's shutdown: within its next tick (0.1 s) the port refuses connections and
+        idle keep-alive connections close; responses in flight go on to their end."""
+        self.server.should_exit = True
+
+
+@contextmanager
+def server_in_thread(app: Any, port: int | None = None, **config: Any) -> Iterator[ThreadServer]:
+    """``serve_in_thread``, yielding the server too, for a test that stops it half-way (a backend that dies)."""
     port = port or free_port()
     cfg = uvicorn.Config(
         app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning", **config
@@ -50,7 +70,7 @@ def serve_in_thread(app: Any, port: int | None = None, **config: Any) -> Iterato
     thread.start()
     wait_until(lambda: server.started, what=f"server on port {port} to start")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield ThreadServer(f"http://127.0.0.1:{port}", server)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
