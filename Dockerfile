@@ -2,9 +2,12 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/runtime.txt ./requirements/runtime.txt
 COPY gateway ./gateway
 COPY loadtests ./loadtests
-RUN pip install --no-cache-dir --prefix=/install .
+# The versions CI tested (requirements/runtime.txt, hashes checked), then the project alone.
+RUN pip install --no-cache-dir --prefix=/install --require-hashes -r requirements/runtime.txt \
+ && pip install --no-cache-dir --prefix=/install --no-deps .
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 gateway

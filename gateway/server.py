@@ -49,12 +49,18 @@ class GatewayServer:
 
     def run(self) -> None:
         """Serve until SIGTERM (drained) or SIGINT; blocks."""
+        self._announce()
         try:
             self.server.run(sockets=self.sockets)
         finally:
             self.close()
 
+    def _announce(self) -> None:
+        """Where it listens, once (with port 0 the only way to learn the ports the kernel gave)."""
+        log.info("listening: API on %s, operator on %s", self.api_url, self.admin_url)
+
     async def serve(self) -> None:
+        self._announce()
         try:
             await self.server.serve(sockets=self.sockets)
         finally:

@@ -1,21 +1,25 @@
 """Real servers on loopback ports for the tests.
 
 `serve_in_thread` runs an ASGI app under uvicorn (uvloop, httptools) in a background thread
-and returns once the server accepts connections; `serve_gateway_in_thread` does the same for
-the gateway, built exactly as `inference-gateway serve` builds it (`gateway/server.py`: both
-listeners, the guarded protocol) and remembers its operator listener's URL for `admin_url`;
-`wait_until` polls a condition with a deadline, which is how tests synchronise (never a bare
-sleep).
+and returns once the server accepts connections (`server_in_thread` yields the server too, for
+a test that stops it half-way); `serve_gateway_in_thread` does the same for the gateway, built
+exactly as `inference-gateway serve` builds it (`gateway/server.py`: both listeners, the guarded
+protocol) and remembers its operator listener's URL for `admin_url`; `serve_in_process` runs
+`python -m gateway serve ...` as a child process on ports the child itself picks; `wait_until`
+polls a condition with a deadline, which is how tests synchronise (never a bare sleep).
 """
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 import uvicorn
 
@@ -46,13 +50,39 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
 @contextmanager
 def serve_in_thread(app: Any, port: int | None = None, **config: Any) -> Iterator[str]:
     """Serve `app` on 127.0.0.1 in a thread; yield its base URL; stop it on exit."""
+    with server_in_thread(app, port, **config) as running:
+        yield running.url
+
+
+@dataclass
+class ThreadServer:
+    """A uvicorn server running in a thread of this process (see ``server_in_thread``)."""
+
+    url: str
+    server: uvicorn.Server
+
+    def stop_listening(self) -> None:
+        """Begin uvicorn's shutdown: within its next tick (0.1 s) the port refuses connections and
+        idle keep-alive connections close; responses in flight go on to their end."""
+        self.server.should_exit = True
+
+
+@contextmanager
+def server_in_thread(app: Any, port: int | None = None, **config: Any) -> Iterator[ThreadServer]:
+    """``serve_in_thread``, yielding the server too, for a test that stops it half-way (a backend that dies)."""
     port = port or free_port()
     cfg = uvicorn.Config(
         app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning", **config
     )
     server = uvicorn.Server(cfg)
-    with _running(server, server.run, f"server on port {port}"):
-        yield f"http://127.0.0.1:{port}"
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, what=f"server on port {port} to start")
+    try:
+        yield ThreadServer(f"http://127.0.0.1:{port}", server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 @contextmanager
@@ -83,3 +113,64 @@ def _running(server: uvicorn.Server, run: Callable[[], None], what: str) -> Iter
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+# What the gateway logs (at INFO) once it listens (``gateway/server.py``): with ``--port 0 --admin-port 0``
+# the ports the kernel gave it.
+_LISTENING = re.compile(r"listening: API on (http://\S+), operator on (http://\S+)")
+
+
+@dataclass
+class ChildServer:
+    """A server in a child process: the process, its base URL, and what it wrote to stderr so far."""
+
+    proc: subprocess.Popen[bytes]
+    url: str = ""
+    admin_url: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def stderr(self, last: int = 40) -> str:
+        """The child's last ``last`` stderr lines, for the message of a failing assertion."""
+        return "\n".join(self.lines[-last:])
+
+
+@contextmanager
+def serve_in_process(argv: list[str], timeout: float = 30.0) -> Iterator[ChildServer]:
+    """Run ``argv`` (a gateway told ``--port 0 --admin-port 0 --log-level info``) until the block
+    ends; enter once it listens, with its URLs from its log; kill it on exit if it still runs.
+
+    Why port 0: a port taken by the parent and handed to the child can be taken by someone else
+    (any outgoing connection of a busy test run) before the child binds it; then the child
+    exits and the parent waits for nothing. Why a reader thread: a child writing to a pipe
+    nobody reads blocks once the pipe's buffer (64 KiB) is full, in the middle of a log line.
+    """
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = ChildServer(proc)
+    assert proc.stderr is not None
+    reader = threading.Thread(target=_drain, args=(proc.stderr, child), name="child-stderr", daemon=True)
+    reader.start()
+    try:
+        try:
+            wait_until(lambda: bool(child.url) or proc.poll() is not None, timeout, what=f"{argv!r} to listen")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its stderr:\n{child.stderr()}") from None
+        if not child.url:
+            raise AssertionError(f"{argv!r} exited {proc.returncode} before listening:\n{child.stderr()}")
+        yield child
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        reader.join(timeout=10)
+        proc.stderr.close()
+
+
+def _drain(pipe: IO[bytes], child: ChildServer) -> None:
+    """Read the child's stderr to its end (the child closes it when it exits)."""
+    for raw in pipe:
+        line = raw.decode(errors="replace").rstrip()
+        child.lines.append(line)
+        found = _LISTENING.search(line)
+        if found and not child.url:
+            child.admin_url = found.group(2)
+            child.url = found.group(1)

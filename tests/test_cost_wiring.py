@@ -104,6 +104,17 @@ def wait_for_requests(gw: Gateway, count: int) -> None:
     wait_until(lambda: gw.costs.accountant.pending_requests == count, what=f"{count} requests recorded")
 
 
+def prices_shown(url: str) -> dict[str, float]:
+    """The per-backend prices the gateway's /metrics shows (``gateway_cost_backend_price_dollars_per_hour``)."""
+    text = httpx.get(f"{admin_url(url)}/metrics").text
+    return {
+        sample.labels["backend"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "gateway_cost_backend_price_dollars_per_hour"
+    }
+
+
 def test_the_bill_is_split_by_tokens_and_what_nobody_used_is_exported_as_unattributed(
     tmp_path: Path, fake: tuple[FakeBackend, str]
 ) -> None:
@@ -169,7 +180,11 @@ def test_a_reload_charges_the_old_prices_up_to_it_and_a_removed_backend_stops_co
         wait_for_requests(gw, 1)
         cheaper_b = {"models": ["m/other"], "price_per_gpu_hour": 3600}
         path.write_text(policy(backend_url, version="cost-2", b=cheaper_b, d=None))
-        wait_until(lambda: gw.policy().version == "cost-2", what="the reload")
+        # The policy's version changes before the listeners run: wait on the meter itself. Its
+        # price gauge is the last thing a reprice sets, and /metrics is served on the gateway's
+        # loop, so once it shows the new prices the whole reprice has happened.
+        new_prices = {"a": 3600.0, "b": 3600.0}
+        wait_until(lambda: prices_shown(url) == new_prices, what="the cost meter to follow the reload")
 
         reloaded = meter.accountant.interval_start
         old_bill = sum(PER_SECOND.values()) * (reloaded - started)
@@ -177,7 +192,7 @@ def test_a_reload_charges_the_old_prices_up_to_it_and_a_removed_backend_stops_co
         total = metric(url, "gateway_cost_dollars_total") + metric(url, "gateway_cost_unattributed_dollars_total")
         assert total == pytest.approx(old_bill), "up to the reload, at the old prices"
         assert metric(url, "gateway_cost_dollars_total", model="m/chat") > 0
-        assert dict(meter.accountant.prices) == {"a": 3600.0, "b": 3600.0}
+        assert dict(meter.accountant.prices) == new_prices
 
         d_before = metric(url, "gateway_cost_unattributed_dollars_total", backend="d")
         meter.close_interval(reloaded + INTERVAL_S)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from gateway.keys import hash_api_key
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, policy_text
 from tests.fake_backend import FakeBackend
-from tests.servers import admin_url, free_port, serve_gateway_in_thread, wait_until
+from tests.servers import admin_url, serve_gateway_in_thread, serve_in_process, wait_until
 
 ADMIN_KEY = "admin-key-for-tests"
 ADMIN = (
@@ -86,57 +85,65 @@ def test_the_admin_endpoints_need_an_admin_key(gateway: str) -> None:
 
 
 def test_sigterm_drains_streams_refuses_new_requests_and_exits_zero(policy_path: Path, backend: FakeBackend) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port)]
-    argv += ["--admin-port", str(free_port())]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    serve = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path)]
+    with serve_in_process([*serve, "--port", "0", "--admin-port", "0", "--log-level", "info"]) as child:
+        url, proc = child.url, child.proc
         wait_until(lambda: _ready(url), timeout=30, what="the gateway to be ready")
         gate = threading.Event()
         backend.gate, backend.tokens = gate, 3
-        chunks: list[str] = []
-        first = threading.Event()
+        streamed = Streamed()
+        streamer = threading.Thread(target=streamed.run, args=(url,), name="streamer")
+        streamer.start()
+        try:
+            wait_until(lambda: bool(streamed.chunks) or streamed.ended, what="the first token")
+            assert streamed.chunks, streamed.error
+            proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: _status(url + "/readyz") == 503, what="readiness to fail")
+            refused = httpx.post(
+                f"{url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {KEY_ACME}"},
+                json={"model": CHAT_MODEL, "messages": MESSAGES},
+            )
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "draining"
+            assert proc.poll() is None, f"the gateway must wait for the stream in flight:\n{child.stderr()}"
+        finally:
+            backend.gate = None
+            gate.set()
+            streamer.join(30)
+        assert not streamer.is_alive(), "the stream did not end"
+        assert streamed.error is None
+        assert streamed.chunks == [" t0", " t1", " t2"], "the stream in flight was cut"
+        assert proc.wait(timeout=30) == 0, child.stderr()
+        assert any("drained: no request in flight" in line for line in child.lines), child.stderr()
 
-        def stream() -> None:
+
+class Streamed:
+    """One streaming request through the SDK, run in a thread: its tokens, and how it failed if it did."""
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self.error: str | None = None
+        self.ended = False
+
+    def run(self, url: str) -> None:
+        try:
             with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30) as sdk:
                 for chunk in sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES, stream=True):  # type: ignore[arg-type]
                     if chunk.choices and chunk.choices[0].delta.content:
-                        chunks.append(chunk.choices[0].delta.content)
-                        first.set()
+                        self.chunks.append(chunk.choices[0].delta.content)
+        except openai.OpenAIError as exc:  # reported by the test, not lost in the thread
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.ended = True
 
-        streamer = threading.Thread(target=stream)
-        streamer.start()
-        assert first.wait(10)
-        proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: httpx.get(url + "/readyz").status_code == 503, what="readiness to fail")
-        refused = httpx.post(
-            f"{url}/v1/chat/completions",
-            headers={"authorization": f"Bearer {KEY_ACME}"},
-            json={"model": CHAT_MODEL, "messages": MESSAGES},
-        )
-        assert refused.status_code == 503
-        assert refused.json()["error"]["code"] == "draining"
-        assert proc.poll() is None, "the gateway must wait for the stream in flight"
-        backend.gate = None
-        gate.set()
-        streamer.join(10)
-        assert chunks == [" t0", " t1", " t2"], "the stream in flight was cut"
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=5).status_code
+    except httpx.HTTPError:
+        return 0
 
 
 def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz").status_code == 200
-    except httpx.HTTPError:
-        return False
+    return _status(url + "/readyz") == 200

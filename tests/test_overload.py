@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -11,7 +12,7 @@ import pytest
 
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
 from tests.fake_backend import FakeBackend
-from tests.servers import wait_until
+from tests.servers import server_in_thread, wait_until
 
 ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -162,3 +163,57 @@ def test_tenants_beyond_the_busiest_are_counted_as_other(
             httpx.post(f"{url}/v1/chat/completions", headers=headers, json={"model": CHAT_MODEL, "messages": MESSAGES})
         assert metric(url, "gateway_rejections_total", tenant="other") == 1
         assert metric(url, "gateway_rejections_total", tenant="acme") == 0
+
+
+AT_REST = (
+    "gateway_backend_in_flight_requests",
+    "gateway_backend_in_flight_tokens",
+    "gateway_class_in_flight_requests",
+    "gateway_queue_depth",
+)
+
+
+def test_requests_queued_when_every_backend_dies_end_at_once_with_no_healthy_backend(
+    start_gateway: StartGateway,
+) -> None:
+    """The one backend stops listening while one stream runs on it and three requests wait for
+    it: the health check marks it down and each waiting request gets 503 ``no_healthy_backend``
+    then, not 30 s later at its queue timeout; the stream in flight still finishes."""
+    long_wait = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_wait_s: 30}"}
+    one_slot = {"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:"}
+    dying = FakeBackend()
+    with server_in_thread(dying) as server, start_gateway(policy_text(server.url, **one_slot, **long_wait)) as url:
+        held, gate = hold_one_stream(url, dying)
+        headers = {"authorization": f"Bearer {KEY_ACME}"}
+        body = {"model": CHAT_MODEL, "messages": MESSAGES}
+        with ThreadPoolExecutor(3) as pool:
+            queued = [
+                pool.submit(httpx.post, f"{url}/v1/chat/completions", headers=headers, json=body, timeout=60)
+                for _ in range(3)
+            ]
+            wait_until(lambda: metric(url, "gateway_queue_depth") == 3, what="three requests in the queue")
+            t_dead = time.monotonic()
+            server.stop_listening()
+            replies = [future.result(timeout=60) for future in queued]
+            ended_within_s = time.monotonic() - t_dead
+        assert metric(url, "gateway_backend_healthy", backend="fake") == 0
+        for reply in replies:
+            assert reply.status_code == 503, reply.text
+            assert reply.json() == {
+                "error": {
+                    "message": f"No healthy backend serves model '{CHAT_MODEL}' right now "
+                    "(all down or their breakers open).",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "no_healthy_backend",
+                }
+            }
+            assert reply.headers["retry-after"] == "1"
+        assert ended_within_s < 10, f"{ended_within_s:.1f}s: the queue's timeout (30 s), not the backend's death"
+        release(dying, gate)
+        held.join(10)
+        assert not held.is_alive(), "the stream in flight on the dying backend did not finish"
+        assert len(dying.received) == 1, "no queued request may have reached the dying backend"
+        wait_until(lambda: all(metric(url, name) == 0 for name in AT_REST), what="every gauge back to 0")
+        late = httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body, timeout=10)
+        assert (late.status_code, late.json()["error"]["code"]) == (503, "no_healthy_backend")

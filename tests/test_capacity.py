@@ -1,0 +1,208 @@
+"""The room rule (``gateway/capacity.py``): a table of backend states against ``has_room``, then
+the token budget end to end (a request waits until tokens in flight end, then proceeds).
+
+The table builds real ``BackendState`` objects the way the gateway does: requests in flight
+through ``reserve`` (and ``prefilled`` once their first token came), the scraped signals as
+the scraper writes them, a real ``CircuitBreaker`` tripped by a failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+
+from gateway.breaker import CircuitBreaker
+from gateway.capacity import has_room
+from gateway.endpoints import BackendState
+from gateway.policy.model import Backend, BackendKind, BreakerPolicy, Capacity, PriorityClass, Slo
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
+from tests.fake_backend import FakeBackend
+from tests.fake_clock import FakeClock
+from tests.servers import wait_until
+
+NOW = 1000.0
+FRESH_S = 3.0  # a scrape older than this says nothing (the dispatcher's 3 scrape intervals)
+CAPACITY = Capacity(max_concurrent=4, max_tokens_in_flight=100, max_waiting=2, max_kv_usage=0.9)
+BACKEND = Backend(name="b", url="http://127.0.0.1:1", kind=BackendKind.VLLM, models=["m"], capacity=CAPACITY)
+SLO = Slo(ttft_ms=500, itl_ms=50, e2e_ms=60_000)
+INTERACTIVE = PriorityClass(rank=0, slo=SLO)
+BATCH = PriorityClass(rank=1, slo=SLO, max_share=0.5)  # at most 2 requests and 50 tokens of each backend
+PACED = PriorityClass(rank=1, slo=SLO, max_prefilling=1)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A backend state, a request of ``klass`` costing ``tokens``, and whether it has room."""
+
+    klass: PriorityClass
+    tokens: int
+    room: bool
+    decoding: tuple[tuple[int, int], ...] = ()  # (rank, tokens) in flight, past their first token
+    prefilling: tuple[tuple[int, int], ...] = ()  # (rank, tokens) in flight, no first token yet
+    healthy: bool = True
+    breaker_open: bool = False
+    scraped_s_ago: float | None = None  # None: never scraped
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+
+
+def backend_state(case: Case) -> BackendState:
+    breaker = CircuitBreaker("b", BreakerPolicy(consecutive_failures=1), FakeClock(NOW))
+    if case.breaker_open:
+        breaker.on_failure()
+    state = BackendState(BACKEND, breaker)
+    state.healthy = case.healthy
+    for rank, tokens in case.decoding:
+        state.reserve(rank, tokens)
+        state.prefilled(rank)
+    for rank, tokens in case.prefilling:
+        state.reserve(rank, tokens)
+    if case.scraped_s_ago is not None:
+        state.waiting, state.kv_usage, state.scraped_at = case.waiting, case.kv_usage, NOW - case.scraped_s_ago
+    return state
+
+
+ONE = ((0, 1),)  # one small interactive request in flight: the backend is not idle
+CASES = [
+    pytest.param(Case(INTERACTIVE, 10, True), id="an idle healthy backend has room"),
+    pytest.param(Case(INTERACTIVE, 500, True), id="an idle backend takes a request bigger than its whole token budget"),
+    pytest.param(Case(INTERACTIVE, 10, False, healthy=False), id="an unhealthy backend has no room even when idle"),
+    pytest.param(Case(INTERACTIVE, 10, False, breaker_open=True), id="an open breaker leaves no room even when idle"),
+    # Requests in flight.
+    pytest.param(Case(INTERACTIVE, 1, True, decoding=ONE * 3), id="three of four requests in flight leave room"),
+    pytest.param(Case(INTERACTIVE, 1, False, decoding=ONE * 4), id="max_concurrent requests in flight leave none"),
+    # The token budget.
+    pytest.param(Case(INTERACTIVE, 40, True, decoding=((0, 60),)), id="a request that fills the token budget fits"),
+    pytest.param(Case(INTERACTIVE, 41, False, decoding=((0, 60),)), id="one token over the budget does not fit"),
+    pytest.param(Case(INTERACTIVE, 1, True, decoding=((0, 98),)), id="a small request fits where a large one does not"),
+    # A class's share (batch: half of each budget).
+    pytest.param(Case(BATCH, 1, True, decoding=((1, 1),)), id="batch below its share of requests has room"),
+    pytest.param(Case(BATCH, 1, False, decoding=((1, 1),) * 2), id="batch at its share of requests has no room"),
+    pytest.param(
+        Case(INTERACTIVE, 1, True, decoding=((1, 1),) * 2), id="interactive has room where batch is at its share"
+    ),
+    pytest.param(Case(BATCH, 20, True, decoding=((1, 30),)), id="batch filling its share of tokens exactly fits"),
+    pytest.param(Case(BATCH, 21, False, decoding=((1, 30),)), id="batch over its share of tokens does not fit"),
+    pytest.param(
+        Case(INTERACTIVE, 21, True, decoding=((1, 30),)), id="interactive fits where batch is over its token share"
+    ),
+    pytest.param(
+        Case(BATCH, 1, True, decoding=((0, 1),) * 2), id="interactive requests in flight do not count in batch's share"
+    ),
+    # The backend's own saturation signals.
+    pytest.param(
+        Case(INTERACTIVE, 1, False, decoding=ONE, scraped_s_ago=1, waiting=3),
+        id="a fresh engine queue above max_waiting stops new work",
+    ),
+    pytest.param(
+        Case(INTERACTIVE, 1, True, decoding=ONE, scraped_s_ago=1, waiting=2),
+        id="an engine queue at max_waiting still takes work",
+    ),
+    pytest.param(
+        Case(INTERACTIVE, 1, False, decoding=ONE, scraped_s_ago=1, kv_usage=0.95),
+        id="a fresh kv cache usage above max_kv_usage stops new work",
+    ),
+    pytest.param(
+        Case(INTERACTIVE, 1, True, decoding=ONE, scraped_s_ago=1, kv_usage=0.9),
+        id="a kv cache usage at max_kv_usage still takes work",
+    ),
+    pytest.param(
+        Case(INTERACTIVE, 1, True, decoding=ONE, scraped_s_ago=FRESH_S + 1, waiting=50, kv_usage=1.0),
+        id="stale saturation signals are ignored",
+    ),
+    pytest.param(
+        Case(INTERACTIVE, 1, True, scraped_s_ago=0, waiting=50, kv_usage=1.0),
+        id="a saturated backend with nothing in flight from us still gets work",
+    ),
+    # Paced prefills.
+    pytest.param(Case(PACED, 1, False, prefilling=((1, 1),)), id="a paced class waits while at its max_prefilling"),
+    pytest.param(Case(PACED, 1, True, decoding=((1, 1),)), id="a paced class starts once that prefill has a token"),
+    pytest.param(Case(PACED, 1, False, prefilling=ONE), id="a paced class yields to a higher class that is prefilling"),
+    pytest.param(
+        Case(INTERACTIVE, 1, True, prefilling=((1, 1),)), id="an unpaced class does not wait on a lower class's prefill"
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_has_room(case: Case) -> None:
+    assert has_room(backend_state(case), case.klass, case.tokens, NOW, FRESH_S) is case.room
+
+
+def test_a_request_released_leaves_the_backend_as_idle_as_before() -> None:
+    state = backend_state(Case(INTERACTIVE, 1, True))
+    state.reserve(1, 30)
+    state.release(1, 30, prefilling=True)
+    assert (state.in_flight, state.in_flight_tokens) == (0, 0)
+    assert set(state.class_in_flight.values()) == set(state.class_tokens.values()) == {0}
+    assert set(state.class_prefilling.values()) == {0}
+    assert has_room(state, INTERACTIVE, 500, NOW, FRESH_S), "idle again: even a request over the budget goes"
+
+
+# End to end: a gateway in front of the fake backend, whose one backend holds 50 tokens in flight:
+# room for a request of max_tokens 30 and one of 1 at once, not for two of 30.
+BUDGET = 50
+TOKEN_BUDGET = {"    credential_env:": f"    capacity: {{max_tokens_in_flight: {BUDGET}}}\n    credential_env:"}
+INTERACTIVE_SLO = "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}"
+LONG_WAIT = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_wait_s: 30}"}
+MESSAGES = [{"role": "user", "content": "Hello"}]
+AT_REST = (
+    "gateway_backend_in_flight_requests",
+    "gateway_backend_in_flight_tokens",
+    "gateway_class_in_flight_requests",
+    "gateway_queue_depth",
+)
+
+
+def post_chat(url: str, max_tokens: int) -> httpx.Response:
+    body = {"model": CHAT_MODEL, "messages": MESSAGES, "max_tokens": max_tokens}
+    headers = {"authorization": f"Bearer {KEY_ACME}"}
+    return httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body, timeout=30)
+
+
+def test_the_token_budget_holds_a_request_until_tokens_in_flight_end_then_lets_it_through(
+    start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer
+) -> None:
+    with start_gateway(policy_text(backend_server.url, **TOKEN_BUDGET, **LONG_WAIT), health_checks=False) as url:
+        gate = threading.Event()
+        backend.gate, backend.tokens = gate, 3
+        first = threading.Event()
+
+        def held_stream() -> list[str]:
+            with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30) as sdk:
+                stream = sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES, max_tokens=30, stream=True)  # type: ignore[arg-type]
+                tokens = []
+                for chunk in stream:
+                    first.set()
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        tokens.append(chunk.choices[0].delta.content)
+                return tokens
+
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(held_stream)
+            wait_until(first.is_set, what="the held stream's first chunk")
+            held_tokens = metric(url, "gateway_backend_in_flight_tokens")  # its prompt estimate plus 30
+            prompt = held_tokens - 30
+            assert held_tokens + prompt + 1 <= BUDGET < held_tokens + prompt + 30, "the sizes this test relies on"
+
+            small = post_chat(url, max_tokens=1)
+            assert small.status_code == 200, "a request that fits the tokens left goes at once"
+            large = pool.submit(post_chat, url, 30)
+            wait_until(lambda: metric(url, "gateway_queue_depth") == 1, what="the large request to queue")
+            assert len(backend.received) == 2, "the queued request must not reach the backend yet"
+            assert not large.done()
+
+            backend.gate = None
+            gate.set()
+            assert held.result(timeout=10) == [" t0", " t1", " t2"]
+            reply = large.result(timeout=10)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"]
+        assert len(backend.received) == 3
+        assert metric(url, "gateway_queue_wait_seconds_count") >= 1
+        wait_until(lambda: all(metric(url, name) == 0 for name in AT_REST), what="every gauge back to 0")
