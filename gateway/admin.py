@@ -15,7 +15,7 @@ from typing import Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.errors import AuthenticationFailed, GatewayError, ModelNotAllowed
+from gateway.errors import AuthenticationFailed, GatewayError, ModelNotAllowed, Overloaded
 from gateway.keys import bearer_key, hash_api_key
 from gateway.policy.snapshot import PolicySnapshot
 
@@ -53,7 +53,7 @@ def admin_routes(
         async def handler(request: Request) -> Response:
             current = gateway()
             if current is None:
-                return JSONResponse({"error": "starting"}, status_code=503)
+                return render(Overloaded("The gateway is starting.", status=503, code="starting", retry_after_s=1.0))
             try:
                 _authorize(request, current)
             except GatewayError as error:

@@ -20,11 +20,12 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.admin import admin_routes
 from gateway.auth import authenticate
 from gateway.connections import is_operator_request
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Overloaded
 from gateway.intake import read_headers
 from gateway.policy.loader import load_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.proxy import InferenceHandler
+from gateway.response import COMMON_HEADERS
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.telemetry import ConnectionCounts
@@ -37,18 +38,50 @@ def error_response(error: GatewayError) -> Response:
     return Response(error.body(), status_code=error.status, headers=error.headers, media_type="application/json")
 
 
-def with_request_id(scope: Scope, send: Send) -> Send:
-    """``send`` that adds ``x-request-id`` (the client's valid one, else a new one) to the response."""
+def with_common_headers(scope: Scope, send: Send) -> Send:
+    """``send`` that adds ``x-request-id`` (the client's valid one, else a new one) and
+    ``x-content-type-options: nosniff`` to the response, as the inference responses carry them."""
     request_id = read_headers(scope["headers"]).request_id
     assert request_id is not None
-    header = (b"x-request-id", request_id.encode())
+    headers = [(b"x-request-id", request_id.encode()), *COMMON_HEADERS]
 
-    async def send_with_id(message: Message) -> None:
+    async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start":
-            message["headers"] = [*message.get("headers", ()), header]
+            message["headers"] = [*message.get("headers", ()), *headers]
         await send(message)
 
-    return send_with_id
+    return send_with_headers
+
+
+def starting() -> Response:
+    """What every endpoint but the probes answers before the lifespan has built the gateway."""
+    return error_response(Overloaded("The gateway is starting.", status=503, code="starting", retry_after_s=1.0))
+
+
+class OpenAIRoute(Route):
+    """A ``Route`` whose 405 has the OpenAI error shape (starlette's own is plain text)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.methods and scope["method"] not in self.methods:
+            allowed = ", ".join(sorted(self.methods))
+            error = MethodNotAllowed(f"{self.path} accepts {allowed} only.", headers={"allow": allowed})
+            await error_response(error)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def request_path(scope: Scope) -> str | None:
+    """The path as the client sent it, or None when it is percent-encoded.
+
+    Routing uses the raw path: a decoded one would let ``/admin%2Fpolicy`` or ``/%6detrics``
+    reach endpoints that a proxy or a rule in front of the gateway thinks it has filtered. No
+    endpoint of the gateway has an escaped character in its path, so an escaped path is a 404."""
+    raw: bytes | None = scope.get("raw_path")
+    if raw is None:
+        return str(scope["path"])
+    if b"%" in raw:
+        return None
+    return raw.decode("latin-1")
 
 
 class GatewayApp:
@@ -69,37 +102,43 @@ class GatewayApp:
         admin = admin_routes(lambda: self.gateway, error_response)
         self._ops = Router(
             routes=[
-                Route("/healthz", self._healthz),
-                Route("/readyz", self._readyz),
-                Route("/v1/models", self._models),
+                OpenAIRoute("/healthz", self._healthz, methods=["GET", "HEAD"]),
+                OpenAIRoute("/readyz", self._readyz, methods=["GET", "HEAD"]),
+                OpenAIRoute("/v1/models", self._models, methods=["GET"]),
             ],
             default=self._not_found,
+            redirect_slashes=False,  # a redirect would echo a forged Host header back to the client
         )
         self._operator = Router(
             routes=[
-                Route("/healthz", self._healthz),
-                Route("/readyz", self._readyz),
-                Route("/metrics", self._metrics),
-                Route("/admin/reload", admin["/admin/reload"], methods=["POST"]),
-                Route("/admin/policy", admin["/admin/policy"]),
+                OpenAIRoute("/healthz", self._healthz, methods=["GET", "HEAD"]),
+                OpenAIRoute("/readyz", self._readyz, methods=["GET", "HEAD"]),
+                OpenAIRoute("/metrics", self._metrics, methods=["GET"]),
+                OpenAIRoute("/admin/reload", admin["/admin/reload"], methods=["POST"]),
+                OpenAIRoute("/admin/policy", admin["/admin/policy"], methods=["GET"]),
             ],
             default=self._not_found,
+            redirect_slashes=False,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if is_operator_request(scope):
-                await self._operator(scope, receive, with_request_id(scope, send))
+            path = request_path(scope)
+            if path is None:
+                await self._not_found(scope, receive, with_common_headers(scope, send))
                 return
-            handler = self._hot.get(scope["path"])
+            if is_operator_request(scope):
+                await self._operator(scope, receive, with_common_headers(scope, send))
+                return
+            handler = self._hot.get(path)
             if handler is not None and scope["method"] == "POST":
                 await handler(scope, receive, send)  # sets x-request-id itself
                 return
-            send = with_request_id(scope, send)
+            send = with_common_headers(scope, send)
             if handler is None:
                 await self._ops(scope, receive, send)
             else:
-                error = MethodNotAllowed(f"{scope['path']} accepts POST only.")
+                error = MethodNotAllowed(f"{path} accepts POST only.", headers={"allow": "POST"})
                 await error_response(error)(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -138,7 +177,7 @@ class GatewayApp:
 
     async def _metrics(self, request: Request) -> Response:
         if self.gateway is None:
-            return PlainTextResponse("starting", status_code=503)
+            return starting()
         if self.connections is not None:
             self.gateway.metrics.export_connections(self.connections)
         body = self.gateway.export_metrics()
@@ -146,7 +185,7 @@ class GatewayApp:
 
     async def _models(self, request: Request) -> Response:
         if self.gateway is None:
-            return PlainTextResponse("starting", status_code=503)
+            return starting()
         snapshot = self.gateway.policy()
         try:
             tenant = authenticate(request.headers.get("authorization", "").encode() or None, snapshot)

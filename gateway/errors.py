@@ -249,6 +249,7 @@ class ErrorCode(StrEnum):
     QUEUE_TIMEOUT = "queue_timeout"
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
     DRAINING = "draining"
+    STARTING = "starting"
     MODEL_REMOVED = "model_removed"
     # 500 InternalError, 503 NoHealthyBackend
     INTERNAL_ERROR = "internal_error"

@@ -117,6 +117,7 @@ class Recorder:
                 tokens_out=tokens.usage_int("completion_tokens") if tokens else None,
                 cached_tokens=tokens.cached_tokens if tokens else None,
                 slo_met=met,
+                engine_request_ids=[attempt.engine_request_id for attempt in outcome.attempts],
             )
         )
 

@@ -8,7 +8,8 @@ already reads exactly that. So each line is a ``loadtests.loadgen.records.Reques
 ``error``, ``ttft_s``, ``itl_s``, ``e2e_s``, ``tokens_in``, ``tokens_out``,
 ``cached_tokens``, ``slo_met``) plus the gateway's own fields, which the reader keeps as
 extras: ``t_arrival``, ``t_admit``, ``t_dispatch``, ``t_first_token``, ``t_end`` (unix
-epoch seconds), ``queue_s``, ``backend``, ``outcome``, ``reason`` and an ITL summary
+epoch seconds), ``queue_s``, ``backend``, ``outcome``, ``reason``, ``engine_request_ids`` (the
+id each attempt's engine saw, to find the request in an engine's logs) and an ITL summary
 (``itl_p50_s``, ``itl_p99_s``, ``itl_max_s``, ``itl_mean_s``, ``itl_count``) in place of
 every gap: ``itl_s`` is left empty, which keeps a 4,000-token answer one short line.
 No prompt or completion text is ever written, only counts and timings.
@@ -106,6 +107,7 @@ def trace_record(
     tokens_out: int | None = None,
     cached_tokens: int | None = None,
     slo_met: bool = False,
+    engine_request_ids: Sequence[str] = (),
 ) -> TraceRecord:
     """One line of the log from plain values; times are the gateway clock's (monotonic) seconds.
 
@@ -142,6 +144,7 @@ def trace_record(
         "t_end": t_end + epoch_offset,
         "queue_s": queue_s,
         "backend": backend or None,
+        "engine_request_ids": list(engine_request_ids),
         "outcome": outcome,
         "reason": None if completed else outcome,
         "itl_count": 0 if itl is None else itl.count,

@@ -40,4 +40,7 @@ def test_every_request_leaves_one_line_without_any_text(
     assert second.status == 400
     raw = orjson.loads(log.read_bytes().splitlines()[0])
     assert raw["backend"] == "fake"
+    (engine_id,) = raw["engine_request_ids"]
+    assert engine_id == backend.received[-1].headers["x-request-id"], "the engine's id, to find it in its logs"
+    assert orjson.loads(log.read_bytes().splitlines()[1])["engine_request_ids"] == [], "no attempt, no id"
     assert raw["t_arrival"] <= raw["t_admit"] <= raw["t_dispatch"] <= raw["t_first_token"] <= raw["t_end"]
