@@ -17,7 +17,9 @@ The tree (status, ``code``):
     ├── PayloadTooLarge        413  request_too_large
     ├── UnsupportedMediaType   415  unsupported_media_type
     ├── HeadersTooLarge        431  request_header_too_large (gateway/connections.py)
-    ├── Overloaded             429/503 (admission: rate limits, queue full, draining, ...)
+    ├── Overloaded             429  tenant_concurrency_limited | tenant_rate_limited | tenant_token_limited
+    │                          503  queue_full | queue_timeout | deadline_unmeetable | draining | starting
+    │                               | model_removed | too_many_connections (gateway/connections.py)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
     ├── UpstreamError          502  upstream_error | upstream_connect_error | upstream_protocol_error
@@ -25,13 +27,15 @@ The tree (status, ``code``):
     │   │                           | upstream_auth_failed | upstream_misconfigured
     │   └── UpstreamUnavailable    503  upstream_unavailable | upstream_overloaded (Retry-After: the gateway's)
     ├── UpstreamRejected       400  upstream_rejected (the engine judged the request itself invalid)
-    └── UpstreamTimeout        504  upstream_timeout | upstream_stalled
+    └── UpstreamTimeout        504  upstream_timeout | upstream_stalled | deadline_exceeded
 
 How a backend's own error answer becomes one of these (and what of it a client may read) is
 the rule of ``gateway/upstream_errors.py``.
 
 Each error carries its HTTP ``status``, the OpenAI ``type`` the official SDK expects, a ``code``
-an operator can grep for, an optional ``param`` and whether a retry could succeed. The body is
+from the closed list ``ErrorCode`` (the ``outcome`` label of ``gateway_requests_total``) and an
+optional ``param``. Whether a failed attempt is retried is not the error's to say: it depends on
+what was sent and what came back (``gateway/retry.py``). The body is
 always the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``; tracebacks never
 go on the wire (the outermost handler in ``app.py`` logs them and answers a generic 500-free 502).
 """
@@ -51,7 +55,6 @@ class GatewayError(Exception):
     status: int = 500
     error_type: str = "server_error"
     default_code: str = "internal_error"
-    retryable: bool = False
 
     def __init__(
         self,
@@ -63,7 +66,7 @@ class GatewayError(Exception):
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.code = code or self.default_code
+        self.code = ErrorCode(code or self.default_code)  # ValueError for a code not in the list
         self.param = param
         self.headers: dict[str, str] = dict(headers or {})
 
@@ -133,7 +136,6 @@ class Overloaded(GatewayError):
     """Admission said no; the status (429 tenant limit, 503 system full) and Retry-After vary."""
 
     error_type = "rate_limit_error"
-    retryable = True
 
     def __init__(self, message: str, *, status: int, code: str, retry_after_s: float) -> None:
         # Retry-After in whole seconds (HTTP), retry-after-ms exact (read first by the OpenAI SDKs).
@@ -158,21 +160,18 @@ class NoHealthyBackend(GatewayError):
     status = 503
     error_type = "server_error"
     default_code = "no_healthy_backend"
-    retryable = True
 
 
 class UpstreamError(GatewayError):
     status = 502
     error_type = "server_error"
     default_code = "upstream_error"
-    retryable = True
 
 
 class UpstreamTimeout(GatewayError):
     status = 504
     error_type = "server_error"
     default_code = "upstream_timeout"
-    retryable = True
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -213,19 +212,27 @@ def sse_error_event(error: GatewayError) -> bytes:
 class ErrorCode(StrEnum):
     """Every ``code`` the gateway answers with (and the ``outcome`` label of a failed request).
 
-    The one list: a new error code is added here first, so that dashboards and alerts can be
-    written against a closed set. Grouped as the tree in the module docstring.
+    The one list: ``GatewayError`` refuses a code that is not here, so dashboards and alerts can
+    be written against a closed set. Grouped as the tree in the module docstring.
     """
 
-    # 400 InvalidRequest
+    # 400 InvalidRequest: the request itself
     INVALID_JSON = "invalid_json"
     INVALID_FIELD = "invalid_field"
     INVALID_HEADER = "invalid_header"
     INVALID_PRIORITY = "invalid_priority"
+    DUPLICATE_KEY = "duplicate_key"
+    DUPLICATE_HEADER = "duplicate_header"
+    UNSUPPORTED_FIELD = "unsupported_field"
+    MEDIA_URL_NOT_ALLOWED = "media_url_not_allowed"
     TOO_DEEP = "too_deep"
+    TOO_COMPLEX = "too_complex"
     TOO_MANY_MESSAGES = "too_many_messages"
+    TOO_MANY_CONTENT_PARTS = "too_many_content_parts"
+    TOO_MANY_TOOLS = "too_many_tools"
     PROMPT_TOO_LONG = "prompt_too_long"
     MAX_TOKENS_TOO_LARGE = "max_tokens_too_large"
+    CONFLICTING_MAX_TOKENS = "conflicting_max_tokens"
     N_TOO_LARGE = "n_too_large"
     UPSTREAM_REJECTED = "upstream_rejected"
     # 401 AuthenticationFailed
@@ -235,39 +242,47 @@ class ErrorCode(StrEnum):
     MODEL_NOT_ALLOWED = "model_not_allowed"
     ADMIN_DISABLED = "admin_disabled"
     NOT_ADMIN = "not_admin"
-    # 404 NotFound, 405 MethodNotAllowed, 413 PayloadTooLarge
+    # 404, 405, 408, 413, 415, 431: the request's shape on the wire
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    REQUEST_TIMEOUT = "request_timeout"
     REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    REQUEST_HEADER_TOO_LARGE = "request_header_too_large"
     # 429 Overloaded: the tenant's own limits
     TENANT_CONCURRENCY_LIMITED = "tenant_concurrency_limited"
     TENANT_RATE_LIMITED = "tenant_rate_limited"
     TENANT_TOKEN_LIMITED = "tenant_token_limited"
-    # 503 Overloaded: the system is full
+    # 503 Overloaded: the system is full, starting or stopping
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
     DRAINING = "draining"
     STARTING = "starting"
     MODEL_REMOVED = "model_removed"
-    # 500 InternalError, 503 NoHealthyBackend
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    # 500 InternalError; 503 NoHealthyBackend
     INTERNAL_ERROR = "internal_error"
     NO_HEALTHY_BACKEND = "no_healthy_backend"
-    # 502 UpstreamError, 504 UpstreamTimeout
+    NO_BACKEND_FOR_TENANT = "no_backend_for_tenant"
+    # 502 UpstreamError, 503 UpstreamUnavailable, 504 UpstreamTimeout
     UPSTREAM_ERROR = "upstream_error"
     UPSTREAM_CONNECT_ERROR = "upstream_connect_error"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
     UPSTREAM_DISCONNECTED = "upstream_disconnected"
+    UPSTREAM_AUTH_FAILED = "upstream_auth_failed"
+    UPSTREAM_MISCONFIGURED = "upstream_misconfigured"
     BREAKER_OPEN = "breaker_open"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_OVERLOADED = "upstream_overloaded"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_STALLED = "upstream_stalled"
     DEADLINE_EXCEEDED = "deadline_exceeded"
-    # Not an error the gateway answers: a client that left (the outcome of its request)
+    # Not answered to anyone: a client that left before its answer (the outcome of its request)
     CLIENT_DISCONNECTED = "client_disconnected"
 
 
 def code_of(error: GatewayError) -> ErrorCode:
-    """``error``'s code as a member of the closed list (``upstream_error`` for an unlisted one)."""
-    member = ErrorCode._value2member_map_.get(error.code)
-    return member if isinstance(member, ErrorCode) else ErrorCode.UPSTREAM_ERROR
+    """``error``'s code (always a member of the closed list)."""
+    return error.code
