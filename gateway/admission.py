@@ -22,7 +22,7 @@ the tenant's requests per minute. A tenant known to be out of requests is refuse
 store call): a stream of invalid bodies cannot outrun its rate limit.
 
 **Store latency is bounded per request**: admission and settlement share the store's
-``request_budget_s`` (``gateway/state/redis.py``: past it the store answers from its fallback).
+``request_budget_s`` (``gateway/limitstore/redis.py``: past it the store answers from its fallback).
 
 Every response carries OpenAI's ``x-ratelimit-*`` headers for the limits the tenant has, and
 a refusal is a 429 whose ``Retry-After`` is the time until the bucket holds enough again.
@@ -38,9 +38,9 @@ from typing import Any, TypeVar
 
 from gateway.clock import Clock, MonotonicClock
 from gateway.errors import InvalidRequest, Overloaded
+from gateway.limitstore.base import Adjust, Ask, Bucket, BucketResult, LimitStore, Settlement, Take, Verdict
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.state.base import Adjust, Ask, Bucket, BucketResult, LimitStore, Settlement, Take, Verdict
 from gateway.streaming import TokenTimer
 from gateway.types import InferenceRequest
 from gateway.validation import choices

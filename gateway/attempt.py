@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import httpx
 
+from gateway.backends import BackendPool, BackendState
 from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock
 from gateway.context import RequestContext
 from gateway.dispatch import Dispatcher, Grant
-from gateway.endpoints import BackendPool, BackendState
 from gateway.errors import ErrorCode, GatewayError, UpstreamError, UpstreamTimeout, code_of
 from gateway.migration import can_continue, continuation
 from gateway.outcome import AttemptRecord
@@ -145,7 +145,7 @@ class Attempts:
                 deps.metrics.retries.labels(grant.state.name, error.code).inc()
                 tried = tried | {grant.state.name}
             finally:
-                deps.dispatcher.release(request.model, grant)
+                deps.dispatcher.give_back(request.model, grant)
             if delay:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
@@ -284,7 +284,7 @@ class Attempts:
         else:
             relay.resume(on_output=first_token)
         backend = grant.state.backend
-        failure = await relay.pump(_raw_chunks(response, backend.name, backend.timeouts.between_chunks_s), report)
+        failure = await relay.forward(_raw_chunks(response, backend.name, backend.timeouts.between_chunks_s), report)
         if failure is not None:
             if relay.progress is not None and relay.progress.continuable:
                 raise StreamBroken(failure)
@@ -297,7 +297,7 @@ class Attempts:
 def _report_verdict(breaker: CircuitBreaker, verdict: bool | None) -> None:
     """An attempt's verdict to its backend's breaker: None (the client left) counts neither way."""
     if verdict is None:
-        breaker.release()
+        breaker.abstain()
     elif verdict:
         breaker.on_success()
     else:

@@ -18,13 +18,13 @@ The rule:
 What counts: report ``on_failure()`` for connection errors, timeouts and 5xx answers; report
 ``on_success()`` when the backend answered with a 2xx status line (for a stream, at its
 headers, so that a probe does not wait for a long generation); a 4xx says nothing about the
-backend and a 429 is the backend's admission, so neither is reported (call ``release()``).
+backend and a 429 is the backend's admission, so neither is reported (call ``abstain()``).
 
 Two calls guard a request, because routing filters many candidates but sends to one:
 ``allow()`` is a pure check for filters (Closed, or HalfOpen with a free probe slot);
 ``try_acquire()`` takes the probe slot when the request is really sent to this backend (always
 true when Closed) and must be followed by exactly one of ``on_success()``, ``on_failure()`` or
-``release()`` (cancelled, no verdict).
+``abstain()`` (cancelled, no verdict).
 
 Defaults follow what an Envoy or Hystrix user expects: 5 consecutive failures (Envoy's
 ``consecutive_5xx``), 50 % of at least 20 requests over 10 s (Hystrix), open 30 s growing to at
@@ -34,7 +34,7 @@ Usage::
 
     breaker = CircuitBreaker("h100-a", BreakerPolicy(), clock)
     candidates = [b for b in backends if breakers[b.name].allow()]
-    if breakers[picked].try_acquire(): ...send, then on_success() / on_failure() / release()
+    if breakers[picked].try_acquire(): ...send, then on_success() / on_failure() / abstain()
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class CircuitBreaker:
             if self._should_trip(now):
                 self._open()
 
-    def release(self) -> None:
+    def abstain(self) -> None:
         """The acquired request ended without a verdict (cancelled, or a 4xx/429 answer)."""
         if self.state is BreakerState.HALF_OPEN and self._probes:
             self._probes -= 1

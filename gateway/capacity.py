@@ -20,18 +20,18 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
 
 from __future__ import annotations
 
-from gateway.endpoints import BackendState
+from gateway.backends import BackendState
 from gateway.policy.model import PriorityClass
 
 
-def has_room(state: BackendState, klass: PriorityClass, tokens: int, now: float, fresh_s: float) -> bool:
+def has_room(state: BackendState, priority_class: PriorityClass, tokens: int, now: float, fresh_s: float) -> bool:
     if not state.healthy or (state.breaker is not None and not state.breaker.allow()):
         return False
     capacity = state.backend.capacity
     if state.in_flight == 0:
         return True
-    rank, share = klass.rank, klass.max_share
-    if klass.max_prefilling is not None and _prefill_blocked(state, rank, klass.max_prefilling):
+    rank, share = priority_class.rank, priority_class.max_share
+    if priority_class.max_prefilling is not None and _prefill_blocked(state, rank, priority_class.max_prefilling):
         return False
     if state.in_flight >= capacity.max_concurrent:
         return False

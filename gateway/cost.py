@@ -103,7 +103,7 @@ class CostAccountant:
     Usage::
 
         costs = CostAccountant({"h100-a": 2 * 4.0}, now=clock.now())   # 2 GPUs at $4/GPU-hour
-        costs.record(backend="h100-a", key=CostKey("acme", "llama", "interactive"), tokens=812, goodput=True)
+        costs.add_request(backend="h100-a", key=CostKey("acme", "llama", "interactive"), tokens=812, goodput=True)
         for key, delta in costs.close_interval(clock.now()).items(): ...   # every 15 s
     """
 
@@ -132,7 +132,7 @@ class CostAccountant:
         """Requests recorded in the running interval, not yet charged."""
         return sum(p.requests for served in self._pending.values() for p in served.values())
 
-    def record(self, *, backend: str, key: CostKey, tokens: int, goodput: bool) -> None:
+    def add_request(self, *, backend: str, key: CostKey, tokens: int, goodput: bool) -> None:
         """One finished request that a backend served (call once, from ``Gateway.record``)."""
         per_backend = self._pending.setdefault(backend, {})
         pending = per_backend.get(key)

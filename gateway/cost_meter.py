@@ -19,7 +19,7 @@ flight on it finish and count, at 0 dollars), an added one costs from the reload
 Usage (what ``gateway/service.py`` and the recorder do)::
 
     costs = CostMeter(metrics, snapshot.policy.backends, clock)
-    costs.record(outcome, tenant_label, met)           # by the recorder, once per request
+    costs.charge(outcome, tenant_label, met)           # by the recorder, once per request
     costs.reprice(new_snapshot.policy.backends)        # on a policy reload
     spawn(costs.run(lambda: policy().telemetry.cost_interval_s))
 """
@@ -45,12 +45,12 @@ class CostMeter:
         self.accountant = CostAccountant(prices, now=clock.now())
         self._show_prices(prices)
 
-    def record(self, outcome: RequestOutcome, tenant: str, goodput: bool) -> None:
+    def charge(self, outcome: RequestOutcome, tenant: str, goodput: bool) -> None:
         """One finished request, under its tenant *label*; one that reached no backend used no GPU time."""
         backend = outcome.backend
         if not backend:
             return
-        self.accountant.record(
+        self.accountant.add_request(
             backend=backend,
             key=CostKey(tenant, outcome.model, outcome.class_name),
             tokens=outcome.tokens.total_tokens if outcome.tokens else 0,

@@ -13,7 +13,7 @@
 3. A queued request waits at most ``min(max_wait_s, deadline)`` (then ``queue_timeout``);
    a client that disconnects cancels the wait and leaves the queue at once.
 4. Whenever capacity frees up (a request ends, a scrape or health check changes a backend),
-   ``pump`` hands backends to waiting requests: classes in rank order (interactive always
+   ``hand_out`` hands backends to waiting requests: classes in rank order (interactive always
    before batch), tenants within a class by fair queuing, until the head no longer fits.
 
 When no backend of the model is healthy the request fails at once with 503
@@ -34,9 +34,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.backends import BackendPool, BackendState, Lane
 from gateway.capacity import has_room
 from gateway.clock import Clock
-from gateway.endpoints import BackendPool, BackendState, Lane
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
@@ -101,13 +101,13 @@ class ModelQueues:
     def service_ttft_tail_s(self) -> float:
         return self.service_ttft_s + 4 * self.service_ttft_dev_s
 
-    def wait_budget(self, klass: PriorityClass) -> float:
-        """How long a request of ``klass`` may wait here: the explicit ``max_wait_s``, else its TTFT
+    def wait_budget(self, priority_class: PriorityClass) -> float:
+        """How long a request of ``priority_class`` may wait here: the explicit ``max_wait_s``, else its TTFT
         objective less what the backends currently take to produce a first token, tail included
         (mean plus four mean deviations), so that a request let in still meets its objective."""
-        if klass.queue.max_wait_s is not None:
-            return klass.queue.max_wait_s
-        return max(0.0, klass.slo.ttft_ms / 1000 - self.service_ttft_tail_s())
+        if priority_class.queue.max_wait_s is not None:
+            return priority_class.queue.max_wait_s
+        return max(0.0, priority_class.slo.ttft_ms / 1000 - self.service_ttft_tail_s())
 
     def queue(self, rank: int) -> ClassQueue:
         for queue in self.classes:
@@ -195,7 +195,7 @@ class Dispatcher:
         request: InferenceRequest,
         tenant: Tenant,
         class_name: str,
-        klass: PriorityClass,
+        priority_class: PriorityClass,
         deadline: float,
         exclude: frozenset[str] = frozenset(),
     ) -> Grant:
@@ -214,13 +214,13 @@ class Dispatcher:
         mq = self._lane_queues(self._lane(model, tenant))
         tokens = request.prompt_tokens + request.max_tokens
         now = self.clock.now()
-        if mq.waiting_at_or_above(klass.rank) == 0:
-            decision = self._place(request, tenant, klass, tokens, now, exclude)
+        if mq.waiting_at_or_above(priority_class.rank) == 0:
+            decision = self._place(request, tenant, priority_class, tokens, now, exclude)
             if decision is not None:
-                self._commit(request, tenant, decision, klass.rank, tokens)
-                mq.meter.record(now)
-                return Grant(decision, klass.rank, tokens, 0.0, now, lane=mq.key)
-        return await self._wait(mq, request, tenant, class_name, klass, tokens, deadline, now, exclude)
+                self._commit(request, tenant, decision, priority_class.rank, tokens)
+                mq.meter.count(now)
+                return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key)
+        return await self._wait(mq, request, tenant, class_name, priority_class, tokens, deadline, now, exclude)
 
     async def _wait(
         self,
@@ -228,20 +228,20 @@ class Dispatcher:
         request: InferenceRequest,
         tenant: Tenant,
         class_name: str,
-        klass: PriorityClass,
+        priority_class: PriorityClass,
         tokens: int,
         deadline: float,
         now: float,
         exclude: frozenset[str],
     ) -> Grant:
-        queue = mq.queue(klass.rank)
-        limit = klass.queue
+        queue = mq.queue(priority_class.rank)
+        limit = priority_class.queue
         rate = mq.meter.rate(now)
-        ahead = mq.waiting_above(klass.rank) + queue.ahead_of(tenant.name)
+        ahead = mq.waiting_above(priority_class.rank) + queue.ahead_of(tenant.name)
         estimate = (ahead + 1) / rate if rate else 0.0
         if queue.depth >= limit.max_depth:
             self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
-        budget = min(mq.wait_budget(klass), deadline - now)
+        budget = min(mq.wait_budget(priority_class), deadline - now)
         if estimate * ESTIMATE_MARGIN > budget:
             raise system_full(
                 "deadline_unmeetable",
@@ -258,7 +258,7 @@ class Dispatcher:
         except BaseException as exc:
             if future.done() and not future.cancelled() and future.exception() is None:
                 # Granted in the same instant as we leave (timeout, client gone): give it back.
-                self.release(request.model, Grant(future.result(), klass.rank, tokens, 0.0))
+                self.give_back(request.model, Grant(future.result(), priority_class.rank, tokens, 0.0))
             else:
                 queue.remove(ticket)
             if isinstance(exc, TimeoutError):
@@ -270,7 +270,7 @@ class Dispatcher:
                 ) from None
             raise
         granted_at = self.clock.now()
-        return Grant(decision, klass.rank, tokens, granted_at - now, granted_at, lane=mq.key)
+        return Grant(decision, priority_class.rank, tokens, granted_at - now, granted_at, lane=mq.key)
 
     def _make_room(
         self,
@@ -303,14 +303,14 @@ class Dispatcher:
         self,
         request: InferenceRequest,
         tenant: Tenant,
-        klass: PriorityClass,
+        priority_class: PriorityClass,
         tokens: int,
         now: float,
         exclude: frozenset[str] = frozenset(),
     ) -> RoutingDecision | None:
         model = request.model
         candidates = self._lane(model, tenant).states
-        roomy = [s for s in candidates if has_room(s, klass, tokens, now, self._fresh_s)]
+        roomy = [s for s in candidates if has_room(s, priority_class, tokens, now, self._fresh_s)]
         if exclude and len(roomy) > 1:  # a retry goes elsewhere when elsewhere has room
             roomy = [s for s in roomy if s.name not in exclude] or roomy
         if roomy:
@@ -346,15 +346,15 @@ class Dispatcher:
             mq = self._queues.get(grant.lane or model)
             if mq is not None:
                 mq.observe_service_ttft(self.clock.now() - grant.dispatched_at)
-            self.pump(model)
+            self.hand_out(model)
 
-    def release(self, model: str, grant: Grant) -> None:
+    def give_back(self, model: str, grant: Grant) -> None:
         """Give the slot back and let waiting requests have it."""
-        grant.state.release(grant.rank, grant.tokens, grant.prefilling)
+        grant.state.unreserve(grant.rank, grant.tokens, grant.prefilling)
         grant.prefilling = False
-        self.pump(model)
+        self.hand_out(model)
 
-    def pump(self, model: str) -> None:
+    def hand_out(self, model: str) -> None:
         """Hand free capacity to waiting requests: by class rank across the model's lanes, then fair
         order within a queue; a lane whose head does not fit serves none of its lower classes."""
         lanes = self._lanes.get(model, ())
@@ -382,10 +382,10 @@ class Dispatcher:
                 return False
             queue.pop(ticket)
             self._commit(ticket.request, ticket.tenant, decision, queue.rank, ticket.cost)
-            mq.meter.record(now)
+            mq.meter.count(now)
             ticket.future.set_result(decision)
         return queue.depth == 0
 
-    def pump_all(self) -> None:
+    def hand_out_all(self) -> None:
         for model in self._lanes:
-            self.pump(model)
+            self.hand_out(model)

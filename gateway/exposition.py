@@ -7,9 +7,9 @@ reads them once. Per-request samples are applied in bulk here too (``Metrics.exp
 
 from __future__ import annotations
 
+from gateway.backends import BackendPool
 from gateway.breaker import BreakerState
 from gateway.dispatch import Dispatcher
-from gateway.endpoints import BackendPool
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource
 from gateway.telemetry import Metrics
@@ -30,8 +30,8 @@ def expose(
     m = metrics
     classes = snapshot.policy.classes
     rank_names = {c.rank: name for name, c in classes.items()}
-    for name, klass in classes.items():
-        m.slo_objective.labels(name).set(klass.slo.objective)
+    for name, priority_class in classes.items():
+        m.slo_objective.labels(name).set(priority_class.slo.objective)
     for state in pool.all():
         m.in_flight.labels(state.name).set(state.in_flight)
         m.in_flight_tokens.labels(state.name).set(state.in_flight_tokens)

@@ -20,7 +20,7 @@ first request). ``-`` (no tenant: the request failed authentication) passes thro
 Usage::
 
     labels = TenantLabels(top=20, clock=clock)
-    metrics.rejections.labels(reason, klass, labels.label(exchange.tenant)).inc()
+    metrics.rejections.labels(reason, priority_class, labels.label(exchange.tenant)).inc()
 """
 
 from __future__ import annotations

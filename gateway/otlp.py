@@ -62,7 +62,7 @@ class SpanRecord:
 
 
 @dataclass(slots=True)
-class TraceRecord:
+class SpanBatch:
     """The spans one request contributes to its trace."""
 
     trace_id: int
@@ -104,7 +104,7 @@ def _any_value(value: AttributeValue) -> bytes:
 
 
 class SpanEncoder:
-    """Encodes ``TraceRecord``s into one ``ExportTraceServiceRequest``.
+    """Encodes ``SpanBatch``s into one ``ExportTraceServiceRequest``.
 
     Span attributes are encoded as whole tagged fields and memoised where values repeat across
     requests (strings and bools: model, tenant, class, backend, outcome; small ints: status
@@ -128,7 +128,7 @@ class SpanEncoder:
         self._resource = _field(b"\x0a", resource_body)
         self._scope = _field(b"\x0a", _field(b"\x0a", scope_name.encode()))
 
-    def spans(self, trace: TraceRecord) -> bytes:
+    def spans(self, trace: SpanBatch) -> bytes:
         """One request's spans as ``ScopeSpans.spans`` fields, ready to be joined into a batch."""
         trace_id = trace.trace_id.to_bytes(16, "big")
         return b"".join([self._span(trace_id, span) for span in trace.spans])
@@ -294,7 +294,7 @@ class BatchExporter:
             self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
             self._thread.start()
 
-    def submit(self, trace: TraceRecord) -> None:
+    def submit(self, trace: SpanBatch) -> None:
         """Encode and queue one request's spans; dropped (and counted) when the queue is full."""
         queue = self._queue
         if len(queue) >= self._max_queue:

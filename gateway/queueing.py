@@ -159,7 +159,7 @@ class DrainMeter:
         self._window_s = window_s
         self._times: deque[float] = deque()
 
-    def record(self, now: float) -> None:
+    def count(self, now: float) -> None:
         self._times.append(now)
         self._trim(now)
 

@@ -24,7 +24,7 @@ from gateway.goodput import judge
 from gateway.labels import TenantLabels
 from gateway.outcome import RequestOutcome, TokenStats
 from gateway.telemetry import Metrics
-from gateway.tracelog import ItlSummary, TraceLog, trace_record
+from gateway.tracelog import ItlSummary, TraceLog, trace_line
 from gateway.tracing import RequestSpan
 
 
@@ -74,7 +74,7 @@ class Recorder:
             if verdict.met:
                 p.inc(m.goodput_requests, model_class)
                 p.inc(m.goodput_tokens, model_class, (tokens.usage_int("completion_tokens") or 0) if tokens else 0)
-        self.costs.record(outcome, tenant, verdict.met)
+        self.costs.charge(outcome, tenant, verdict.met)
         itl = ItlSummary.of(tokens.gaps) if tokens and tokens.gaps else None
         if self.trace_log is not None:
             self._write_trace_log(self.trace_log, outcome, itl, verdict.met)
@@ -96,7 +96,7 @@ class Recorder:
         """One line of the request trace log (no prompt or completion text, ever)."""
         tokens = outcome.tokens
         log.write(
-            trace_record(
+            trace_line(
                 request_id=outcome.request_id,
                 epoch_offset=self.epoch_offset,
                 t_arrival=outcome.arrival,

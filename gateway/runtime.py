@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from gateway.backends import BackendPool, PoolPlan
 from gateway.clock import Clock
-from gateway.endpoints import BackendPool, PoolPlan
 from gateway.labels import TenantLabels
 from gateway.policy.model import TracingConfig
 from gateway.policy.snapshot import PolicySnapshot

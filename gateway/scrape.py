@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from gateway.backends import BackendPool, BackendState
 from gateway.clock import Clock
-from gateway.endpoints import BackendPool, BackendState
 
 log = logging.getLogger(__name__)
 

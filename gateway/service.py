@@ -21,13 +21,16 @@ from typing import Any
 
 from gateway.admission import TenantLimiter
 from gateway.attempt import AttemptDeps
+from gateway.backends import BackendPool
 from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock, MonotonicClock
 from gateway.cost_meter import CostMeter
 from gateway.dispatch import Dispatcher
-from gateway.endpoints import BackendPool
 from gateway.exposition import expose
 from gateway.lifecycle import Drainable
+from gateway.limitstore.factory import build_limit_store
+from gateway.limitstore.memory import MemoryLimitStore
+from gateway.limitstore.redis import RedisLimitStore
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource, ReloadRefused
 from gateway.proxy import InFlight, PipelineDeps
@@ -35,9 +38,6 @@ from gateway.recorder import Recorder
 from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
 from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
-from gateway.state.factory import build_limit_store
-from gateway.state.memory import MemoryLimitStore
-from gateway.state.redis import RedisLimitStore
 from gateway.telemetry import Metrics
 from gateway.tokens import CharRatioEstimator
 from gateway.tracelog import TraceLog, TraceLogConfig
@@ -125,7 +125,7 @@ class Gateway:
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
         if plan.retired_tracing is not None:
             threading.Thread(target=plan.retired_tracing.shutdown, name="tracing-shutdown", daemon=True).start()
-        self.dispatcher.pump_all()
+        self.dispatcher.hand_out_all()
         log.warning("policy %s (digest %s) is now in force", snapshot.version, snapshot.digest)
 
     def policy_status(self) -> dict[str, object]:
@@ -190,7 +190,7 @@ class Gateway:
             await self.pool.check_all(self.upstream.http, policy.health_checks.timeout_s)
             self._spawn(self._health_loop())
         if policy.scrape.interval_s > 0:
-            scraper = SaturationScraper(self.pool, self.upstream.http, self.clock, self.dispatcher.pump_all)
+            scraper = SaturationScraper(self.pool, self.upstream.http, self.clock, self.dispatcher.hand_out_all)
             self._spawn(scraper.run(policy.scrape.interval_s, policy.scrape.timeout_s))
 
     async def _health_loop(self) -> None:
@@ -199,7 +199,7 @@ class Gateway:
             checks = self.policy().policy.health_checks
             await asyncio.sleep(checks.interval_s)
             await self.pool.check_all(self.upstream.http, checks.timeout_s)
-            self.dispatcher.pump_all()
+            self.dispatcher.hand_out_all()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a background loop (health checks, scrapes, ...) owned by the gateway."""

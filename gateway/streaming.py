@@ -123,8 +123,8 @@ class SseRelay:
     """Relays upstream SSE bodies to one client, feeding a ``TokenTimer``.
 
     ``run`` relays one upstream and closes the client's stream. A caller that may continue a
-    broken stream elsewhere calls ``pump`` (relay one upstream, return its failure), then
-    ``resume`` and ``pump`` again with the next upstream, and ``finish`` once.
+    broken stream elsewhere calls ``forward`` (relay one upstream, return its failure), then
+    ``resume`` and ``forward`` again with the next upstream, and ``finish`` once.
     """
 
     __slots__ = (
@@ -181,9 +181,9 @@ class SseRelay:
         self, chunks: AsyncIterator[bytes], report: Callable[[UpstreamFault], None] | None = None
     ) -> StreamEnd:
         """Relay until the upstream ends; then close the client's stream properly."""
-        return await self.finish(await self.pump(chunks, report))
+        return await self.finish(await self.forward(chunks, report))
 
-    async def pump(
+    async def forward(
         self, chunks: AsyncIterator[bytes], report: Callable[[UpstreamFault], None] | None = None
     ) -> GatewayError | None:
         """Relay one upstream body; return why it ended early, or None when it finished.
@@ -220,7 +220,7 @@ class SseRelay:
         return failure
 
     def resume(self, on_output: Callable[[], None] | None = None) -> None:
-        """The next ``pump`` continues the stream: splice it in; ``on_output`` at its first output."""
+        """The next ``forward`` continues the stream: splice it in; ``on_output`` at its first output."""
         progress = self.progress
         assert progress is not None
         assert progress.tokens is not None

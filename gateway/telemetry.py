@@ -384,7 +384,7 @@ class Metrics:
         )
 
     def _declare_state_metrics(self, r: CollectorRegistry | None) -> None:
-        """Shared limit state in Redis (``gateway/state/redis.py``). Registered (``r``) only when
+        """Shared limit state in Redis (``gateway/limitstore/redis.py``). Registered (``r``) only when
         the policy puts the state in Redis: a gateway without Redis exports no ``gateway_redis_up``,
         so an alert on ``gateway_redis_up == 0`` never fires for it."""
         self.redis_up = Gauge(

@@ -25,7 +25,7 @@ Usage::
 
     log = TraceLog(TraceLogConfig(path=Path("/var/log/gateway/trace.jsonl")))
     log.start()
-    log.write(trace_record(request_id="r1", ..., epoch_offset=offset))
+    log.write(trace_line(request_id="r1", ..., epoch_offset=offset))
     log.close()   # drains what is buffered
 """
 
@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 log = logging.getLogger(__name__)
 
-TraceRecord = dict[str, Any]
+TraceLine = dict[str, Any]
 """One line of the log: ``RequestRecord`` fields plus the gateway's extras (see the module doc)."""
 
 
@@ -85,7 +85,7 @@ def _rank(ordered: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def trace_record(
+def trace_line(
     *,
     request_id: str,
     epoch_offset: float,
@@ -108,7 +108,7 @@ def trace_record(
     cached_tokens: int | None = None,
     slo_met: bool = False,
     engine_request_ids: Sequence[str] = (),
-) -> TraceRecord:
+) -> TraceLine:
     """One line of the log from plain values; times are the gateway clock's (monotonic) seconds.
 
     ``epoch_offset`` turns them into unix epoch seconds (``time.time() - clock.now()``,
@@ -168,7 +168,7 @@ class TraceLog:
         self._refused = 0  # buffer full: counted on the event loop
         self._lost = 0  # write failed: counted on the writer thread (two counters, no race)
         self.written = 0
-        self._buffer: deque[TraceRecord] = deque()
+        self._buffer: deque[TraceLine] = deque()
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -180,7 +180,7 @@ class TraceLog:
         self._thread = threading.Thread(target=self._run, name="trace-log-writer", daemon=True)
         self._thread.start()
 
-    def write(self, record: TraceRecord) -> bool:
+    def write(self, record: TraceLine) -> bool:
         """Queue ``record``; False (and counted) when the buffer is full. Never blocks."""
         buffer = self._buffer
         if len(buffer) >= self.config.buffer_records:
@@ -209,7 +209,7 @@ class TraceLog:
                 return
 
     @staticmethod
-    def serialise(record: TraceRecord) -> bytes:
+    def serialise(record: TraceLine) -> bytes:
         """One line of the file, newline included."""
         return orjson.dumps(record) + b"\n"
 

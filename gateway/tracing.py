@@ -62,9 +62,9 @@ from gateway.otlp import (
     BatchExporter,
     HttpSender,
     Sender,
+    SpanBatch,
     SpanEncoder,
     SpanRecord,
-    TraceRecord,
 )
 from gateway.policy.model import TracingConfig
 from gateway.tracelog import ItlSummary
@@ -320,7 +320,7 @@ class RequestSpan:
         for child in self._children:
             if not child.end:  # an attempt cut short (the client left): it ends with the request
                 child.end = t
-        self._tracing.submit(TraceRecord(self.trace_id, [record, *self._children]))
+        self._tracing.submit(SpanBatch(self.trace_id, [record, *self._children]))
 
     def _child(self, name: str, kind: int, start: float, end: float, attributes: dict[str, AttributeValue]) -> None:
         self._children.append(SpanRecord(name, kind, _new_id(64), self.span_id, start, end, attributes))
@@ -379,9 +379,9 @@ class Tracing:
             record.links = (client,)
         return RequestSpan(self, trace_id, span_id, record, self.config.capture_content)
 
-    def submit(self, trace_record: TraceRecord) -> None:
+    def submit(self, batch: SpanBatch) -> None:
         if self._exporter is not None:
-            self._exporter.submit(trace_record)
+            self._exporter.submit(batch)
 
     def flush(self) -> None:
         """Send every finished trace now (tests; shutdown does it too)."""

@@ -101,7 +101,7 @@ from loadtests.loadgen.workload import Workload, load_workload
 from loadtests.sim.profiles import BLOCK_SIZE, get_profile
 
 if TYPE_CHECKING:
-    from gateway.endpoints import BackendState
+    from gateway.backends import BackendState
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROFILE = "llama-3.1-8b-h100"

@@ -20,8 +20,8 @@ import argparse
 import random
 import time
 
+from gateway.backends import BackendPool
 from gateway.clock import MonotonicClock
-from gateway.endpoints import BackendPool
 from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot

@@ -8,10 +8,10 @@ import pytest
 from gateway.admission import TenantLimiter, charged_tokens, format_duration, resolve_class
 from gateway.errors import InvalidRequest, Overloaded
 from gateway.keys import hash_api_key
+from gateway.limitstore.memory import MemoryLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.state.memory import MemoryLimitStore
 from gateway.types import Api, InferenceRequest
 from tests.fake_clock import FakeClock
 

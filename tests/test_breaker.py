@@ -26,7 +26,7 @@ def run(breaker: CircuitBreaker, clock: FakeClock, script: str) -> None:
         elif step == "A":
             assert breaker.try_acquire()
         elif step == "R":
-            breaker.release()
+            breaker.abstain()
         elif breaker.try_acquire():
             breaker.on_failure() if step == "F" else breaker.on_success()
 

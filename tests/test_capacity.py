@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.backends import BackendState
 from gateway.breaker import CircuitBreaker
 from gateway.capacity import has_room
-from gateway.endpoints import BackendState
 from gateway.policy.model import Backend, BackendKind, BreakerPolicy, Capacity, PriorityClass, Slo
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
 from tests.fake_backend import FakeBackend
@@ -37,9 +37,9 @@ PACED = PriorityClass(rank=1, slo=SLO, max_prefilling=1)
 
 @dataclass(frozen=True)
 class Case:
-    """A backend state, a request of ``klass`` costing ``tokens``, and whether it has room."""
+    """A backend state, a request of ``priority_class`` costing ``tokens``, and whether it has room."""
 
-    klass: PriorityClass
+    priority_class: PriorityClass
     tokens: int
     room: bool
     decoding: tuple[tuple[int, int], ...] = ()  # (rank, tokens) in flight, past their first token
@@ -131,13 +131,13 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES)
 def test_has_room(case: Case) -> None:
-    assert has_room(backend_state(case), case.klass, case.tokens, NOW, FRESH_S) is case.room
+    assert has_room(backend_state(case), case.priority_class, case.tokens, NOW, FRESH_S) is case.room
 
 
 def test_a_request_released_leaves_the_backend_as_idle_as_before() -> None:
     state = backend_state(Case(INTERACTIVE, 1, True))
     state.reserve(1, 30)
-    state.release(1, 30, prefilling=True)
+    state.unreserve(1, 30, prefilling=True)
     assert (state.in_flight, state.in_flight_tokens) == (0, 0)
     assert set(state.class_in_flight.values()) == set(state.class_tokens.values()) == {0}
     assert set(state.class_prefilling.values()) == {0}

@@ -148,11 +148,11 @@ def test_the_bill_is_split_by_tokens_and_what_nobody_used_is_exported_as_unattri
         price = metric(url, "gateway_cost_backend_price_dollars_per_hour")
         assert price == pytest.approx(sum(PER_SECOND.values()) * 3600)
 
-        for model, klass in (("m/chat", "interactive"), ("m/chat", "batch"), ("m/other", "interactive")):
-            goodput = metric(url, "gateway_cost_goodput_requests_total", model=model, **{"class": klass})
+        for model, class_name in (("m/chat", "interactive"), ("m/chat", "batch"), ("m/other", "interactive")):
+            goodput = metric(url, "gateway_cost_goodput_requests_total", model=model, **{"class": class_name})
             assert goodput == 1.0
-            per_goodput = metric(url, "gateway_cost_per_goodput_request_dollars", model=model, **{"class": klass})
-            assert per_goodput == pytest.approx(dollars(model=model, **{"class": klass}) / goodput)
+            per_goodput = metric(url, "gateway_cost_per_goodput_request_dollars", model=model, **{"class": class_name})
+            assert per_goodput == pytest.approx(dollars(model=model, **{"class": class_name}) / goodput)
         assert per_goodput == pytest.approx(PER_SECOND["b"] * INTERVAL_S)
 
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from gateway.backends import BackendPool
 from gateway.dispatch import Dispatcher, Grant
-from gateway.endpoints import BackendPool
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
@@ -57,8 +57,8 @@ def dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
 
 async def acquire(dispatcher: Dispatcher, snapshot: PolicySnapshot, class_name: str, tokens: int = 10) -> Grant:
     tenant = snapshot.policy.tenants[0]
-    klass = snapshot.policy.classes[class_name]
-    return await dispatcher.acquire(request(tokens), tenant, class_name, klass, deadline=1e9)
+    priority_class = snapshot.policy.classes[class_name]
+    return await dispatcher.acquire(request(tokens), tenant, class_name, priority_class, deadline=1e9)
 
 
 def state(dispatcher: Dispatcher) -> tuple[int, int, int]:
@@ -73,7 +73,7 @@ async def test_the_fast_path_places_at_once_and_release_returns_every_counter_to
     grant = await acquire(dispatcher, snapshot, "interactive")
     assert grant.queued_s == 0
     assert state(dispatcher) == (1, 10, 0)
-    dispatcher.release("m", grant)
+    dispatcher.give_back("m", grant)
     assert state(dispatcher) == (0, 0, 0)
 
 
@@ -85,11 +85,11 @@ async def test_a_full_backend_queues_and_a_release_hands_the_slot_over(
     await asyncio.sleep(0)
     assert state(dispatcher)[2] == 1
     assert not waiter.done()
-    dispatcher.release("m", grants[0])
+    dispatcher.give_back("m", grants[0])
     third = await asyncio.wait_for(waiter, 1)
     assert state(dispatcher) == (2, 20, 0)
     for grant in (grants[1], third):
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
     assert state(dispatcher) == (0, 0, 0)
 
 
@@ -101,7 +101,7 @@ async def test_interactive_waiters_go_before_batch_waiters_that_came_first(
     await asyncio.sleep(0)
     interactive = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
     await asyncio.sleep(0)
-    dispatcher.release("m", grants[0])
+    dispatcher.give_back("m", grants[0])
     await asyncio.wait_for(interactive, 1)
     assert not batch.done()
     batch.cancel()
@@ -116,10 +116,10 @@ async def test_batch_never_takes_more_than_its_share(dispatcher: Dispatcher, sna
     assert not second.done(), "a second batch request would exceed max_share 0.5 of 2 slots"
     interactive = await acquire(dispatcher, snapshot, "interactive")
     assert interactive.state.in_flight == 2
-    dispatcher.release("m", first)
+    dispatcher.give_back("m", first)
     granted = await asyncio.wait_for(second, 1)
     for grant in (granted, interactive):
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
     assert state(dispatcher) == (0, 0, 0)
 
 
@@ -136,7 +136,7 @@ async def test_a_full_queue_refuses_at_once_with_retry_after(dispatcher: Dispatc
         waiter.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)
     for grant in grants:
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
     assert state(dispatcher) == (0, 0, 0)
 
 
@@ -147,31 +147,31 @@ async def test_an_unmeetable_deadline_is_refused_before_queuing(
     assert isinstance(clock, FakeClock)
     meter = dispatcher.queues()["m"].meter
     for i in range(4):  # with the two grants below: 6 dispatches in 8 s, one waiter ahead means ~2.7 s
-        meter.record(clock.now() - 8 + 2 * i)
+        meter.count(clock.now() - 8 + 2 * i)
     grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
     waiter = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
     await asyncio.sleep(0)
-    tenant, klass = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    tenant, priority_class = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
     with pytest.raises(Overloaded) as refused:
-        await dispatcher.acquire(request(), tenant, "interactive", klass, deadline=clock.now() + 1.0)
+        await dispatcher.acquire(request(), tenant, "interactive", priority_class, deadline=clock.now() + 1.0)
     assert refused.value.code == "deadline_unmeetable"
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     for grant in grants:
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
     assert state(dispatcher) == (0, 0, 0)
 
 
 async def test_a_wait_past_its_limit_ends_in_queue_timeout(dispatcher: Dispatcher, snapshot: PolicySnapshot) -> None:
     grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
-    tenant, klass = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    tenant, priority_class = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
     clock = dispatcher.clock
     with pytest.raises(Overloaded) as refused:
-        await dispatcher.acquire(request(), tenant, "interactive", klass, deadline=clock.now() + 0.05)
+        await dispatcher.acquire(request(), tenant, "interactive", priority_class, deadline=clock.now() + 0.05)
     assert refused.value.code == "queue_timeout"
     assert state(dispatcher)[2] == 0
     for grant in grants:
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
 
 
 async def test_a_cancelled_waiter_leaves_the_queue_and_gets_nothing(
@@ -183,9 +183,9 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_gets_nothing(
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     assert state(dispatcher)[2] == 0
-    dispatcher.release("m", grants[0])
+    dispatcher.give_back("m", grants[0])
     assert state(dispatcher) == (1, 10, 0)
-    dispatcher.release("m", grants[1])
+    dispatcher.give_back("m", grants[1])
     assert state(dispatcher) == (0, 0, 0)
 
 
@@ -208,9 +208,11 @@ async def test_draining_still_serves_the_later_attempts_of_requests_in_flight(
 ) -> None:
     """A retry or a stream migration belongs to a request already in flight: drain lets it finish."""
     dispatcher.draining = True
-    tenant, klass = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
-    grant = await dispatcher.acquire(request(10), tenant, "interactive", klass, deadline=1e9, exclude=frozenset({"x"}))
-    dispatcher.release("m", grant)
+    tenant, priority_class = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    grant = await dispatcher.acquire(
+        request(10), tenant, "interactive", priority_class, deadline=1e9, exclude=frozenset({"x"})
+    )
+    dispatcher.give_back("m", grant)
     assert state(dispatcher) == (0, 0, 0)
 
 
@@ -221,19 +223,19 @@ async def test_a_flooding_tenant_gives_way_to_another_in_a_full_queue(
     flood = [asyncio.create_task(acquire(dispatcher, snapshot, "interactive")) for _ in range(3)]
     await asyncio.sleep(0)
     other = snapshot.policy.tenants[0].model_copy(update={"name": "other"})
-    klass = snapshot.policy.classes["interactive"]
-    light = asyncio.create_task(dispatcher.acquire(request(), other, "interactive", klass, deadline=1e9))
+    priority_class = snapshot.policy.classes["interactive"]
+    light = asyncio.create_task(dispatcher.acquire(request(), other, "interactive", priority_class, deadline=1e9))
     await asyncio.wait([flood[-1]], timeout=1)
     with pytest.raises(Overloaded) as pushed:
         flood[-1].result()
     assert pushed.value.code == "queue_full"
-    dispatcher.release("m", grants[0])
-    dispatcher.release("m", grants[1])
+    dispatcher.give_back("m", grants[0])
+    dispatcher.give_back("m", grants[1])
     await asyncio.wait_for(light, 1)
     assert not light.cancelled()
     for task in (*flood[:2], light):
         if task.done():
-            dispatcher.release("m", task.result())
+            dispatcher.give_back("m", task.result())
         else:
             task.cancel()
     await asyncio.gather(*flood, return_exceptions=True)
@@ -252,7 +254,7 @@ async def test_a_paced_class_starts_its_next_request_only_after_a_first_token(sn
     dispatcher.first_token("m", first)
     granted = await asyncio.wait_for(second, 1)
     for grant in (first, granted, interactive):
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
     backend = next(iter(dispatcher.pool.all()))
     assert (backend.in_flight, sum(backend.class_prefilling.values())) == (0, 0)
 
@@ -267,7 +269,7 @@ async def test_a_paced_class_yields_to_a_higher_class_that_is_prefilling(snapsho
     dispatcher.first_token("m", interactive)
     granted = await asyncio.wait_for(batch, 1)
     for grant in (interactive, granted):
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
 
 
 def test_the_default_wait_budget_leaves_room_for_the_measured_time_to_first_token(snapshot: PolicySnapshot) -> None:
@@ -305,8 +307,8 @@ tenants:
 
 async def acquire_as(dispatcher: Dispatcher, snapshot: PolicySnapshot, tenant: str, class_name: str) -> Grant:
     who = next(t for t in snapshot.policy.tenants if t.name == tenant)
-    klass = snapshot.policy.classes[class_name]
-    return await dispatcher.acquire(request(), who, class_name, klass, deadline=1e9)
+    priority_class = snapshot.policy.classes[class_name]
+    return await dispatcher.acquire(request(), who, class_name, priority_class, deadline=1e9)
 
 
 async def test_lanes_wait_apart_and_a_shared_backend_goes_to_the_higher_class_of_any_lane() -> None:
@@ -322,14 +324,14 @@ async def test_lanes_wait_apart_and_a_shared_backend_goes_to_the_higher_class_of
     await asyncio.sleep(0)
     assert (dispatcher.depth("m", 0), dispatcher.depth("m", 1)) == (1, 1)
     assert sum(q.depth for q in dispatcher.queues()["m"].classes) == 0, "neither waits in the model's own lane"
-    dispatcher.release("m", next(g for g in held if g.state.name == "s"))
+    dispatcher.give_back("m", next(g for g in held if g.state.name == "s"))
     granted = await asyncio.wait_for(globex_interactive, 1)
     assert granted.state.name == "s"
     assert not acme_batch.done()
-    dispatcher.release("m", next(g for g in held if g.state.name == "a"))
+    dispatcher.give_back("m", next(g for g in held if g.state.name == "a"))
     batch = await asyncio.wait_for(acme_batch, 1)
     assert batch.state.name == "a"
     for grant in (on_g, granted, batch):
-        dispatcher.release("m", grant)
+        dispatcher.give_back("m", grant)
     assert sum(s.in_flight for s in dispatcher.pool.all()) == 0
     assert dispatcher.depth("m", 0) == dispatcher.depth("m", 1) == 0

@@ -93,7 +93,7 @@ async def test_an_emptied_queue_forgets_history() -> None:
 def test_drain_rate(times: list[float], now: float, expected: float | None) -> None:
     meter = DrainMeter(window_s=10.0)
     for t in times:
-        meter.record(t)
+        meter.count(t)
     assert meter.rate(now) == (pytest.approx(expected) if expected is not None else None)
 
 

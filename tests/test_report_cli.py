@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.tracelog import ItlSummary, TraceLog, trace_record
+from gateway.tracelog import ItlSummary, TraceLog, trace_line
 from loadtests import report_cli
 from loadtests.loadgen.records import RequestRecord
 from loadtests.loadgen.trace_report import MAX_GROUPS, OTHER, bucket_width, folded, over_time, read_traces
@@ -15,9 +15,11 @@ from loadtests.loadgen.trace_report import MAX_GROUPS, OTHER, bucket_width, fold
 EPOCH = 1_700_000_000.0
 
 
-def line(i: int, *, tenant: str = "acme", klass: str = "interactive", ok: bool = True, backend: str = "b1") -> bytes:
+def line(
+    i: int, *, tenant: str = "acme", class_name: str = "interactive", ok: bool = True, backend: str = "b1"
+) -> bytes:
     t = float(i)
-    record = trace_record(
+    record = trace_line(
         request_id=f"r{i}",
         epoch_offset=EPOCH,
         t_arrival=t,
@@ -25,7 +27,7 @@ def line(i: int, *, tenant: str = "acme", klass: str = "interactive", ok: bool =
         t_dispatch=t + 0.01 if ok else None,
         t_first_token=t + 0.2 if ok else None,
         t_end=t + 1.0,
-        class_name=klass,
+        class_name=class_name,
         tenant=tenant,
         model="test/chat",
         stream=True,
@@ -55,7 +57,7 @@ def traces(tmp_path: Path) -> list[Path]:
     older.write_bytes(b"".join(line(i, backend="b2") for i in range(50, 100)))
     newer.write_bytes(
         b"".join(line(i) for i in range(0, 40))
-        + b"".join(line(i, klass="batch", tenant="globex", ok=False) for i in range(40, 50))
+        + b"".join(line(i, class_name="batch", tenant="globex", ok=False) for i in range(40, 50))
     )
     return [newer, older]
 

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.goodput import meets_slo
 from gateway.policy.model import Slo
-from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_record
+from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_line
 from loadtests.loadgen.records import RequestRecord, iter_records
 from tests.servers import wait_until
 
@@ -41,7 +41,7 @@ def record(request_id: str = "r1", **overrides: Any) -> dict[str, Any]:
         "slo_met": True,
     }
     values.update(overrides)
-    return trace_record(**values)
+    return trace_line(**values)
 
 
 def test_a_trace_record_is_a_request_record_with_the_gateways_extras() -> None:

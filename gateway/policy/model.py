@@ -535,7 +535,7 @@ class Telemetry(Strict):
 
 
 class StatePolicy(Strict):
-    """Where tenant limits (rpm, tpm, concurrency) live (``gateway/state/``).
+    """Where tenant limits (rpm, tpm, concurrency) live (``gateway/limitstore/``).
 
     Usage in a policy file::
 
@@ -546,7 +546,7 @@ class StatePolicy(Strict):
     them between replicas; the environment variable named by ``url_env`` replaces ``redis_url``
     when set (use it, from a Secret, when the URL carries a password), and one of the two is
     required. When Redis is unreachable or slower than ``timeout_ms``, every replica enforces
-    the limits on its own until Redis answers again (fail open, ``gateway/state/redis.py``).
+    the limits on its own until Redis answers again (fail open, ``gateway/limitstore/redis.py``).
     ``request_budget_ms`` is what one request may wait on Redis in all (admission plus
     settlement, one script each): past it the request is answered from the in-process limits
     and Redis counts as down until a background ping answers within half of it, so a slow

@@ -24,11 +24,11 @@ def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
     if k == 1:
         return snapshot
     data: dict[str, Any] = snapshot.policy.model_dump(mode="json", exclude_none=True)
-    for klass in data["classes"].values():
-        klass["slo"] = {name: value * k if name.endswith("_ms") else value for name, value in klass["slo"].items()}
-        if "max_wait_s" in klass.get("queue", {}):
-            klass["queue"]["max_wait_s"] *= k
-        klass["deadline_s"] = klass.get("deadline_s", 600.0) * k
+    for section in data["classes"].values():
+        section["slo"] = {name: value * k if name.endswith("_ms") else value for name, value in section["slo"].items()}
+        if "max_wait_s" in section.get("queue", {}):
+            section["queue"]["max_wait_s"] *= k
+        section["deadline_s"] = section.get("deadline_s", 600.0) * k
     for backend in data["backends"]:
         timeouts = backend.setdefault("timeouts", {})
         for name in ("first_byte_s", "between_chunks_s"):

@@ -17,7 +17,7 @@ from gateway.policy.model import Tenant
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.endpoints import BackendState
+    from gateway.backends import BackendState
 
 
 @dataclass(frozen=True, slots=True)

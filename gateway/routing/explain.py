@@ -20,10 +20,10 @@ from typing import Any
 
 from gateway.admission import resolve_class
 from gateway.auth import authenticate, authorize_model
+from gateway.backends import BackendPool, BackendState
 from gateway.capacity import has_room
 from gateway.clock import MonotonicClock
 from gateway.dispatch import ModelQueues
-from gateway.endpoints import BackendPool, BackendState
 from gateway.errors import InvalidRequest, NotFound
 from gateway.policy.model import Backend, CacheIsolation, PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
@@ -58,7 +58,7 @@ def explain(
     tenant = authenticate(b"Bearer " + api_key.strip().encode(), snapshot)
     request = _request(snapshot, tenant, body, session_id)
     model = request.model
-    class_name, klass = resolve_class(tenant, priority.encode() if priority else None, snapshot)
+    class_name, priority_class = resolve_class(tenant, priority.encode() if priority else None, snapshot)
     router = build_routers(snapshot, clock)[model]
     pool = BackendPool(snapshot)
     now = clock.now()
@@ -67,14 +67,14 @@ def explain(
     tokens = request.prompt_tokens + request.max_tokens
     states = pool.for_model(model)
     mine = pool.lane(model, tenant.name).states
-    roomy = [s for s in mine if has_room(s, klass, tokens, now, fresh_s)]
+    roomy = [s for s in mine if has_room(s, priority_class, tokens, now, fresh_s)]
     routing = snapshot.models[model].routing
     lines = [
         f"tenant:  {tenant.name} (cache scope {tenant_scope(tenant)})",
         f"request: {request.api.name.lower()} for model '{model}', about {request.prompt_tokens} prompt tokens "
         f"(estimated), max_tokens {request.max_tokens}",
-        f"class:   {class_name} (rank {klass.rank}); queue: model '{model}' class '{class_name}' "
-        f"(max depth {klass.queue.max_depth}, max wait {_wait_budget(klass)})",
+        f"class:   {class_name} (rank {priority_class.rank}); queue: model '{model}' class '{class_name}' "
+        f"(max depth {priority_class.queue.max_depth}, max wait {_wait_budget(priority_class)})",
         f"routing: {routing.strategy} (block {routing.block_tokens} tokens, epsilon {routing.epsilon:g})",
     ]
     if not mine:
@@ -204,10 +204,10 @@ def _score_lines(
     return table
 
 
-def _wait_budget(klass: PriorityClass) -> str:
+def _wait_budget(priority_class: PriorityClass) -> str:
     """The class's wait budget as dispatch computes it (``ModelQueues.wait_budget``), said for a
     gateway that has measured nothing yet: the measured dispatch-to-first-token tail lowers it."""
-    if klass.queue.max_wait_s is not None:
-        return f"{klass.queue.max_wait_s:g}s"
-    fresh = ModelQueues("-", {}).wait_budget(klass)
+    if priority_class.queue.max_wait_s is not None:
+        return f"{priority_class.queue.max_wait_s:g}s"
+    fresh = ModelQueues("-", {}).wait_budget(priority_class)
     return f"{fresh:g}s, the TTFT objective less the measured dispatch-to-first-token time"

@@ -24,7 +24,7 @@ import xxhash
 from gateway.types import InferenceRequest, PrefixKeys
 
 if TYPE_CHECKING:
-    from gateway.endpoints import BackendState
+    from gateway.backends import BackendState
 
 
 @dataclass(frozen=True, slots=True)

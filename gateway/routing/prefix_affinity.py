@@ -42,7 +42,7 @@ from gateway.routing.prefix_keys import ChainMemo, Splitter, prefix_keys
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.endpoints import BackendState
+    from gateway.backends import BackendState
 
 
 class PrefixAffinityRouter:

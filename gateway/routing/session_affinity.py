@@ -25,7 +25,7 @@ from gateway.routing.prefix_keys import scope_root
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.endpoints import BackendState
+    from gateway.backends import BackendState
 
 
 def session_key(request: InferenceRequest) -> str | None:

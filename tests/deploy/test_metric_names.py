@@ -18,8 +18,8 @@ import yaml
 
 from tests.conftest import BackendServer, policy_text, run_gateway
 from tests.deploy.conftest import ALERTS, DASHBOARD, METRICS_DOC
+from tests.limitstore.redis_server import REDIS_URL, drop_keys, state_section, unique_prefix
 from tests.servers import admin_url
-from tests.state.redis_server import REDIS_URL, drop_keys, state_section, unique_prefix
 
 # A metric name, not part of a recording rule's level:name:operations.
 _NAME = re.compile(r"(?<![\w:])(gateway_[a-z0-9_]+)(?![\w:])")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.endpoints import BackendPool, BackendState
+from gateway.backends import BackendPool, BackendState
 from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant

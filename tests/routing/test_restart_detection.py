@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import httpx
 
+from gateway.backends import BackendPool
 from gateway.clock import MonotonicClock
-from gateway.endpoints import BackendPool
 from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.scrape import SaturationScraper, parse_saturation, restarted

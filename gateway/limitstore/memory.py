@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from gateway.clock import Clock, MonotonicClock
-from gateway.state.base import Ask, Bucket, BucketResult, Settlement, Verdict, adjusted, refill
+from gateway.limitstore.base import Ask, Bucket, BucketResult, Settlement, Verdict, adjusted, refill
 
 
 class MemoryLimitStore:

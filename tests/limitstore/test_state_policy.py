@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.limitstore.factory import build_limit_store, redis_config
+from gateway.limitstore.memory import MemoryLimitStore
+from gateway.limitstore.redis import RedisLimitStore
 from gateway.policy.loader import PolicyError, parse_policy
 from gateway.policy.model import StatePolicy
-from gateway.state.factory import build_limit_store, redis_config
-from gateway.state.memory import MemoryLimitStore
-from gateway.state.redis import RedisLimitStore
 from tests.conftest import POLICY_TEMPLATE
 from tests.fake_clock import FakeClock
 

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.state.base import Adjust, Ask, Bucket, LimitStore, Settlement, Take
-from gateway.state.memory import MemoryLimitStore
-from gateway.state.redis import RedisConfig, RedisLimitStore
+from gateway.limitstore.base import Adjust, Ask, Bucket, LimitStore, Settlement, Take
+from gateway.limitstore.memory import MemoryLimitStore
+from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from tests.fake_clock import FakeClock
-from tests.state.redis_server import REDIS_URL, drop_keys, unique_prefix
+from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
 
 RPM = Bucket("rpm", 3, 1.0)
 TPM = Bucket("tpm", 10, 2.0)

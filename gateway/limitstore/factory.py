@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from gateway.clock import Clock
+from gateway.limitstore.memory import MemoryLimitStore
+from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.model import StatePolicy
-from gateway.state.memory import MemoryLimitStore
-from gateway.state.redis import RedisConfig, RedisLimitStore
 
 
 def _ignore(operation: str) -> None:

@@ -1,9 +1,9 @@
 """Where shared admission state lives: the ``LimitStore`` protocol.
 
 Rate limits must hold across gateway replicas, so their state sits behind this interface:
-``state/memory.py`` keeps it in the process (one replica, the default), ``state/redis.py``
+``limitstore/memory.py`` keeps it in the process (one replica, the default), ``limitstore/redis.py``
 shares it between replicas through Redis (the policy's ``state`` section picks one,
-``state/factory.py`` builds it).
+``limitstore/factory.py`` builds it).
 
 **Two operations per request, each one atomic step.** ``admit`` takes a tenant's concurrency
 slot and every bucket it asks for (requests, tokens) all at once or not at all; ``settle``

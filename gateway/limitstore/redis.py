@@ -55,8 +55,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.clock import Clock
-from gateway.state.base import Ask, Bucket, BucketResult, Settlement, Take, Verdict
-from gateway.state.memory import MemoryLimitStore
+from gateway.limitstore.base import Ask, Bucket, BucketResult, Settlement, Take, Verdict
+from gateway.limitstore.memory import MemoryLimitStore
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ return reply
 
 # One settlement: ARGV[3..4]: replica, '1' to release one of its slots; then per bucket
 # (KEYS[3..]) the adjustment (> 0 gives back, < 0 charges), capacity, refill per second.
-# Levels stay within [-capacity, capacity] (see ``state/base.py``).
+# Levels stay within [-capacity, capacity] (see ``limitstore/base.py``).
 SETTLE = (
     _SLOTS
     + """

@@ -78,7 +78,7 @@ class BackendState:
         """The request's first token arrived: its prefill no longer weighs on the engine's steps."""
         self.class_prefilling[rank] -= 1
 
-    def release(self, rank: int, tokens: int, prefilling: bool) -> None:
+    def unreserve(self, rank: int, tokens: int, prefilling: bool) -> None:
         self.in_flight -= 1
         self.in_flight_tokens -= tokens
         self.class_in_flight[rank] -= 1

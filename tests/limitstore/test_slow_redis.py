@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gateway.admission import TenantLimiter
+from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.state.redis import RedisConfig, RedisLimitStore
 from gateway.types import Api, InferenceRequest
-from tests.state.redis_server import REDIS_URL, DelayingProxy, drop_keys, eventually, shared_client, unique_prefix
+from tests.limitstore.redis_server import REDIS_URL, DelayingProxy, drop_keys, eventually, shared_client, unique_prefix
 
 MARGIN_S = 0.15  # scheduling noise on a shared 2-core machine; the delay below is well past budget + margin
 

@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
 from tests.fake_backend import FakeBackend
+from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, state_section, unique_prefix
 from tests.servers import admin_url, wait_until
-from tests.state.redis_server import REDIS_URL, RedisProcess, drop_keys, state_section, unique_prefix
 
 ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
 

@@ -14,11 +14,10 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from gateway.state.base import Adjust, Ask, Bucket, Settlement, Take
-from gateway.state.redis import RedisConfig, RedisLimitStore
+from gateway.limitstore.base import Adjust, Ask, Bucket, Settlement, Take
+from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from tests.fake_clock import FakeClock
-from tests.servers import free_port
-from tests.state.redis_server import (
+from tests.limitstore.redis_server import (
     REDIS_URL,
     RedisProcess,
     drop_keys,
@@ -26,6 +25,7 @@ from tests.state.redis_server import (
     shared_client,
     unique_prefix,
 )
+from tests.servers import free_port
 
 RPM3 = Bucket("rpm", 3, 3 / 60)
 RPM2 = Bucket("rpm", 2, 2 / 60)
