@@ -44,17 +44,32 @@ def pin(cpu: int) -> list[str]:
 
 @contextmanager
 def process(
-    argv: list[str], ready_url: str, *, timeout_s: float = 30.0, env: dict[str, str] | None = None
+    argv: list[str],
+    ready_url: str,
+    *,
+    timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``argv`` (in ``env``, else this process's environment) until the block ends; enter once
-    ``ready_url`` answers 200."""
+    """Run ``argv`` (in ``env``, else this process's environment; in ``cwd``) until the block ends;
+    enter once ``ready_url`` answers 200."""
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=cwd)
         try:
             wait_ready(proc, ready_url, log, timeout_s)
             yield proc
         finally:
             stop(proc)
+
+
+@contextmanager
+def checkout(revision: str) -> Iterator[Path]:
+    """The tree of git ``revision`` of this repository in a temporary folder (for a baseline run)."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="gateway-baseline-") as folder:
+        archive = subprocess.run(["git", "-C", str(root), "archive", revision], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+        yield Path(folder)
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

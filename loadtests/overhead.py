@@ -4,6 +4,7 @@ Usage::
 
     python -m loadtests.overhead [--rates 100,250,500,1000] [--phase-s 4] [--rounds 2]
                                  [--stream-rate 100] [--stream-tokens 64] [--out loadtests/results/overhead]
+                                 [--previous REF]
 
 It starts a zero-delay simulated engine (profile ``instant``) and the gateway in front of it,
 each as its own process, the gateway pinned alone to one core (the backend and this load
@@ -14,12 +15,18 @@ two in the same run: added latency at P50 and P99 per rate, errors, and for stre
 added TTFT and inter-token latency. Goals of the foundation issue: at 500 req/s added P50
 <= 1 ms and P99 <= 5 ms with no errors; 1,000 req/s without errors; at 100 streams/s of 64
 tokens, added TTFT P50 <= 1 ms and added inter-token P99 <= 1 ms.
+
+``--previous REF`` adds a fourth mode: the gateway as it was at git revision ``REF`` (checked
+out into a temporary folder and run from there, on the same core, with the same policy),
+alternating with the others, so that a change is measured against what it replaces in the
+same run (``previous`` rows: its added latency and CPU per request beside the current one's).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -34,7 +41,7 @@ import aiohttp
 import numpy as np
 
 from gateway.keys import hash_api_key
-from loadtests.harness import admin_args, cpu_seconds, pin, process
+from loadtests.harness import admin_args, checkout, cpu_seconds, pin, process
 
 MODEL = "sim-instant"
 API_KEY = "overhead-bench-key"
@@ -166,11 +173,14 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
         await _phase(session, through, 50, 1.0, False, PhaseResult(), 0)
         for rate in args.rates:
             results = {"direct": PhaseResult(), "gateway": PhaseResult(), "minimal": PhaseResult()}
-            modes = (
+            modes = [
                 ("direct", direct, None),
                 ("gateway", through, args.gateway_pid),
                 ("minimal", args.minimal, args.minimal_pid),
-            )
+            ]
+            if args.previous_url:
+                results["previous"] = PhaseResult()
+                modes.append(("previous", args.previous_url, args.previous_pid))
             for round_no in range(args.rounds):
                 for mode, url, pid in modes:
                     before = cpu_seconds(pid) if pid else 0.0
@@ -179,9 +189,15 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
             report["rates"][rate] = _compare(results)  # type: ignore[index]
             _print_rate(rate, results)
         results = {"direct": PhaseResult(), "gateway": PhaseResult()}
+        stream_modes = [("direct", direct, None), ("gateway", through, args.gateway_pid)]
+        if args.previous_url:
+            results["previous"] = PhaseResult()
+            stream_modes.append(("previous", args.previous_url, args.previous_pid))
         for round_no in range(args.rounds):
-            for mode, url in (("direct", direct), ("gateway", through)):
+            for mode, url, pid in stream_modes:
+                before = cpu_seconds(pid) if pid else 0.0
                 await _phase(session, url, args.stream_rate, args.phase_s, True, results[mode], seed=round_no)
+                results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
         report["stream"] = _compare(results)
         _print_stream(args.stream_rate, results)
     return report
@@ -206,6 +222,12 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
         mini = results["minimal"]
         out["minimal_added_p50_ms"] = _pct(mini.latencies, 50) - _pct(d.latencies, 50)
         out["minimal_added_p99_ms"] = _pct(mini.latencies, 99) - _pct(d.latencies, 99)
+    if "previous" in results:
+        prev = results["previous"]
+        out["previous_added_p50_ms"] = _pct(prev.latencies, 50) - _pct(d.latencies, 50)
+        out["previous_added_p99_ms"] = _pct(prev.latencies, 99) - _pct(d.latencies, 99)
+        out["previous_added_ttft_p50_ms"] = _pct(prev.ttfts, 50) - _pct(d.ttfts, 50)
+        out["previous_added_itl_p99_ms"] = _pct(prev.itls, 99) - _pct(d.itls, 99)
     out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
     out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
     out["added_ttft_p50_ms"] = _pct(g.ttfts, 50) - _pct(d.ttfts, 50)
@@ -231,6 +253,21 @@ def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
         f"| CPU {mini.cpu_s * 1000 / max(mini.sent, 1):.2f} ms/req",
         flush=True,
     )
+    _print_previous(results)
+
+
+def _print_previous(results: dict[str, PhaseResult]) -> None:
+    if "previous" not in results:
+        return
+    d, p = results["direct"], results["previous"]
+    print(
+        f"{'':>6} previous revision        | P50 {_pct(p.latencies, 50):6.2f} P99 {_pct(p.latencies, 99):6.2f} "
+        f"err {p.errors:<4d}| added P50 {_pct(p.latencies, 50) - _pct(d.latencies, 50):+6.2f} ms "
+        f"P99 {_pct(p.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms "
+        f"| TTFT P50 added {_pct(p.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms "
+        f"| CPU {p.cpu_s * 1000 / max(p.sent, 1):.2f} ms/req {dict(p.error_reasons) or ''}",
+        flush=True,
+    )
 
 
 def _print_stream(rate: float, results: dict[str, PhaseResult]) -> None:
@@ -240,9 +277,17 @@ def _print_stream(rate: float, results: dict[str, PhaseResult]) -> None:
         f"gateway {_pct(g.ttfts, 50):.2f} added {_pct(g.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms | "
         f"ITL P99 direct {_pct(d.itls, 99):.3f} gateway {_pct(g.itls, 99):.3f} "
         f"added {_pct(g.itls, 99) - _pct(d.itls, 99):+.3f} ms | errors {d.errors}/{g.errors} "
+        f"| gateway CPU {g.cpu_s * 1000 / max(g.sent, 1):.2f} ms/stream "
         f"{dict(d.error_reasons + g.error_reasons) or ''}",
         flush=True,
     )
+    _print_previous(results)
+
+
+def _serve_at(tree: Path, policy: str, port: int) -> list[str]:
+    """``serve`` from the checkout ``tree``; its operator listener moved aside when it has one."""
+    argv = [sys.executable, "-m", "gateway", "serve", "--policy", policy, "--port", str(port)]
+    return argv + admin_args(port) if (tree / "gateway" / "server.py").exists() else argv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway-port", type=int, default=18500)
     parser.add_argument("--gateway-cmd", default=None, help="override the gateway command (profiling)")
     parser.add_argument("--out", default=None, help="write the figures as JSON to OUT.json")
+    parser.add_argument("--previous", default=None, metavar="REF", help="also run the gateway of git revision REF")
+    parser.add_argument(
+        "--current", default=None, metavar="REF", help="run the gateway of git revision REF instead of this tree's"
+    )
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
     STREAM_TOKENS[0] = args.stream_tokens
@@ -283,19 +332,37 @@ def main(argv: list[str] | None = None) -> int:
         str(minimal_port),
     ]
     minimal_url = f"http://127.0.0.1:{minimal_port}"
-    with (
-        process(sim, backend + "/health"),
-        process(serve, gateway + "/healthz") as gateway_proc,
-        process(minimal, minimal_url + "/healthz") as minimal_proc,
-    ):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(process(sim, backend + "/health"))
+        if args.current:
+            current = stack.enter_context(checkout(args.current))
+            serve = [*pin(1), *_serve_at(current, policy.name, args.gateway_port)]
+            env = {**os.environ, "PYTHONPATH": str(current)}
+            gateway_proc = stack.enter_context(process(serve, gateway + "/healthz", env=env, cwd=current))
+        else:
+            gateway_proc = stack.enter_context(process(serve, gateway + "/healthz"))
+        minimal_proc = stack.enter_context(process(minimal, minimal_url + "/healthz"))
         args.gateway_pid, args.minimal_pid = gateway_proc.pid, minimal_proc.pid
         args.minimal = minimal_url + "/v1/chat/completions"
+        args.previous_url = args.previous_pid = None
+        if args.previous:
+            previous_port = args.gateway_port + 3
+            previous_url = f"http://127.0.0.1:{previous_port}"
+            folder = stack.enter_context(checkout(args.previous))
+            old = [*pin(1), *_serve_at(folder, policy.name, previous_port)]
+            env = {**os.environ, "PYTHONPATH": str(folder)}
+            previous_proc = stack.enter_context(process(old, previous_url + "/healthz", env=env, cwd=folder))
+            args.previous_url, args.previous_pid = previous_url + "/v1/chat/completions", previous_proc.pid
         print(
             f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
-            f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating",
+            f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating; "
+            + (f"gateway of revision {args.current}; " if args.current else "")
+            + f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}"
+            + (f"; previous revision {args.previous}" if args.previous else ""),
             flush=True,
         )
         report = asyncio.run(_run(args, backend + "/v1/chat/completions", gateway + "/v1/chat/completions"))
+    report["load_average"] = list(os.getloadavg())
     if args.out:
         Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
     os.unlink(policy.name)
