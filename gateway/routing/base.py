@@ -76,7 +76,7 @@ class Router(Protocol):
     """
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
-        """Choose; ``candidates`` is never empty. Must not change any state."""
+        """Choose; ``candidates`` is never empty. Changes nothing a later decision depends on."""
         ...
 
     def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:

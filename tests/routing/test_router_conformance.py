@@ -15,7 +15,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pytest
 
@@ -27,7 +26,7 @@ from gateway.routing.framework import load_bound
 from gateway.routing.registry import STRATEGIES, build_routers
 from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, load, policy_text, states, tenant
+from tests.routing.conftest import MODEL, chat_request, counters, load, policy_text, states, tenant
 
 NAN, INF = math.nan, math.inf
 REASON = re.compile(r"[a-z]+(_[a-z]+)*")
@@ -90,24 +89,6 @@ class World:
 def decided(decision: RoutingDecision) -> RoutingDecision:
     """The decision without its timing, to compare two decisions."""
     return replace(decision, pick_s=0.0)
-
-
-def counters(candidates: Sequence[BackendState]) -> list[Any]:
-    """What the dispatcher and the scraper own on each candidate."""
-    return [
-        (
-            s.healthy,
-            s.in_flight,
-            s.in_flight_tokens,
-            s.waiting,
-            s.kv_usage,
-            s.scraped_at,
-            dict(s.class_in_flight),
-            dict(s.class_tokens),
-            dict(s.class_prefilling),
-        )
-        for s in candidates
-    ]
 
 
 @pytest.fixture(params=sorted(STRATEGIES))

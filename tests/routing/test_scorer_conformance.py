@@ -27,7 +27,7 @@ from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import SCORERS, build_routers
 from gateway.types import InferenceRequest, PrefixKeys
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, policy_text, states, tenant
+from tests.routing.conftest import MODEL, chat_request, counters, policy_text, states, tenant
 
 NOW = 1000.0
 FRESH_S = 3.0
@@ -98,7 +98,10 @@ POOLS = {
     "signals that are not numbers": (Signals(waiting=NAN, kv=NAN), Signals(waiting=INF, kv=INF), Signals(waiting=-INF)),
     "a lone busy backend": (BUSY,),
     "eight mixed backends": tuple(
-        Signals(i % 4, 50 * (i + 1), waiting=i % 3, kv=i / 8, age_s=(0, 60, None)[i % 3], matched=i) for i in range(8)
+        Signals(
+            requests=i % 4, tokens_each=50 * (i + 1), waiting=i % 3, kv=i / 8, age_s=(0, 60, None)[i % 3], matched=i
+        )
+        for i in range(8)
     ),
 }
 POOL_CASES = [pytest.param(signals, id=name) for name, signals in POOLS.items()]
@@ -111,24 +114,9 @@ def scorer(request: pytest.FixtureRequest) -> Scorer:
     return SCORERS[name](name)
 
 
-def observable(states_: list[BackendState], request: InferenceRequest, cyc: Cycle) -> list[Any]:
-    """Everything a scorer could change: the candidates' counters and signals, the request, the cycle."""
-    seen: list[Any] = [
-        (
-            s.name,
-            s.healthy,
-            s.in_flight,
-            s.in_flight_tokens,
-            s.waiting,
-            s.kv_usage,
-            s.scraped_at,
-            dict(s.class_in_flight),
-            dict(s.class_tokens),
-            dict(s.class_prefilling),
-        )
-        for s in states_
-    ]
-    return [*seen, copy.deepcopy(request.body), request.prefix_keys, cyc.keys, list(cyc.matched), cyc.now]
+def observable(candidates: list[BackendState], request: InferenceRequest, cyc: Cycle) -> list[Any]:
+    """Everything a scorer could change: the candidates, the request, the cycle."""
+    return [*counters(candidates), copy.deepcopy(request.body), request.prefix_keys, cyc.keys, list(cyc.matched)]
 
 
 def same(a: list[float], b: list[float]) -> bool:
@@ -136,9 +124,9 @@ def same(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
 
 
-def test_a_scorer_answers_to_its_registry_name(scorer: Scorer) -> None:
+def test_a_scorer_carries_the_instance_name_it_was_made_with(scorer: Scorer) -> None:
     assert scorer.name in SCORERS
-    assert SCORERS[scorer.name](scorer.name).name == scorer.name
+    assert SCORERS[scorer.name]("tuned").name == "tuned"  # the name its scores are reported under
 
 
 @pytest.mark.parametrize("signals", POOL_CASES)
