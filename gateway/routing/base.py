@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gateway.policy.model import Tenant
 from gateway.types import InferenceRequest
@@ -51,10 +51,32 @@ class RoutingDecision:
 
 
 class Router(Protocol):
-    """Chooses one backend for a request among candidates that are all healthy and have room."""
+    """Chooses one backend for a request among candidates that are all healthy and have room.
+
+    The contract, checked for every registered strategy by ``tests/routing/test_router_conformance.py``:
+
+    * ``pick`` returns one of ``candidates`` in a decision that names the strategy (its registry
+      name), a reason code (a snake_case word from a small fixed set: it is a metric label) and
+      ``pick_s``, the seconds the pick took. A lone candidate is chosen, however loaded.
+    * ``pick`` is pure and deterministic: a function of the router's state and its arguments. It
+      may memoise what depends on its arguments alone (``InferenceRequest.prefix_keys``, a
+      ``ChainMemo``) but changes nothing a later decision depends on, so picking again without
+      ``on_dispatch`` gives the same decision. A strategy that wants randomness derives it from a
+      hash of the request, or advances its generator in ``on_dispatch``.
+    * Learning happens in ``on_dispatch`` only, in the router: the dispatcher owns the
+      ``BackendState`` counters (it has reserved the request before calling it).
+    * ``forget_backend(b)`` voids what the requests sent to ``b`` taught about their content (the
+      prefixes ``b`` holds): decisions are then those of a router whose dispatches to ``b`` carried
+      other prompts. Content-free state (a rotation cursor) may stay, as may what was learnt about
+      the other backends.
+    * Tenant isolation: what one tenant's requests taught never changes another tenant's decision
+      unless both share a cache scope (``isolation.tenant_scope``); tenants of one scope share it.
+    * A router that applies the bounded-load rule (``framework.py``) declares it (``LoadBounded``):
+      no backend it chooses then holds more than ``ceil((1 + epsilon) × (L + 1) / n)`` with it.
+    """
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
-        """Choose; ``candidates`` is never empty. Must not change any state."""
+        """Choose; ``candidates`` is never empty. Changes nothing a later decision depends on."""
         ...
 
     def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
@@ -63,4 +85,14 @@ class Router(Protocol):
 
     def forget_backend(self, backend: str) -> None:
         """The backend restarted or left: whatever was learnt about it is void."""
+        ...
+
+
+@runtime_checkable
+class LoadBounded(Protocol):
+    """A router that never chooses a candidate the bounded-load rule (``framework.py``) excludes."""
+
+    @property
+    def epsilon(self) -> float:
+        """The rule's slack: at most ``(1 + epsilon)`` times the average load, rounded up."""
         ...

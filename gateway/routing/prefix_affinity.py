@@ -39,7 +39,7 @@ from gateway.routing.base import RouteDetail, RoutingDecision
 from gateway.routing.framework import Cycle, Profile, load_bound, rendezvous
 from gateway.routing.prefix_index import BackendIndexes
 from gateway.routing.prefix_keys import ChainMemo, Splitter, prefix_keys
-from gateway.types import InferenceRequest
+from gateway.types import InferenceRequest, PrefixKeys
 
 if TYPE_CHECKING:
     from gateway.backends import BackendState
@@ -65,15 +65,14 @@ class PrefixAffinityRouter:
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
         start = perf_counter()
-        now = self._clock.now()
-        keys = prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self.memo)
-        matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
+        keys = self.keys(request, tenant)
+        cycle = self.cycle(request, keys, candidates)
+        matched = cycle.matched
         if len(candidates) == 1:  # nothing to weigh: skip the scorers, keep what the metrics need
             only = candidates[0]
             detail = RouteDetail((only.name,), matched, len(keys.blocks), {}, (1.0,), 0)
             reason = "prefix_match" if matched[0] else "no_prefix"
             return RoutingDecision(only, self.strategy, reason, matched[0], {}, perf_counter() - start, detail)
-        cycle = Cycle(now, self._fresh_s, keys, matched, request.prompt_tokens + request.max_tokens)
         scored = self.profile.run(request, candidates, cycle)
         bound = load_bound(candidates, self.routing.epsilon)
         totals = scored.totals
@@ -93,6 +92,20 @@ class PrefixAffinityRouter:
             pick_s=perf_counter() - start,
             detail=detail,
         )
+
+    @property
+    def epsilon(self) -> float:
+        return self.routing.epsilon
+
+    def keys(self, request: InferenceRequest, tenant: Tenant) -> PrefixKeys:
+        """The request's block hashes under the tenant's scope (memoised on the request)."""
+        return prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self.memo)
+
+    def cycle(self, request: InferenceRequest, keys: PrefixKeys, candidates: Sequence[BackendState]) -> Cycle:
+        """What the scorers read: each candidate's matched leading blocks of ``keys``, now."""
+        now = self._clock.now()
+        matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
+        return Cycle(now, self._fresh_s, keys, matched, request.prompt_tokens + request.max_tokens)
 
     def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
         keys = request.prefix_keys

@@ -5,6 +5,15 @@ scorer. New behaviour is a new module and one line here. ``routing_problems`` is
 policy loader checks (unknown names fail at load, with their path); ``build_routers`` is what
 the gateway calls at start-up.
 
+A new scorer is a module in ``scorers/`` whose class follows the ``Scorer`` contract
+(``framework.py``) and states its formula, plus its line in ``SCORERS`` (and in
+``DEFAULT_WEIGHTS`` to run without weights in the policy). A new strategy is a module whose
+class follows the ``Router`` contract (``base.py``), with an ``epsilon`` if it applies the
+bounded-load rule, plus its line in ``STRATEGIES`` (or a ``register_strategy`` call). The
+conformance suites (``tests/routing/test_scorer_conformance.py``, ``test_router_conformance.py``)
+run every entry of these registries, so they check a new one without an edit; its own formula
+or choices go in ``test_scorers.py`` or ``test_strategies.py``.
+
 Usage::
 
     routers = build_routers(snapshot, clock)          # {model: Router}

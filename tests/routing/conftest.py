@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -84,3 +85,14 @@ def load(state: BackendState, requests: int, tokens_each: int = 100) -> BackendS
     for _ in range(requests):
         state.reserve(0, tokens_each)
     return state
+
+
+def counters(candidates: Sequence[BackendState]) -> list[tuple[object, ...]]:
+    """What the dispatcher and the scraper own on each candidate (a router or scorer must not change it)."""
+    return [
+        (
+            *(s.name, s.healthy, s.in_flight, s.in_flight_tokens, s.waiting, s.kv_usage, s.scraped_at),
+            *(dict(s.class_in_flight), dict(s.class_tokens), dict(s.class_prefilling)),
+        )
+        for s in candidates
+    ]

@@ -80,3 +80,11 @@ def test_the_profile_clamps_weighs_and_normalises_scores(snapshot: PolicySnapsho
 def test_a_profile_without_a_positive_weight_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one scorer"):
         Profile([Weighted(_Fixed("x", []), 0)])
+
+
+def test_the_profile_counts_a_score_that_is_not_a_number_as_zero(snapshot: PolicySnapshot) -> None:
+    nan, inf = float("nan"), float("inf")
+    profile = Profile([Weighted(_Fixed("x", [nan, inf, -inf]), 1)])
+    scored = profile.run(chat_request(snapshot, "Hi"), states(snapshot), cycle([0, 0, 0]))
+    assert scored.by_scorer["x"] == [0.0, 1.0, 0.0]
+    assert scored.totals == [0.0, 1.0, 0.0]

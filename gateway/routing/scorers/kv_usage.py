@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gateway.routing.framework import Cycle
+from gateway.routing.framework import Cycle, scraped_signal
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 
 class KvUsageScorer:
-    """``1 − kv_b``: the free share of the engine's KV cache, when scraped within ``fresh_s``
-    (else 1, as if empty)."""
+    """``1 − kv_b``: the free share of the engine's KV cache, with ``kv_b`` clamped to [0, 1],
+    when scraped within ``fresh_s`` and a finite number (else 1, as if empty)."""
 
     __slots__ = ("name",)
 
@@ -22,5 +22,4 @@ class KvUsageScorer:
         self.name = name
 
     def score(self, request: InferenceRequest, candidates: Sequence[BackendState], cycle: Cycle) -> list[float]:
-        oldest = cycle.now - cycle.fresh_s
-        return [1.0 - s.kv_usage if s.scraped_at >= oldest else 1.0 for s in candidates]
+        return [1.0 - scraped_signal(s, s.kv_usage, cycle, ceiling=1.0) for s in candidates]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gateway.routing.framework import Cycle
+from gateway.routing.framework import Cycle, scraped_signal
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 class QueueDepthScorer:
     """``1 − w_b / (max_c w_c + 1)``: ``w`` the engine's own waiting requests, when scraped
-    within ``fresh_s`` (else 0, as if idle). 1 for an engine with no queue."""
+    within ``fresh_s`` and a finite number (else 0, as if idle; a negative count reads as 0).
+    1 for an engine with no queue."""
 
     __slots__ = ("name",)
 
@@ -22,7 +23,6 @@ class QueueDepthScorer:
         self.name = name
 
     def score(self, request: InferenceRequest, candidates: Sequence[BackendState], cycle: Cycle) -> list[float]:
-        oldest = cycle.now - cycle.fresh_s
-        waiting = [s.waiting if s.scraped_at >= oldest else 0.0 for s in candidates]
+        waiting = [scraped_signal(s, s.waiting, cycle) for s in candidates]
         scale = max(waiting) + 1.0
         return [1.0 - w / scale for w in waiting]
