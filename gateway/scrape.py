@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -101,11 +102,14 @@ def parse_saturation(page: bytes) -> Saturation:
 
 
 def _value(line: bytes) -> float:
+    """A sample's value; 0 (as if idle) when it is not a finite number: a ``NaN`` or ``+Inf`` from
+    a confused engine must neither block dispatch to it for ever nor look like room."""
     try:
         rest = line.rsplit(b"}", 1)[-1] if b"}" in line else line.split(None, 1)[1]  # after labels, or the name
-        return float(rest.split()[0])
+        value = float(rest.split()[0])
     except (ValueError, IndexError):
         return 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 class SaturationScraper:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import pytest
 
 from gateway.backends import BackendPool
 from gateway.clock import MonotonicClock
@@ -97,3 +98,14 @@ tenants: [{{name: acme, key_hashes: ["{hash_api_key("key-acme")}"], models: ["*"
         loop.run_until_complete(scraper_client.aclose())
         loop.close()
     assert pool.for_model(MODEL)[0].healthy
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"], ids=["NaN", "plus infinity", "minus infinity"])
+def test_a_scraped_value_that_is_not_a_finite_number_reads_as_idle(value: str) -> None:
+    page = (
+        f'vllm:num_requests_waiting{{model_name="m"}} {value}\n'
+        f'vllm:num_requests_running{{model_name="m"}} {value}\n'
+        f'vllm:kv_cache_usage_perc{{model_name="m"}} {value}\n'
+    ).encode()
+    saturation = parse_saturation(page)
+    assert (saturation.waiting, saturation.running, saturation.kv_usage) == (0.0, 0.0, 0.0)
