@@ -22,13 +22,19 @@ from typing import Any
 COMMAND_GROUP = "inference_gateway.commands"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command`` naming one of the gateway's own, no other package is imported
+    (``serve`` must not load the bench's simulator, load generator and plotting)."""
     from gateway import commands
 
     parser = argparse.ArgumentParser(prog="inference-gateway", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     commands.register(subparsers)
+    if command in subparsers.choices:
+        return parser
     for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        if command is not None and entry.name != command:
+            continue
         try:
             register = entry.load()
         except ImportError as exc:
@@ -55,8 +61,10 @@ def _unavailable(subparsers: argparse._SubParsersAction[Any], name: str, error: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = words[0] if words and not words[0].startswith("-") else None
+    parser = build_parser(command)
+    args = parser.parse_args(words)
     code: int = args.func(args)
     return code
 

@@ -12,6 +12,8 @@ Run it alone (``pytest tests/test_import_graph.py``) or as a script
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -110,3 +112,16 @@ def test_the_circle_finder_finds_a_circle() -> None:
 if __name__ == "__main__":
     for circle in circles(import_graph(PRODUCT)):
         print(" -> ".join(circle))
+
+
+def test_the_gateway_s_own_commands_load_no_bench_module() -> None:
+    """``serve`` and ``policy`` run without the bench (the runtime image ships without it)."""
+    script = (
+        "import sys; from gateway.cli import main; "
+        "code = main(['policy', 'validate', 'policies/demo.yaml']); "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'loadtests'); "
+        "print(loaded); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
