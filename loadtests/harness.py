@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 GATEWAY = [sys.executable, "-m", "gateway"]
@@ -109,19 +110,37 @@ def policy_file(text: str) -> Iterator[Path]:
         os.unlink(fh.name)
 
 
-def metrics(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a Prometheus endpoint, keyed by (name, sorted labels)."""
+Labels = tuple[tuple[str, str], ...]
+"""A sample's labels, sorted by name."""
+Samples = dict[tuple[str, Labels], float]
+"""Every sample of one scrape, keyed by (name, labels)."""
+
+
+def families(base_url: str) -> list[Metric]:
+    """The metric families on the Prometheus endpoint at ``base_url`` (its /metrics), as parsed by
+    ``prometheus_client`` (a counter's family name without its ``_total``)."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
-        text = response.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
+        return list(text_string_to_metric_families(response.read().decode()))
 
 
-def metric_sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
+def metrics(base_url: str) -> Samples:
+    """Every sample of the Prometheus endpoint at ``base_url``, keyed by (name, sorted labels)."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in families(base_url)
+        for sample in family.samples
+    }
+
+
+def labelled(samples: Samples, name: str) -> dict[Labels, float]:
+    """Each sample called ``name``, by its labels."""
+    return {labels: value for (n, labels), value in samples.items() if n == name}
+
+
+def metric_sum(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when none)."""
+    wanted = labels.items()
+    return sum(value for have, value in labelled(samples, name).items() if wanted <= dict(have).items())
 
 
 def cpu_seconds(pid: int) -> float:

@@ -7,7 +7,8 @@ need a gateway with another policy (clamping, a dead backend, ...) start one wit
 ``start_gateway``, which takes the policy text and returns a context manager.
 
 Keys: ``key-acme`` (tenant acme, every model), ``key-globex`` (tenant globex, ``test/chat``
-only). The policy is ``tests/policies/gateway.yaml`` with the backend URL substituted.
+only). The policy is ``session_policy`` of ``tests/policy_builder.py``, which builds every
+policy of the tests; ``metric`` (``tests/servers.py``) reads every gateway's and engine's metrics.
 """
 
 from __future__ import annotations
@@ -22,36 +23,26 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.policy.loader import parse_policy
 from gateway.settings import Settings
 from tests.fake_backend import FakeBackend
-from tests.servers import admin_url, free_port, serve_gateway_in_thread, serve_in_thread
+from tests.policy_builder import (
+    BACKEND_TOKEN_ENV,
+    CHAT_MODEL,
+    KEY_ACME,
+    KEY_GLOBEX,
+    MAX_BODY_BYTES,
+    OTHER_MODEL,
+    session_policy,
+)
+from tests.servers import free_port, metric, serve_gateway_in_thread, serve_in_thread
 
-POLICIES = Path(__file__).parent / "policies"
-POLICY_FILE = POLICIES / "gateway.yaml"
-POLICY_TEMPLATE = POLICY_FILE.read_text()
-TEMPLATE_BACKEND_URL = "http://127.0.0.1:18101"
+__all__ = ["CHAT_MODEL", "KEY_ACME", "KEY_GLOBEX", "MAX_BODY_BYTES", "OTHER_MODEL", "metric"]  # what tests import here
 
-KEY_ACME = "key-acme"
-KEY_GLOBEX = "key-globex"
-CHAT_MODEL = "test/chat"
-OTHER_MODEL = "test/other"
-BACKEND_TOKEN_ENV = "GATEWAY_TEST_BACKEND_TOKEN"
 BACKEND_TOKEN = "backend-secret-123"
-MAX_BODY_BYTES = 65536
 
 StartGateway = Callable[..., AbstractContextManager[str]]
-
-
-def policy_text(backend_url: str, **replacements: str) -> str:
-    """The test policy pointing at ``backend_url``; each ``old=new`` pair edits the text."""
-    text = POLICY_TEMPLATE.replace(TEMPLATE_BACKEND_URL, backend_url)
-    for old, new in replacements.items():
-        assert old in text, f"{old!r} is not in the test policy"
-        text = text.replace(old, new)
-    return text
 
 
 def closed_port_url() -> str:
@@ -123,13 +114,13 @@ class _OpenGate(threading.Event):
 
 @pytest.fixture(scope="session")
 def gateway_url(backend_server: BackendServer, backend_credential: str) -> Iterator[str]:
-    with run_gateway(policy_text(backend_server.url)) as url:
+    with run_gateway(session_policy(backend_server.url)) as url:
         yield url
 
 
 @pytest.fixture
 def start_gateway(backend_credential: str) -> StartGateway:
-    """``with start_gateway(policy_text(...), health_checks=False) as url:`` another gateway."""
+    """``with start_gateway(session_policy(...), health_checks=False) as url:`` another gateway."""
     return run_gateway
 
 
@@ -164,15 +155,3 @@ async def async_client(gateway_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
 def chat_body() -> dict[str, object]:
     """A valid chat request body (a fresh dict per test, to mutate freely)."""
     return {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
-
-
-def metric(gateway_url: str, name: str, **labels: str) -> float:
-    """The sum of the samples called ``name`` whose labels include ``labels`` (0 when none), from
-    the operator listener of the gateway serving ``gateway_url``."""
-    text = httpx.get(f"{admin_url(gateway_url)}/metrics").text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total

@@ -4,7 +4,8 @@
   token every 10 ms) with ``n`` engines on consecutive loopback ports, as one OS process that a
   test may kill; each engine is identified by the id prefix it puts in every chunk it streams.
 * ``gateway(text)`` runs ``python -m gateway serve`` on a policy file it writes (the process may
-  be signalled; the file may be overwritten); ``policy(...)`` builds that policy for sim engines.
+  be signalled; the file may be overwritten); ``policy(...)`` builds that policy for sim engines
+  (with ``tests.policy_builder``).
 * ``Load`` runs closed-loop streaming clients (aiohttp) in a thread of its own, so that the test
   thread can kill, signal and poll while they run. Every request becomes a ``Stream`` whose
   ``outcome`` is exactly one of ``Outcome``; a request that reaches its deadline is cut and
@@ -35,10 +36,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.keys import hash_api_key
-from loadtests.harness import GATEWAY, metric_sum, metrics, policy_file, process
+from loadtests.harness import GATEWAY, Labels, policy_file, process
 from loadtests.loadgen.client import error_code
-from tests.servers import free_port, wait_until
+from tests.policy_builder import NOWHERE, OMIT, admin_keys, backend, build_policy, model, tenant
+from tests.servers import free_port, metric, samples, scrape, wait_until
 
 MODEL = "sim-model"
 KEY = "resilience-key"
@@ -66,7 +67,7 @@ class Fleet:
         self.proc.wait(timeout=10)
 
     def metric(self, engine: Engine, name: str, **labels: str) -> float:
-        return metric_sum(metrics(engine.url), name, **labels)
+        return metric(engine.url, name, **labels)
 
 
 def free_ports(count: int) -> int:
@@ -144,47 +145,30 @@ def set_fault(engine: Engine, mode: str, after_tokens: int = 0) -> None:
     assert status == 200, reply
 
 
-def policy(
-    backends: list[Engine],
-    *,
-    max_concurrent: int = 256,
-    between_chunks_s: float = 30.0,
-    retry: str = "{max_retries: 2}",
-    breaker: str = "{}",
-    tenant_limits: str = "{}",
-) -> str:
-    """A policy for ``backends`` (sim engines serving ``MODEL``) and one tenant with ``KEY``."""
-    lines = [
-        f"  - {{name: {e.name}, url: '{e.url}', kind: sim, models: [{MODEL}],"
-        f" capacity: {{max_concurrent: {max_concurrent}}}, timeouts: {{between_chunks_s: {between_chunks_s}}}}}"
-        for e in backends
-    ]
-    return f"""version: resilience-1
-classes:
-  interactive:
-    rank: 0
-    slo: {{ttft_ms: 2000, itl_ms: 100, e2e_ms: 60000}}
-    queue: {{max_depth: 1024, max_wait_s: 30}}
-models:
-  - name: {MODEL}
-    max_prompt_tokens: 1024
-    max_output_tokens: 256
-    routing: {{strategy: least_load}}
-backends:
-{chr(10).join(lines)}
-tenants:
-  - name: load
-    key_hashes: ["{hash_api_key(KEY)}"]
-    models: ["*"]
-    default_class: interactive
-    limits: {tenant_limits}
-admin: {{key_hashes: ["{hash_api_key(ADMIN_KEY)}"]}}
-health_checks: {{interval_s: 0.1, timeout_s: 0.5}}
-scrape: {{interval_s: 0.5, timeout_s: 0.5}}
-lifecycle: {{watch_interval_s: 0.05, drain_timeout_s: 20}}
-retry: {retry}
-breaker: {breaker}
-"""
+def policy(engines: list[Engine], *, max_concurrent: int = 256, between_chunks_s: float = 30.0, **sections: Any) -> str:
+    """A policy for ``engines`` (sim engines serving ``MODEL``) and one tenant, ``load``, with ``KEY``;
+    ``sections`` edit it as ``tests.policy_builder.build_policy`` does (``retry={"max_retries": 0}``)."""
+    slots, timeouts = {"max_concurrent": max_concurrent}, {"between_chunks_s": between_chunks_s}
+    resilience = dict(
+        version="resilience-1",
+        classes={
+            "interactive": {
+                "slo": {"ttft_ms": 2000, "itl_ms": 100, "e2e_ms": 60000},
+                "queue": {"max_depth": 1024, "max_wait_s": 30},
+            },
+            "batch": OMIT,
+        },
+        models=[model(MODEL, max_prompt_tokens=1024, max_output_tokens=256, routing={"strategy": "least_load"})],
+        backends=[backend(e.name, e.url, [MODEL], kind="sim", capacity=slots, timeouts=timeouts) for e in engines],
+        tenants=[tenant("load", KEY)],
+        admin=admin_keys(ADMIN_KEY),
+        health_checks={"interval_s": 0.1, "timeout_s": 0.5},
+        scrape={"interval_s": 0.5, "timeout_s": 0.5},
+        lifecycle={"watch_interval_s": 0.05, "drain_timeout_s": 20},
+        retry={"max_retries": 2},
+        breaker={},
+    )
+    return build_policy(NOWHERE, resilience, **sections)
 
 
 @dataclass
@@ -197,10 +181,10 @@ class Gateway:
     admin_url: str  # the operator listener: /metrics, /admin/*
 
     def metric(self, name: str, **labels: str) -> float:
-        return metric_sum(metrics(self.admin_url), name, **labels)
+        return metric(self.admin_url, name, **labels)
 
-    def samples(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-        return {labels: v for (n, labels), v in metrics(self.admin_url).items() if n == name}
+    def samples(self, name: str) -> dict[Labels, float]:
+        return samples(self.admin_url, name)
 
     def admin_policy(self) -> Any:
         status, document = call("GET", self.admin_url + "/admin/policy", key=ADMIN_KEY)
@@ -470,7 +454,6 @@ def gauges_at_zero(gw: Gateway, names: tuple[str, ...]) -> Callable[[], bool]:
     """A condition: every sample of every gauge in ``names`` is 0."""
 
     def check() -> bool:
-        samples = metrics(gw.admin_url)
-        return all(v == 0 for (n, _), v in samples.items() if n in names)
+        return all(v == 0 for (n, _), v in scrape(gw.admin_url).items() if n in names)
 
     return check

@@ -7,6 +7,8 @@ exactly as `inference-gateway serve` builds it (`gateway/server.py`: both listen
 protocol) and remembers its operator listener's URL for `admin_url`; `serve_in_process` runs
 `python -m gateway serve ...` as a child process on ports the child itself picks; `wait_until`
 polls a condition with a deadline, which is how tests synchronise (never a bare sleep).
+`metric`, `samples` and `metric_types` read a server's /metrics, with the parser the benchmarks
+use (`loadtests.harness`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import uvicorn
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.server import GatewayServer, build_server
 from gateway.settings import Settings
+from loadtests.harness import Labels, Samples, families, labelled, metric_sum, metrics
 
 ADMIN_URLS: dict[str, str] = {}
 """API URL -> operator listener URL of every gateway `serve_gateway_in_thread` is running."""
@@ -101,6 +104,29 @@ def serve_gateway_in_thread(settings: Settings, snapshot: PolicySnapshot | None 
 def admin_url(api_url: str) -> str:
     """The operator listener (/metrics, /admin/*) of the test gateway serving `api_url`."""
     return ADMIN_URLS.get(api_url, api_url)
+
+
+def scrape(url: str) -> Samples:
+    """Every sample on the /metrics of `url`: the operator listener of the test gateway serving
+    `url`, else `url` itself (an engine, or the operator listener of a gateway process)."""
+    return metrics(admin_url(url))
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples called `name` whose labels include `labels` (0 when none), from `url`
+    (see `scrape`)."""
+    return metric_sum(scrape(url), name, **labels)
+
+
+def samples(url: str, name: str) -> dict[Labels, float]:
+    """Each sample called `name` on the /metrics of `url` (see `scrape`), by its sorted labels."""
+    return labelled(scrape(url), name)
+
+
+def metric_types(url: str) -> dict[str, str]:
+    """The type of each metric family on the /metrics of `url` (see `scrape`), even one without a
+    sample yet; a counter is named without its `_total`."""
+    return {family.name: family.type for family in families(admin_url(url))}
 
 
 @contextmanager

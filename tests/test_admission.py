@@ -7,30 +7,28 @@ import pytest
 
 from gateway.admission import TenantLimiter, charged_tokens, format_duration, resolve_class
 from gateway.errors import InvalidRequest, Overloaded
-from gateway.keys import hash_api_key
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.types import Api, InferenceRequest
 from tests.fake_clock import FakeClock
+from tests.policy_builder import NOWHERE, backend, build_policy, model, tenant
 
 
-def policy(limits: str) -> PolicySnapshot:
-    return parse_policy(
-        f"""
-version: t
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
-  standard: {{rank: 1, slo: {{ttft_ms: 2000, itl_ms: 100, e2e_ms: 60000}}}}
-  batch: {{rank: 2, slo: {{ttft_ms: 9000, itl_ms: 100, e2e_ms: 60000}}}}
-models: [{{name: m}}]
-backends: [{{name: b, url: "http://127.0.0.1:1", kind: sim, models: [m]}}]
-tenants:
-  - {{name: t, key_hashes: ["{hash_api_key("k")}"], models: ["*"], default_class: standard, limits: {limits}}}
-""",
-        "t.yaml",
+def policy(**limits: int) -> PolicySnapshot:
+    """One tenant ``t`` of class ``standard`` (between ``interactive`` and ``batch``) with ``limits``."""
+    text = build_policy(
+        version="t",
+        classes={
+            "standard": {"rank": 1, "slo": {"ttft_ms": 2000, "itl_ms": 100, "e2e_ms": 60000}},
+            "batch": {"rank": 2, "slo": {"ttft_ms": 9000, "itl_ms": 100, "e2e_ms": 60000}},
+        },
+        models=[model("m")],
+        backends=[backend("b", NOWHERE, ["m"], kind="sim")],
+        tenants=[tenant("t", "k", default_class="standard", limits=limits)],
     )
+    return parse_policy(text, "t.yaml")
 
 
 def request(prompt: int = 10, max_tokens: int = 90, n: int | None = None) -> InferenceRequest:
@@ -48,7 +46,7 @@ def tenant_of(snapshot: PolicySnapshot) -> Tenant:
 
 
 async def test_requests_per_minute_refuse_with_429_and_a_retry_after_from_the_refill() -> None:
-    tenant = tenant_of(policy("{rpm: 2}"))
+    tenant = tenant_of(policy(rpm=2))
     limits, _ = limiter()
     for _ in range(2):
         await limits.admit(tenant, request())
@@ -62,7 +60,7 @@ async def test_requests_per_minute_refuse_with_429_and_a_retry_after_from_the_re
 
 
 async def test_tokens_are_reserved_then_settled_with_real_usage() -> None:
-    tenant = tenant_of(policy("{tpm: 1000}"))
+    tenant = tenant_of(policy(tpm=1000))
     limits, _ = limiter()
     first = await limits.admit(tenant, request(10, 490))
     assert dict(first.headers)[b"x-ratelimit-remaining-tokens"] == b"500"
@@ -75,7 +73,7 @@ async def test_tokens_are_reserved_then_settled_with_real_usage() -> None:
 
 
 async def test_a_request_larger_than_the_minute_is_refused_without_retry() -> None:
-    tenant = tenant_of(policy("{tpm: 100}"))
+    tenant = tenant_of(policy(tpm=100))
     limits, _ = limiter()
     with pytest.raises(Overloaded) as refused:
         await limits.admit(tenant, request(10, 500))
@@ -83,7 +81,7 @@ async def test_a_request_larger_than_the_minute_is_refused_without_retry() -> No
 
 
 async def test_a_request_the_system_refused_gives_everything_back() -> None:
-    tenant = tenant_of(policy("{rpm: 1, tpm: 1000, max_concurrent: 1}"))
+    tenant = tenant_of(policy(rpm=1, tpm=1000, max_concurrent=1))
     limits, _ = limiter()
     admission = await limits.admit(tenant, request())
     await limits.settle(admission, used_tokens=None)
@@ -93,7 +91,7 @@ async def test_a_request_the_system_refused_gives_everything_back() -> None:
 
 
 async def test_concurrency_is_limited_and_freed_at_settlement() -> None:
-    tenant = tenant_of(policy("{max_concurrent: 1}"))
+    tenant = tenant_of(policy(max_concurrent=1))
     limits, _ = limiter()
     held = await limits.admit(tenant, request())
     with pytest.raises(Overloaded) as refused:
@@ -104,7 +102,7 @@ async def test_concurrency_is_limited_and_freed_at_settlement() -> None:
 
 
 async def test_the_bucket_refills_with_time() -> None:
-    tenant = tenant_of(policy("{rpm: 60}"))
+    tenant = tenant_of(policy(rpm=60))
     limits, clock = limiter()
     for _ in range(60):
         await limits.admit(tenant, request())
@@ -115,7 +113,7 @@ async def test_the_bucket_refills_with_time() -> None:
 
 
 async def test_usage_above_the_reservation_puts_the_tenant_in_debt_until_the_refill_pays_it() -> None:
-    tenant = tenant_of(policy("{tpm: 600}"))  # 10 tokens a second
+    tenant = tenant_of(policy(tpm=600))  # 10 tokens a second
     limits, clock = limiter()
     admission = await limits.admit(tenant, request(10, 90))  # reserves 100
     await limits.settle(admission, used_tokens=700)  # the backend produced far more than reserved
@@ -135,7 +133,7 @@ async def test_usage_above_the_reservation_puts_the_tenant_in_debt_until_the_ref
 
 async def test_a_tenant_that_overruns_every_reservation_cannot_exceed_its_minute() -> None:
     """The issue's case: tpm 5,000, requests reserving 100 and using 2,000; settlement used to only refund."""
-    tenant = tenant_of(policy("{tpm: 5000}"))
+    tenant = tenant_of(policy(tpm=5000))
     limits, clock = limiter()
     consumed = 0
     for _ in range(57):
@@ -155,7 +153,7 @@ async def test_a_tenant_that_overruns_every_reservation_cannot_exceed_its_minute
 
 
 async def test_the_reservation_covers_every_choice_of_n() -> None:
-    tenant = tenant_of(policy("{tpm: 1000}"))
+    tenant = tenant_of(policy(tpm=1000))
     limits, _ = limiter()
     admission = await limits.admit(tenant, request(10, 90, n=3))
     assert admission.reserved_tokens == 280
@@ -163,7 +161,7 @@ async def test_the_reservation_covers_every_choice_of_n() -> None:
 
 
 async def test_a_request_refused_before_admission_costs_one_request_per_minute() -> None:
-    tenant = tenant_of(policy("{rpm: 3}"))
+    tenant = tenant_of(policy(rpm=3))
     limits, clock = limiter()
     await limits.charge_rejected(tenant)
     await limits.charge_rejected(tenant)
@@ -179,7 +177,7 @@ async def test_a_request_refused_before_admission_costs_one_request_per_minute()
 
 
 async def test_a_tenant_refused_for_its_rate_is_refused_before_its_body_is_read() -> None:
-    tenant = tenant_of(policy("{rpm: 1}"))
+    tenant = tenant_of(policy(rpm=1))
     limits, clock = limiter()
     await limits.admit(tenant, request())
     with pytest.raises(Overloaded):
@@ -219,12 +217,12 @@ def test_what_a_finished_request_is_charged(outcome: dict[str, object], expected
     ],
 )
 def test_priority_class_resolution(header: bytes | None, expected: str) -> None:
-    snapshot = policy("{}")
+    snapshot = policy()
     assert resolve_class(tenant_of(snapshot), header, snapshot)[0] == expected
 
 
 def test_an_unknown_priority_class_is_a_400() -> None:
-    snapshot = policy("{}")
+    snapshot = policy()
     with pytest.raises(InvalidRequest) as refused:
         resolve_class(tenant_of(snapshot), b"urgent", snapshot)
     assert refused.value.code == "invalid_priority"

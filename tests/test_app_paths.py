@@ -8,13 +8,15 @@ should not: an escaped path that decodes to an operator endpoint, a redirect tha
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import httpx
 import pytest
 
 from gateway.app import GatewayApp
 from gateway.settings import Settings
-from tests.conftest import CHAT_MODEL, KEY_ACME, POLICY_FILE
+from tests.conftest import CHAT_MODEL, KEY_ACME
+from tests.policy_builder import session_policy
 from tests.servers import admin_url
 
 
@@ -96,8 +98,10 @@ def test_every_answer_says_nosniff(gateway_url: str, listener: str, method: str,
     assert answer.headers["x-request-id"]
 
 
-async def test_before_start_up_the_model_list_answers_an_openai_shaped_503() -> None:
-    app = GatewayApp(Settings(policy_path=str(POLICY_FILE)))  # its lifespan never ran
+async def test_before_start_up_the_model_list_answers_an_openai_shaped_503(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(session_policy())
+    app = GatewayApp(Settings(policy_path=str(policy)))  # its lifespan never ran
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
         answer = await client.get("/v1/models", headers={"authorization": f"Bearer {KEY_ACME}"})
     assert answer.status_code == 503

@@ -12,17 +12,9 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import (
-    BACKEND_TOKEN,
-    CHAT_MODEL,
-    KEY_ACME,
-    KEY_GLOBEX,
-    OTHER_MODEL,
-    BackendServer,
-    StartGateway,
-    policy_text,
-)
+from tests.conftest import BACKEND_TOKEN, CHAT_MODEL, KEY_ACME, KEY_GLOBEX, OTHER_MODEL, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import OMIT, session_policy
 
 CHAT = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
@@ -137,7 +129,7 @@ def test_the_backend_gets_its_own_credential_never_the_clients(
 def test_a_backend_without_a_credential_gets_no_authorization_header(
     backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway
 ) -> None:
-    text = policy_text(backend_server.url, **{"    credential_env: GATEWAY_TEST_BACKEND_TOKEN\n": ""})
+    text = session_policy(backend_server.url, backends={"fake": {"credential_env": OMIT}})
     with start_gateway(text) as url:
         response = httpx.post(url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {KEY_ACME}"})
     assert response.status_code == 200, response.text

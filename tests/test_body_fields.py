@@ -16,12 +16,12 @@ import openai
 import pytest
 
 from gateway.policy.loader import PolicyError, parse_policy
-from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 
 SECRET = "fields-salt-secret"
 MESSAGES: list[Any] = [{"role": "user", "content": "Hi"}]
-LIMITS_LINE = "  max_tokens_over_limit: reject"
 
 
 def chat(client: openai.OpenAI, **extra_body: Any) -> None:
@@ -189,7 +189,7 @@ def priority_gateway(
 ) -> Iterator[str]:
     """vLLM backend scheduling by priority, with a known cache-salt secret."""
     monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", SECRET)
-    text = policy_text(backend_server.url, **{"    credential_env:": "    engine_priority: true\n    credential_env:"})
+    text = session_policy(backend_server.url, backends={"fake": {"engine_priority": True}})
     with start_gateway(text, health_checks=False) as url:
         yield url
 
@@ -219,7 +219,7 @@ def test_a_clients_priority_and_salt_are_replaced_by_the_gateways(
 def test_owned_fields_are_dropped_for_engines_that_do_not_take_them(
     start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer
 ) -> None:
-    text = policy_text(backend_server.url).replace("kind: vllm", "kind: llamacpp")
+    text = session_policy(backend_server.url, backends={"fake": {"kind": "llamacpp"}})
     with start_gateway(text, health_checks=False) as url, sdk_for(url) as sdk:
         chat(sdk, **OWNED, cache_prompt=True, extra_key="k", rid="r")
     received = backend.received[-1].body
@@ -231,7 +231,7 @@ def test_a_stripped_field_is_gone_from_the_forwarded_bytes_when_nothing_else_cha
     start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer
 ) -> None:
     # An openai-kind backend gets no cache salt: without the strip, the client's bytes go as sent.
-    text = policy_text(backend_server.url).replace("kind: vllm", "kind: openai")
+    text = session_policy(backend_server.url, backends={"fake": {"kind": "openai"}})
     raw = b'{"model":"test/chat","messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"request_id":"x"}'
     headers = {"authorization": f"Bearer {KEY_ACME}", "content-type": "application/json"}
     with start_gateway(text, health_checks=False) as url:
@@ -246,8 +246,7 @@ def test_a_stripped_field_is_gone_from_the_forwarded_bytes_when_nothing_else_cha
 def test_a_policy_may_allow_more_fields(
     start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer
 ) -> None:
-    extension = LIMITS_LINE + "\n  extra_body_fields: [documents, mm_processor_kwargs]"
-    text = policy_text(backend_server.url, **{LIMITS_LINE: extension})
+    text = session_policy(backend_server.url, limits={"extra_body_fields": ["documents", "mm_processor_kwargs"]})
     with start_gateway(text, health_checks=False) as url, sdk_for(url) as sdk:
         chat(sdk, documents=[{"title": "t", "text": "x"}], mm_processor_kwargs={"max_pixels": 1024})
         with pytest.raises(openai.BadRequestError):
@@ -261,7 +260,7 @@ def test_a_policy_may_allow_more_fields(
     "field", ["priority", "cache_salt", "kv_transfer_params", "chat_template", "vllm_xargs", "cache_prompt"]
 )
 def test_a_policy_can_never_allow_a_field_the_gateway_owns(backend_server: BackendServer, field: str) -> None:
-    text = policy_text(backend_server.url, **{LIMITS_LINE: f"{LIMITS_LINE}\n  extra_body_fields: [{field}]"})
+    text = session_policy(backend_server.url, limits={"extra_body_fields": [field]})
     with pytest.raises(PolicyError) as refused:
         parse_policy(text, "policy.yaml")
     assert "extra_body_fields" in str(refused.value)

@@ -20,9 +20,10 @@ from gateway.backends import BackendState
 from gateway.breaker import CircuitBreaker
 from gateway.capacity import has_room
 from gateway.policy.model import Backend, BackendKind, BreakerPolicy, Capacity, PriorityClass, Slo
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric
 from tests.fake_backend import FakeBackend
 from tests.fake_clock import FakeClock
+from tests.policy_builder import session_policy
 from tests.servers import wait_until
 
 NOW = 1000.0
@@ -147,9 +148,8 @@ def test_a_request_released_leaves_the_backend_as_idle_as_before() -> None:
 # End to end: a gateway in front of the fake backend, whose one backend holds 50 tokens in flight:
 # room for a request of max_tokens 30 and one of 1 at once, not for two of 30.
 BUDGET = 50
-TOKEN_BUDGET = {"    credential_env:": f"    capacity: {{max_tokens_in_flight: {BUDGET}}}\n    credential_env:"}
-INTERACTIVE_SLO = "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}"
-LONG_WAIT = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_wait_s: 30}"}
+TOKEN_BUDGET = {"fake": {"capacity": {"max_tokens_in_flight": BUDGET}}}
+LONG_WAIT = {"interactive": {"queue": {"max_wait_s": 30}}}
 MESSAGES = [{"role": "user", "content": "Hello"}]
 AT_REST = (
     "gateway_backend_in_flight_requests",
@@ -168,7 +168,8 @@ def post_chat(url: str, max_tokens: int) -> httpx.Response:
 def test_the_token_budget_holds_a_request_until_tokens_in_flight_end_then_lets_it_through(
     start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer
 ) -> None:
-    with start_gateway(policy_text(backend_server.url, **TOKEN_BUDGET, **LONG_WAIT), health_checks=False) as url:
+    text = session_policy(backend_server.url, backends=TOKEN_BUDGET, classes=LONG_WAIT)
+    with start_gateway(text, health_checks=False) as url:
         gate = threading.Event()
         backend.gate, backend.tokens = gate, 3
         first = threading.Event()

@@ -12,13 +12,21 @@ import httpx
 import pytest
 
 from gateway.keys import hash_api_key
-from tests.conftest import KEY_ACME, POLICIES, policy_text
+from tests.conftest import KEY_ACME
+from tests.policy_builder import session_policy
 from tests.servers import free_port, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
-VALID = "tests/policies/gateway.yaml"
 INVALID = "tests/policies/invalid.yaml"
 DEADLINE_S = 30
+
+
+@pytest.fixture
+def valid(tmp_path: Path) -> str:
+    """A file holding the session gateway's policy (valid, version test-1)."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(session_policy())
+    return str(path)
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -34,10 +42,10 @@ def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_validate_accepts_a_valid_policy_with_exit_0() -> None:
-    result = run("policy", "validate", VALID)
+def test_validate_accepts_a_valid_policy_with_exit_0(valid: str) -> None:
+    result = run("policy", "validate", valid)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"{VALID}: valid (version test-1, digest ")
+    assert result.stdout.startswith(f"{valid}: valid (version test-1, digest ")
 
 
 def test_validate_prints_every_error_and_exits_1() -> None:
@@ -50,10 +58,10 @@ def test_validate_prints_every_error_and_exits_1() -> None:
     ]
 
 
-def test_validate_checks_every_file_and_fails_if_one_is_invalid() -> None:
-    result = run("policy", "validate", VALID, INVALID, "policies/demo.yaml")
+def test_validate_checks_every_file_and_fails_if_one_is_invalid(valid: str) -> None:
+    result = run("policy", "validate", valid, INVALID, "policies/demo.yaml")
     assert result.returncode == 1
-    assert f"{VALID}: valid" in result.stdout
+    assert f"{valid}: valid" in result.stdout
     assert "policies/demo.yaml: valid" in result.stdout
     assert f"{INVALID}: tenants[0].limits.rpm" in result.stderr
 
@@ -75,7 +83,7 @@ def test_validate_prints_the_policys_warnings_with_file_and_path(
     tmp_path: Path, flags: tuple[str, ...], exit_code: int
 ) -> None:
     path = tmp_path / "shared-llama.yaml"
-    path.write_text(policy_text("http://127.0.0.1:1").replace("kind: vllm", "kind: llamacpp"))
+    path.write_text(session_policy(backends={"fake": {"kind": "llamacpp"}}))
     result = run("policy", "validate", *flags, str(path))
     assert result.returncode == exit_code
     assert result.stdout.startswith(f"{path}: valid (version test-1, digest ")
@@ -90,7 +98,7 @@ def test_keys_hash_reads_the_key_on_stdin_and_prints_the_policy_form() -> None:
     result = run("keys", "hash", stdin="  key-acme \n")  # surrounding whitespace is not part of the key
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == hash_api_key(KEY_ACME)
-    assert hash_api_key(KEY_ACME) in (POLICIES / "gateway.yaml").read_text()
+    assert hash_api_key(KEY_ACME) in session_policy()
 
 
 def test_keys_hash_without_a_key_exits_1() -> None:
@@ -118,7 +126,7 @@ def serving(tmp_path: Path, backend_credential: str) -> Iterator[tuple[str, str]
     """``inference-gateway serve`` in a subprocess, in front of a closed port; yields its API and
     operator URLs."""
     policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text("http://127.0.0.1:9"))
+    policy.write_text(session_policy("http://127.0.0.1:9"))
     port, admin_port = free_port(), free_port()
     argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)]
     argv += ["--admin-port", str(admin_port)]
@@ -155,19 +163,19 @@ def test_serve_starts_the_gateway_on_the_given_ports(serving: tuple[str, str]) -
     assert httpx.get(admin + "/metrics").status_code == 200
 
 
-def test_serve_refuses_one_port_for_both_listeners_with_exit_1() -> None:
+def test_serve_refuses_one_port_for_both_listeners_with_exit_1(valid: str) -> None:
     port = str(free_port())
-    result = run("serve", "--policy", VALID, "--port", port, "--admin-port", port)
+    result = run("serve", "--policy", valid, "--port", port, "--admin-port", port)
     assert result.returncode == 1
     assert f"the admin port must differ from the API port ({port})" in result.stderr
 
 
-def test_serve_reports_a_taken_port_with_exit_1() -> None:
+def test_serve_reports_a_taken_port_with_exit_1(valid: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run("serve", "--policy", VALID, "--port", str(free_port()), "--admin-port", str(port))
+        result = run("serve", "--policy", valid, "--port", str(free_port()), "--admin-port", str(port))
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 

@@ -27,8 +27,9 @@ import pytest
 
 from gateway.connections import ConnectionLimits, Listener, Reason, ThrottledLog
 from gateway.settings import Settings
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, policy_text, run_gateway
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, run_gateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 from tests.servers import free_port, wait_until
 
 TIMEOUT_S = 0.3
@@ -46,7 +47,7 @@ GUARDS = {
 
 @pytest.fixture(scope="module")
 def guarded(backend_server: BackendServer, backend_credential: str) -> Iterator[str]:
-    with run_gateway(policy_text(backend_server.url), **GUARDS) as url:
+    with run_gateway(session_policy(backend_server.url), **GUARDS) as url:
         yield url
 
 
@@ -293,7 +294,7 @@ def test_pipelined_requests_in_one_packet_are_each_served(guarded: str) -> None:
 def test_unfinished_32_mib_headers_do_not_grow_the_gateway(tmp_path: Path, backend_credential: str) -> None:
     """The issue's figure: four unfinished 32 MiB headers took RSS from 119 to 310 MiB."""
     policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text("http://127.0.0.1:9"))
+    policy.write_text(session_policy("http://127.0.0.1:9"))
     port, admin_port = free_port(), free_port()
     argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)]
     argv += ["--admin-port", str(admin_port)]
@@ -342,7 +343,7 @@ def test_silent_sockets_past_the_bound_never_lock_out_a_client_or_a_probe(
     backend_server: BackendServer, backend: FakeBackend
 ) -> None:
     bound, silent = 50, 300
-    with run_gateway(policy_text(backend_server.url), max_connections=bound) as url, ExitStack() as sockets:
+    with run_gateway(session_policy(backend_server.url), max_connections=bound) as url, ExitStack() as sockets:
         with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=10) as sdk:
             usual = min(_timed_chat(sdk) for _ in range(3))
             for _ in range(silent):
@@ -368,7 +369,7 @@ def test_a_connection_past_the_bound_with_none_idle_is_refused_with_a_clean_503(
     backend_server: BackendServer, backend_credential: str
 ) -> None:
     bound = 4
-    with run_gateway(policy_text(backend_server.url), max_connections=bound, body_timeout_s=60) as url:
+    with run_gateway(session_policy(backend_server.url), max_connections=bound, body_timeout_s=60) as url:
         busy = [connect(url) for _ in range(bound)]
         try:
             for sock in busy:  # each holds a request whose body is not complete: busy, not idle
@@ -387,7 +388,7 @@ def test_a_connection_past_the_bound_with_none_idle_is_refused_with_a_clean_503(
 
 def test_the_guards_come_from_the_serve_flags_and_the_environment(tmp_path: Path, backend_credential: str) -> None:
     policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text("http://127.0.0.1:9"))
+    policy.write_text(session_policy("http://127.0.0.1:9"))
     port, admin_port = free_port(), free_port()
     argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port)]
     argv += ["--admin-port", str(admin_port), "--header-timeout", "0.2"]
@@ -404,8 +405,7 @@ def test_the_guards_come_from_the_serve_flags_and_the_environment(tmp_path: Path
             sock.sendall(_padded_healthz(1025))
             assert_error(read_until_closed(sock), 431, "request_header_too_large")
         admin = f"http://127.0.0.1:{admin_port}"
-        text = httpx.get(admin + "/metrics").text
-        assert 'gateway_connections_closed_total{listener="api",reason="header_timeout"} 1.0' in text
+        assert metric(admin, "gateway_connections_closed_total", listener="api", reason="header_timeout") == 1
     finally:
         process.terminate()
         process.wait(timeout=30)

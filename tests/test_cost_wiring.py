@@ -16,11 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.outcome import TokenStats
 from gateway.policy.loader import PolicyError, parse_policy
@@ -29,19 +26,22 @@ from gateway.settings import Settings
 from gateway.tracelog import TraceLog, TraceLogConfig
 from tests.conftest import KEY_ACME, KEY_GLOBEX, metric
 from tests.fake_backend import FakeBackend
-from tests.servers import admin_url, serve_gateway_in_thread, serve_in_thread, wait_until
+from tests.policy_builder import build_policy, model
+from tests.servers import metric_types, samples, serve_gateway_in_thread, serve_in_thread, wait_until
 
-ACME_HASH = "sha256:6371cb7a907cc8f10740229732c4b6164b285169494b85304468313513427878"
-GLOBEX_HASH = "sha256:6434a00879acb6a4faed427b6463c32e2e5e3736404258155c408f29558d268d"
 PROMPT_TOKENS = 7  # what the fake backend reports for every prompt
 INTERVAL_S = 10.0
 PER_SECOND = {"a": 1.0, "b": 2.0, "d": 1.0}
 
 
 Entry = dict[str, Any] | None
+Slo = dict[str, float]
+SLO: Slo = {"ttft_ms": 10000, "itl_ms": 10000, "e2e_ms": 60000}
 
 
-def policy(backend_url: str, *, version: str = "cost-1", cost_interval_s: float = 3600, **backends: Entry) -> str:
+def policy(
+    backend_url: str, *, version: str = "cost-1", cost_interval_s: float = 3600, slo: Slo = SLO, **backends: Entry
+) -> str:
     """Four models, one backend each; ``backends`` overrides (or, given ``None``, removes) entries."""
     entries: dict[str, Entry] = {
         "a": {"models": ["m/chat"], "price_per_gpu_hour": 1800, "gpus": 2},
@@ -51,25 +51,20 @@ def policy(backend_url: str, *, version: str = "cost-1", cost_interval_s: float 
     }
     entries.update(backends)
     served = [m for entry in entries.values() if entry is not None for m in entry["models"]]
-    slo = {"ttft_ms": 10000, "itl_ms": 10000, "e2e_ms": 60000}
-    document = {
-        "version": version,
-        "classes": {"interactive": {"rank": 0, "slo": slo}, "batch": {"rank": 1, "slo": slo}},
-        "models": [{"name": m, "max_prompt_tokens": 64, "max_output_tokens": 64} for m in served],
-        "backends": [
+    return build_policy(
+        version=version,
+        classes={"interactive": {"slo": slo}, "batch": {"slo": slo}},
+        models=[model(m, max_prompt_tokens=64, max_output_tokens=64) for m in served],
+        backends=[
             {"name": name, "url": backend_url, "kind": "vllm", **entry}
             for name, entry in entries.items()
             if entry is not None
         ],
-        "tenants": [
-            {"name": "acme", "key_hashes": [ACME_HASH], "models": ["*"], "default_class": "interactive"},
-            {"name": "globex", "key_hashes": [GLOBEX_HASH], "models": ["*"], "default_class": "batch"},
-        ],
-        "health_checks": {"interval_s": 0.05, "timeout_s": 0.5},
-        "lifecycle": {"watch_interval_s": 0.05},
-        "telemetry": {"cost_interval_s": cost_interval_s},
-    }
-    return yaml.safe_dump(document, sort_keys=False)
+        tenants={"globex": {"models": ["*"]}},
+        health_checks={"interval_s": 0.05, "timeout_s": 0.5},
+        lifecycle={"watch_interval_s": 0.05},
+        telemetry={"cost_interval_s": cost_interval_s},
+    )
 
 
 @contextmanager
@@ -106,13 +101,8 @@ def wait_for_requests(gw: Gateway, count: int) -> None:
 
 def prices_shown(url: str) -> dict[str, float]:
     """The per-backend prices the gateway's /metrics shows (``gateway_cost_backend_price_dollars_per_hour``)."""
-    text = httpx.get(f"{admin_url(url)}/metrics").text
-    return {
-        sample.labels["backend"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "gateway_cost_backend_price_dollars_per_hour"
-    }
+    shown = samples(url, "gateway_cost_backend_price_dollars_per_hour")
+    return {dict(labels)["backend"]: value for labels, value in shown.items()}
 
 
 def test_the_bill_is_split_by_tokens_and_what_nobody_used_is_exported_as_unattributed(
@@ -158,7 +148,7 @@ def test_the_bill_is_split_by_tokens_and_what_nobody_used_is_exported_as_unattri
 
 def test_a_request_that_misses_its_slo_pays_but_is_no_goodput(tmp_path: Path, fake: tuple[FakeBackend, str]) -> None:
     backend, backend_url = fake
-    text = policy(backend_url).replace("ttft_ms: 10000", "ttft_ms: 0.001")  # no first token is that fast
+    text = policy(backend_url, slo={**SLO, "ttft_ms": 0.001})  # no first token is that fast
     with gateway(tmp_path, text) as (url, gw, _):
         ask(url, KEY_ACME, "m/chat", backend, tokens=4)
         wait_for_requests(gw, 1)
@@ -166,7 +156,7 @@ def test_a_request_that_misses_its_slo_pays_but_is_no_goodput(tmp_path: Path, fa
         assert metric(url, "gateway_cost_dollars_total", model="m/chat") == pytest.approx(INTERVAL_S)
         assert metric(url, "gateway_cost_requests_total", model="m/chat") == 1.0
         assert metric(url, "gateway_cost_goodput_requests_total", model="m/chat") == 0.0
-        assert "gateway_cost_per_goodput_request_dollars{" not in httpx.get(f"{admin_url(url)}/metrics").text
+        assert samples(url, "gateway_cost_per_goodput_request_dollars") == {}
 
 
 def test_a_reload_charges_the_old_prices_up_to_it_and_a_removed_backend_stops_costing(
@@ -215,8 +205,9 @@ def test_the_gateway_closes_intervals_on_its_own_timer(tmp_path: Path, fake: tup
 def test_the_cost_metrics_are_on_metrics_before_any_request(tmp_path: Path, fake: tuple[FakeBackend, str]) -> None:
     _, backend_url = fake
     with gateway(tmp_path, policy(backend_url)) as (url, _, _):
-        text = httpx.get(f"{admin_url(url)}/metrics").text
-    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+        families = metric_types(url)
+        unattributed = samples(url, "gateway_cost_unattributed_dollars_total")
+        dropped = samples(url, "gateway_trace_log_dropped_total")
     assert {
         "gateway_cost_dollars": "counter",
         "gateway_cost_requests": "counter",
@@ -226,9 +217,9 @@ def test_the_cost_metrics_are_on_metrics_before_any_request(tmp_path: Path, fake
         "gateway_cost_backend_price_dollars_per_hour": "gauge",
         "gateway_trace_log_dropped": "counter",
     }.items() <= families.items()
-    assert 'gateway_cost_unattributed_dollars_total{backend="d"} 0.0' in text
-    assert 'gateway_cost_unattributed_dollars_total{backend="c"}' not in text, "c has no price"
-    assert "gateway_trace_log_dropped_total 0.0" in text
+    assert unattributed.get((("backend", "d"),)) == 0.0
+    assert (("backend", "c"),) not in unattributed, "c has no price"
+    assert dropped == {(): 0.0}
 
 
 def test_trace_log_records_refused_by_a_full_buffer_are_counted(tmp_path: Path, fake: tuple[FakeBackend, str]) -> None:

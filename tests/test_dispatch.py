@@ -3,31 +3,43 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from gateway.backends import BackendPool
 from gateway.dispatch import Dispatcher, Grant
 from gateway.errors import NoHealthyBackend, Overloaded
-from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.least_load import LeastLoadRouter
 from gateway.types import Api, InferenceRequest
 from tests.fake_clock import FakeClock
+from tests.policy_builder import NOWHERE, OMIT, build_policy, model, tenant
+from tests.policy_builder import backend as backend_entry
 
-POLICY = f"""
-version: t
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}, queue: {{max_depth: 3, max_wait_s: 5}}}}
-  batch: {{rank: 1, slo: {{ttft_ms: 5000, itl_ms: 100, e2e_ms: 60000}}, max_share: 0.5,
-           queue: {{max_depth: 2, max_wait_s: 5}}}}
-models: [{{name: m}}]
-backends:
-  - {{name: b1, url: "http://127.0.0.1:1", kind: sim, models: [m], capacity: {{max_concurrent: 2}}}}
-tenants:
-  - {{name: t, key_hashes: ["{hash_api_key("k")}"], models: ["*"], default_class: interactive}}
-"""
+
+def dispatch_policy(**sections: Any) -> str:
+    """Model ``m`` on backend ``b1`` (two slots), tenant ``t``; interactive queues 3 for 5 s, batch
+    queues 2 for 5 s and may hold half the slots; ``sections`` edit it (``tests/policy_builder.py``)."""
+    dispatch = {
+        "version": "t",
+        "classes": {
+            "interactive": {"queue": {"max_depth": 3, "max_wait_s": 5}},
+            "batch": {
+                "slo": {"ttft_ms": 5000, "itl_ms": 100, "e2e_ms": 60000},
+                "max_share": 0.5,
+                "queue": {"max_depth": 2, "max_wait_s": 5},
+            },
+        },
+        "models": [model("m")],
+        "backends": [backend_entry("b1", NOWHERE, ["m"], kind="sim", capacity={"max_concurrent": 2})],
+        "tenants": [tenant("t", "k")],
+    }
+    return build_policy(NOWHERE, dispatch, **sections)
+
+
+POLICY = dispatch_policy()
 
 
 def request(tokens: int = 10) -> InferenceRequest:
@@ -46,8 +58,11 @@ def make_dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
 
 def paced_policy(max_prefilling: int) -> PolicySnapshot:
     """Batch paced to ``max_prefilling`` prefills per backend, with room for several requests."""
-    text = POLICY.replace("max_share: 0.5,", f"max_share: 1.0, max_prefilling: {max_prefilling},")
-    return parse_policy(text.replace("max_concurrent: 2", "max_concurrent: 8"), "t.yaml")
+    text = dispatch_policy(
+        classes={"batch": {"max_share": 1.0, "max_prefilling": max_prefilling}},
+        backends={"b1": {"capacity": {"max_concurrent": 8}}},
+    )
+    return parse_policy(text, "t.yaml")
 
 
 @pytest.fixture
@@ -273,7 +288,7 @@ async def test_a_paced_class_yields_to_a_higher_class_that_is_prefilling(snapsho
 
 
 def test_the_default_wait_budget_leaves_room_for_the_measured_time_to_first_token(snapshot: PolicySnapshot) -> None:
-    text = POLICY.replace("queue: {max_depth: 3, max_wait_s: 5}", "queue: {max_depth: 3}")
+    text = dispatch_policy(classes={"interactive": {"queue": {"max_depth": 3}}})
     policy = parse_policy(text, "t.yaml")
     dispatcher = make_dispatcher(policy)
     queues = dispatcher.queues()["m"]
@@ -288,20 +303,15 @@ def test_the_default_wait_budget_leaves_room_for_the_measured_time_to_first_toke
     assert queues.wait_budget(batch) == 5  # an explicit max_wait_s stands
 
 
-LANES = f"""
-version: t
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}, queue: {{max_depth: 3, max_wait_s: 5}}}}
-  batch: {{rank: 1, slo: {{ttft_ms: 5000, itl_ms: 100, e2e_ms: 60000}}, queue: {{max_depth: 3, max_wait_s: 5}}}}
-models: [{{name: m}}]
-backends:
-  - {{name: a, url: "http://127.0.0.1:1", kind: sim, models: [m], tenants: [acme], capacity: {{max_concurrent: 1}}}}
-  - {{name: g, url: "http://127.0.0.1:2", kind: sim, models: [m], tenants: [globex], capacity: {{max_concurrent: 1}}}}
-  - {{name: s, url: "http://127.0.0.1:3", kind: sim, models: [m], capacity: {{max_concurrent: 1}}}}
-tenants:
-  - {{name: acme, key_hashes: ["{hash_api_key("a")}"], models: ["*"], default_class: interactive}}
-  - {{name: globex, key_hashes: ["{hash_api_key("g")}"], models: ["*"], default_class: interactive}}
-"""
+LANES = dispatch_policy(
+    classes={"batch": {"max_share": OMIT, "queue": {"max_depth": 3, "max_wait_s": 5}}},
+    backends=[
+        backend_entry("a", "http://127.0.0.1:1", ["m"], kind="sim", tenants=["acme"], capacity={"max_concurrent": 1}),
+        backend_entry("g", "http://127.0.0.1:2", ["m"], kind="sim", tenants=["globex"], capacity={"max_concurrent": 1}),
+        backend_entry("s", "http://127.0.0.1:3", ["m"], kind="sim", capacity={"max_concurrent": 1}),
+    ],
+    tenants=[tenant("acme", "a"), tenant("globex", "g")],
+)
 """acme may use a and s, globex g and s: two lanes of one model, sharing backend s."""
 
 

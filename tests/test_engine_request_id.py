@@ -19,12 +19,13 @@ import pytest
 
 from gateway.upstream import new_engine_request_id
 from loadtests.otlp_sink import OtlpSink
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy, traces_to
 from tests.servers import serve_in_thread, wait_until
 
 ENGINE_ID = re.compile(r"gw-[0-9a-f]{24}")
-RETRYING = {"retry: {max_retries: 0}": "retry: {max_retries: 2, budget_min_per_s: 100, backoff_base_s: 0.01}"}
+RETRYING = {"max_retries": 2, "budget_min_per_s": 100, "backoff_base_s": 0.01}
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
@@ -58,7 +59,7 @@ def test_each_attempt_of_a_retried_request_gives_the_engine_a_new_id_and_logs_bo
     backend.statuses = [503, 502]  # two failed attempts, then the answer
     with (
         caplog.at_level(logging.DEBUG, logger="gateway.upstream"),
-        start_gateway(policy_text(backend_server.url, **RETRYING), health_checks=False) as url,
+        start_gateway(session_policy(backend_server.url, retry=RETRYING), health_checks=False) as url,
     ):
         response = httpx.post(
             f"{url}/v1/chat/completions",
@@ -80,7 +81,7 @@ def test_a_migrated_stream_gives_the_engine_a_new_id_for_its_continuation(
     start_gateway: StartGateway, backend_server: BackendServer, backend: FakeBackend
 ) -> None:
     backend.tokens, backend.cut_after = 4, 1  # every attempt breaks after one token
-    with start_gateway(policy_text(backend_server.url, **RETRYING), health_checks=False) as url:
+    with start_gateway(session_policy(backend_server.url, retry=RETRYING), health_checks=False) as url:
         response = httpx.post(
             f"{url}/v1/chat/completions",
             json={"model": CHAT_MODEL, "messages": MESSAGES, "stream": True, "max_tokens": 8},
@@ -107,8 +108,7 @@ def test_the_attempt_span_names_the_engine_id_and_what_the_backend_said(
     receiver, sink_url = sink
     backend.status = 400
     backend.error_body = b'{"error": {"message": "too long for http://10.0.0.7/x", "code": 400}}'
-    tracing = f"\ntelemetry:\n  tracing: {{enabled: true, endpoint: '{sink_url}/v1/traces', sampling_ratio: 1.0}}\n"
-    with start_gateway(policy_text(backend_server.url) + tracing) as url:
+    with start_gateway(session_policy(backend_server.url, telemetry=traces_to(sink_url))) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_ACME, max_retries=0)
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}])

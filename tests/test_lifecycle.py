@@ -6,28 +6,32 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from gateway.keys import hash_api_key
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import admin_keys, session_policy
 from tests.servers import admin_url, serve_gateway_in_thread, serve_in_process, wait_until
 
 ADMIN_KEY = "admin-key-for-tests"
-ADMIN = (
-    f'admin: {{key_hashes: ["{hash_api_key(ADMIN_KEY)}"]}}\n'
-    "lifecycle: {watch_interval_s: 0.05, drain_timeout_s: 20}\n"
-)
+
 MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+def policy(backend_server: BackendServer, **sections: Any) -> str:
+    """The session policy with an admin key and a policy file watched every 50 ms, edited by ``sections``."""
+    lifecycle = {"watch_interval_s": 0.05, "drain_timeout_s": 20}
+    return session_policy(backend_server.url, admin=admin_keys(ADMIN_KEY), lifecycle=lifecycle, **sections)
 
 
 @pytest.fixture
 def policy_path(tmp_path: Path, backend_server: BackendServer) -> Path:
     path = tmp_path / "policy.yaml"
-    path.write_text(policy_text(backend_server.url) + ADMIN)
+    path.write_text(policy(backend_server))
     return path
 
 
@@ -48,10 +52,9 @@ def admin(url: str, method: str, path: str, key: str | None = ADMIN_KEY) -> http
 
 
 def test_an_invalid_policy_written_over_the_live_file_is_refused_and_the_old_one_keeps_serving(
-    gateway: str, policy_path: Path, backend: FakeBackend
+    gateway: str, policy_path: Path, backend: FakeBackend, backend_server: BackendServer
 ) -> None:
-    good = policy_path.read_text()
-    policy_path.write_text(good.replace("rpm: 6000", "rpm: 0"))
+    policy_path.write_text(policy(backend_server, tenants={"acme": {"limits": {"rpm": 0}}}))
     wait_until(lambda: admin(gateway, "GET", "/admin/policy").json()["reloads"]["invalid"] == 1, what="the reload")
     status = admin(gateway, "GET", "/admin/policy").json()
     assert status["version"] == "test-1"
@@ -63,14 +66,15 @@ def test_an_invalid_policy_written_over_the_live_file_is_refused_and_the_old_one
         json={"model": CHAT_MODEL, "messages": MESSAGES},
     )
     assert reply.status_code == 200
-    policy_path.write_text(good.replace("version: test-1", "version: test-2"))
+    policy_path.write_text(policy(backend_server, version="test-2"))
     wait_until(lambda: admin(gateway, "GET", "/admin/policy").json()["version"] == "test-2", what="the new policy")
 
 
-def test_the_policy_status_shows_the_warnings_of_the_policy_in_force(gateway: str, policy_path: Path) -> None:
+def test_the_policy_status_shows_the_warnings_of_the_policy_in_force(
+    gateway: str, policy_path: Path, backend_server: BackendServer
+) -> None:
     assert admin(gateway, "GET", "/admin/policy").json()["warnings"] == []
-    shared = policy_path.read_text().replace("kind: vllm", "kind: llamacpp").replace("test-1", "test-2")
-    policy_path.write_text(shared)
+    policy_path.write_text(policy(backend_server, version="test-2", backends={"fake": {"kind": "llamacpp"}}))
     wait_until(lambda: admin(gateway, "GET", "/admin/policy").json()["version"] == "test-2", what="the new policy")
     (warning,) = admin(gateway, "GET", "/admin/policy").json()["warnings"]
     assert warning.startswith("backends[0]: 'fake' (llamacpp) cannot salt its prefix cache")

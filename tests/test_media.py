@@ -15,10 +15,10 @@ import pytest
 from gateway.errors import InvalidRequest
 from gateway.media import check_media_urls
 from gateway.policy.loader import PolicyError, parse_policy
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 
-LIMITS_LINE = "  max_tokens_over_limit: reject"
 ALLOWLIST = ("https://cdn.example.com/images/", "http://10.0.0.7:8080/media")
 PNG = "data:image/png;base64,iVBORw0KGgo="
 
@@ -35,8 +35,7 @@ def image_part(url: str) -> dict[str, Any]:
 def media_gateway(
     start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer
 ) -> Iterator[openai.OpenAI]:
-    entries = ", ".join(f'"{entry}"' for entry in ALLOWLIST)
-    text = policy_text(backend_server.url, **{LIMITS_LINE: f"{LIMITS_LINE}\n  media_url_allowlist: [{entries}]"})
+    text = session_policy(backend_server.url, limits={"media_url_allowlist": list(ALLOWLIST)})
     with (
         start_gateway(text, health_checks=False) as url,
         openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=10) as sdk,
@@ -174,7 +173,7 @@ def test_a_stored_file_id_is_refused_and_inline_file_data_passes() -> None:
 def test_an_allowlist_entry_that_could_open_the_wrong_door_fails_the_policy_load(
     backend_server: BackendServer, entry: str, problem: str
 ) -> None:
-    text = policy_text(backend_server.url, **{LIMITS_LINE: f'{LIMITS_LINE}\n  media_url_allowlist: ["{entry}"]'})
+    text = session_policy(backend_server.url, limits={"media_url_allowlist": [entry]})
     with pytest.raises(PolicyError) as refused:
         parse_policy(text, "policy.yaml")
     assert "media_url_allowlist" in str(refused.value)

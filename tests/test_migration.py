@@ -117,20 +117,22 @@ def fleet() -> Iterator[Fleet]:
         yield pair
 
 
-GENEROUS_BUDGET = "{max_retries: 2, budget_min_per_s: 100}"
+GENEROUS_BUDGET = {"max_retries": 2, "budget_min_per_s": 100}
 """Round robin sends nearly every request to the faulty engine first (each migration's pick moves
 the cursor past it): a budget that cannot run out, so these tests see migration, not the budget."""
 
 
 def faulty_first(
-    fleet: Fleet, *, kind: str = "sim", between_chunks_s: float = 30.0, retry: str = GENEROUS_BUDGET
+    fleet: Fleet, *, kind: str = "sim", between_chunks_s: float = 30.0, retry: dict[str, float] = GENEROUS_BUDGET
 ) -> str:
-    """A policy where the faulty engine takes the first attempt (round robin from it)."""
-    text = policy(fleet.engines, between_chunks_s=between_chunks_s, breaker="{consecutive_failures: null}", retry=retry)
-    text = text.replace("strategy: least_load", "strategy: round_robin")
-    return text.replace(
-        f"name: {fleet.engines[0].name}, url: '{fleet.engines[0].url}', kind: sim",
-        f"name: faulty, url: '{fleet.engines[0].url}', kind: {kind}",
+    """A policy where the faulty engine (the first, of ``kind``) takes the first attempt (round robin from it)."""
+    return policy(
+        fleet.engines,
+        between_chunks_s=between_chunks_s,
+        breaker={"consecutive_failures": None},
+        retry=retry,
+        models={MODEL: {"routing": {"strategy": "round_robin"}}},
+        backends={fleet.engines[0].name: {"kind": kind}},
     )
 
 
@@ -211,7 +213,7 @@ def test_a_completions_stream_broken_mid_way_reaches_the_client_whole(fleet: Fle
 
 def test_a_migration_the_retry_budget_refuses_ends_the_stream_with_an_error_event(fleet: Fleet) -> None:
     faulty, _ = fleet.engines
-    no_budget = "{max_retries: 2, budget_ratio: 0, budget_min_per_s: 0}"
+    no_budget = {"max_retries": 2, "budget_ratio": 0, "budget_min_per_s": 0}
     with faulted(faulty, "close_mid_stream", after_tokens=5), gateway(faulty_first(fleet, retry=no_budget)) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
         before = faults(fleet, faulty)

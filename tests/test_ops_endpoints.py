@@ -6,8 +6,9 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionUserMessageParam
 
-from tests.conftest import CHAT_MODEL, KEY_ACME, OTHER_MODEL, StartGateway, metric, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, OTHER_MODEL, StartGateway, metric
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 from tests.servers import admin_url, free_port, serve_in_thread, wait_until
 
 USER: ChatCompletionUserMessageParam = {"role": "user", "content": "Hi"}
@@ -27,7 +28,7 @@ def test_readyz_is_ready_when_every_model_has_a_healthy_backend(gateway_url: str
 
 def test_readyz_follows_the_health_of_the_backends(start_gateway: StartGateway) -> None:
     port = free_port()  # nothing listens there yet
-    with start_gateway(policy_text(f"http://127.0.0.1:{port}")) as url:
+    with start_gateway(session_policy(f"http://127.0.0.1:{port}")) as url:
 
         def readiness() -> int:
             return httpx.get(url + "/readyz").status_code

@@ -24,9 +24,9 @@ from gateway.types import Api
 from loadtests.sim import build_engine_app
 from tests.conftest import KEY_ACME, run_gateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import OMIT, backend, build_policy, model
 from tests.servers import serve_in_thread
 
-ACME_HASH = "sha256:6371cb7a907cc8f10740229732c4b6164b285169494b85304468313513427878"
 ALIASES = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
@@ -99,20 +99,15 @@ def every_kind() -> Iterator[tuple[str, FakeBackend]]:
     """A gateway with one backend of each kind (model ``m-<kind>``), all the same recording fake."""
     fake = FakeBackend()
     with serve_in_thread(fake) as backend_url:
-        models = "\n".join(f"  - {{name: m-{k}, max_output_tokens: 64}}" for k in KINDS)
-        backends = "\n".join(f"  - {{name: b-{k}, url: '{backend_url}', kind: {k}, models: [m-{k}]}}" for k in KINDS)
-        text = f"""
-version: kinds
-limits: {{max_tokens_over_limit: clamp}}
-classes: {{interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}}}
-models:
-{models}
-backends:
-{backends}
-tenants:
-  - {{name: acme, key_hashes: ["{ACME_HASH}"], models: ["*"], default_class: interactive}}
-retry: {{max_retries: 0}}
-"""
+        text = build_policy(
+            version="kinds",
+            limits={"max_tokens_over_limit": "clamp"},
+            classes={"batch": OMIT},
+            models=[model(f"m-{k}", max_output_tokens=64) for k in KINDS],
+            backends=[backend(f"b-{k}", backend_url, [f"m-{k}"], kind=k) for k in KINDS],
+            tenants={"globex": OMIT},
+            retry={"max_retries": 0},
+        )
         with run_gateway(text) as url:
             yield url, fake
 
@@ -151,18 +146,15 @@ def simulated_engine() -> Iterator[str]:
 
 
 def capped_policy(engine_url: str, mode: str, default: int | None) -> str:
-    default_line = f", default_max_tokens: {default}" if default else ""
-    return f"""
-version: capped
-limits: {{max_tokens_over_limit: {mode}}}
-classes: {{interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}}}
-models:
-  - {{name: private/model, max_output_tokens: {CAP}{default_line}}}
-backends:
-  - {{name: sim, url: '{engine_url}', kind: vllm, models: [private/model]}}
-tenants:
-  - {{name: acme, key_hashes: ["{ACME_HASH}"], models: ["*"], default_class: interactive}}
-"""
+    fields = {"default_max_tokens": default} if default else {}
+    return build_policy(
+        version="capped",
+        limits={"max_tokens_over_limit": mode},
+        classes={"batch": OMIT},
+        models=[model("private/model", max_output_tokens=CAP, **fields)],
+        backends=[backend("sim", engine_url, ["private/model"])],
+        tenants={"globex": OMIT},
+    )
 
 
 ASKS = [{}, {"max_tokens": 100}, {"max_completion_tokens": 100}, {"max_tokens": CAP}, {"max_completion_tokens": 5}]

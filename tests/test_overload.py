@@ -5,19 +5,21 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 from tests.servers import server_in_thread, wait_until
 
-ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
 MESSAGES = [{"role": "user", "content": "Hello"}]
-INTERACTIVE_SLO = "slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}"
-NO_QUEUE = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_depth: 0, max_wait_s: 5}"}
+ONE_SLOT = {"fake": {"capacity": {"max_concurrent": 1}}}  # the backend serves one request at a time
+LONG_WAIT = {"interactive": {"queue": {"max_wait_s": 30}}}
+NO_QUEUE = {"interactive": {"queue": {"max_depth": 0, "max_wait_s": 5}}}
 
 
 @pytest.fixture
@@ -50,16 +52,16 @@ def hold_one_stream(url: str, backend: FakeBackend) -> tuple[threading.Thread, t
 
 
 @pytest.mark.parametrize(
-    ("replacements", "status", "code"),
+    ("sections", "status", "code"),
     [
         pytest.param(
-            {ACME_LIMITS: "limits: {max_concurrent: 1}"},
+            {"tenants": {"acme": {"limits": {"max_concurrent": 1}}}},
             429,
             "tenant_concurrency_limited",
             id="a tenant over its concurrency limit gets 429 and the SDK retries after Retry-After",
         ),
         pytest.param(
-            {"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:", **NO_QUEUE},
+            {"backends": ONE_SLOT, "classes": NO_QUEUE},
             503,
             "queue_full",
             id="a full queue gets 503 and the SDK retries after Retry-After",
@@ -70,11 +72,11 @@ def test_the_sdk_honours_retry_after(
     start_gateway: StartGateway,
     backend: FakeBackend,
     backend_server_url: str,
-    replacements: dict[str, str],
+    sections: dict[str, Any],
     status: int,
     code: str,
 ) -> None:
-    with start_gateway(policy_text(backend_server_url, **replacements), health_checks=False) as url:
+    with start_gateway(session_policy(backend_server_url, **sections), health_checks=False) as url:
         held, gate = hold_one_stream(url, backend)
         raw = httpx.post(
             f"{url}/v1/chat/completions",
@@ -118,7 +120,7 @@ def test_every_response_carries_the_rate_limit_headers(http: httpx.Client, backe
 def test_a_lowered_priority_reaches_an_engine_that_schedules_by_it(
     start_gateway: StartGateway, backend: FakeBackend, backend_server_url: str
 ) -> None:
-    text = policy_text(backend_server_url, **{"    credential_env:": "    engine_priority: true\n    credential_env:"})
+    text = session_policy(backend_server_url, backends={"fake": {"engine_priority": True}})
     with start_gateway(text, health_checks=False) as url:
         headers = {"authorization": f"Bearer {KEY_ACME}"}
         httpx.post(f"{url}/v1/chat/completions", headers=headers, json={"model": CHAT_MODEL, "messages": MESSAGES})
@@ -134,9 +136,7 @@ def test_a_lowered_priority_reaches_an_engine_that_schedules_by_it(
 def test_a_client_that_leaves_the_queue_frees_its_place_at_once(
     start_gateway: StartGateway, backend: FakeBackend, backend_server_url: str
 ) -> None:
-    long_wait = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_wait_s: 30}"}
-    one_slot = {"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:"}
-    text = policy_text(backend_server_url, **one_slot, **long_wait)
+    text = session_policy(backend_server_url, backends=ONE_SLOT, classes=LONG_WAIT)
     with start_gateway(text, health_checks=False) as url:
         held, gate = hold_one_stream(url, backend)
         with httpx.Client(timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
@@ -156,7 +156,7 @@ def test_a_client_that_leaves_the_queue_frees_its_place_at_once(
 def test_tenants_beyond_the_busiest_are_counted_as_other(
     start_gateway: StartGateway, backend: FakeBackend, backend_server_url: str
 ) -> None:
-    text = policy_text(backend_server_url, **{ACME_LIMITS: "limits: {rpm: 1}"}) + "telemetry: {top_tenants: 0}\n"
+    text = session_policy(backend_server_url, tenants={"acme": {"limits": {"rpm": 1}}}, telemetry={"top_tenants": 0})
     with start_gateway(text, health_checks=False) as url:
         headers = {"authorization": f"Bearer {KEY_ACME}"}
         for _ in range(2):
@@ -179,10 +179,11 @@ def test_requests_queued_when_every_backend_dies_end_at_once_with_no_healthy_bac
     """The one backend stops listening while one stream runs on it and three requests wait for
     it: the health check marks it down and each waiting request gets 503 ``no_healthy_backend``
     then, not 30 s later at its queue timeout; the stream in flight still finishes."""
-    long_wait = {INTERACTIVE_SLO: INTERACTIVE_SLO + "\n    queue: {max_wait_s: 30}"}
-    one_slot = {"    credential_env:": "    capacity: {max_concurrent: 1}\n    credential_env:"}
     dying = FakeBackend()
-    with server_in_thread(dying) as server, start_gateway(policy_text(server.url, **one_slot, **long_wait)) as url:
+    with (
+        server_in_thread(dying) as server,
+        start_gateway(session_policy(server.url, backends=ONE_SLOT, classes=LONG_WAIT)) as url,
+    ):
         held, gate = hold_one_stream(url, dying)
         headers = {"authorization": f"Bearer {KEY_ACME}"}
         body = {"model": CHAT_MODEL, "messages": MESSAGES}

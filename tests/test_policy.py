@@ -1,7 +1,7 @@
 """Policy files: every problem is reported as ``<file>: <path>: <problem>``, all at once.
 
-Each case edits a copy of the valid test policy (``tests/policies/gateway.yaml``) and names
-the one message the loader must give for it.
+Each case edits a copy of the valid test policy (the session gateway's, ``tests/policy_builder.py``)
+and names the one message the loader must give for it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import yaml
 
 from gateway.keys import hash_api_key
 from gateway.policy.loader import PolicyError, load_policy, parse_policy
-from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, OTHER_MODEL, POLICY_FILE
+from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, OTHER_MODEL
+from tests.policy_builder import session_policy
 
 REPO = Path(__file__).resolve().parent.parent
-BASE: dict[str, Any] = yaml.safe_load(POLICY_FILE.read_text())
+BASE: dict[str, Any] = yaml.safe_load(session_policy())
 SOURCE = "policies/prod.yaml"
 
 Edit = Callable[[dict[str, Any]], object]
@@ -201,7 +202,7 @@ def test_a_missing_file_is_reported_with_its_name(tmp_path: Path) -> None:
 
 
 def test_the_test_policy_loads_with_its_indexes() -> None:
-    snapshot = load_policy(POLICY_FILE)
+    snapshot = parse_policy(session_policy(), SOURCE)
     assert snapshot.version == "test-1"
     assert set(snapshot.models) == {CHAT_MODEL, OTHER_MODEL}
     acme = snapshot.tenants_by_key_hash[hash_api_key(KEY_ACME)]
@@ -231,7 +232,7 @@ def test_the_production_example_is_valid_and_shares_state_through_redis() -> Non
 
 
 def test_the_same_text_gives_the_same_digest_and_an_edit_changes_it() -> None:
-    text = POLICY_FILE.read_text()
+    text = session_policy()
     assert parse_policy(text, "a").digest == parse_policy(text, "b").digest
     assert parse_policy(text.replace("test-1", "test-2"), "a").digest != parse_policy(text, "a").digest
 

@@ -31,9 +31,9 @@ from tests.conftest import (
     BackendServer,
     StartGateway,
     closed_port_url,
-    policy_text,
 )
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 from tests.servers import wait_until
 
 Client = openai.OpenAI | openai.AsyncOpenAI
@@ -420,7 +420,7 @@ def test_a_failure_is_logged_with_its_status_a_sanitised_excerpt_and_both_ids(
 
 
 def test_a_refused_connection_is_a_502_and_marks_the_backend_unhealthy(start_gateway: StartGateway) -> None:
-    text = policy_text(closed_port_url())
+    text = session_policy(closed_port_url())
     with start_gateway(text, health_checks=False) as url:
         sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0)
         with sdk, pytest.raises(openai.InternalServerError) as caught:
@@ -440,7 +440,7 @@ def test_a_refused_connection_is_a_502_and_marks_the_backend_unhealthy(start_gat
 
 
 def test_a_refused_connection_on_a_stream_is_a_502_before_any_event(start_gateway: StartGateway) -> None:
-    with start_gateway(policy_text(closed_port_url()), health_checks=False) as url:
+    with start_gateway(session_policy(closed_port_url()), health_checks=False) as url:
         response = httpx.post(
             url + "/v1/chat/completions",
             json={"model": CHAT_MODEL, "stream": True, "messages": [{"role": "user", "content": "Hi"}]},

@@ -12,16 +12,17 @@ import re
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from gateway.keys import hash_api_key
 from gateway.policy.loader import load_policy
 from gateway.settings import Settings
 from tests.conftest import KEY_ACME, metric
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import NOWHERE, OMIT, admin_keys, backend, build_policy, model
 from tests.servers import admin_url, serve_gateway_in_thread, serve_in_thread, wait_until
 
 ADMIN_KEY = "admin-key-for-reload-tests"
@@ -30,35 +31,26 @@ UNSET_ENV = "GATEWAY_TEST_NEVER_SET_CREDENTIAL"
 
 
 def policy(
-    backends: list[tuple[str, str, str]], *, version: str = "r-1", strategy: str = "prefix_affinity", extra: str = ""
+    backends: list[tuple[str, str, str]], *, version: str = "r-1", strategy: str = "prefix_affinity", **sections: Any
 ) -> str:
-    """A policy over ``backends`` as (name, url, kind[, credential_env]) with one model and one tenant."""
-    lines = []
-    for name, url, kind, *credential in backends:
-        entry = f"  - {{name: {name}, url: '{url}', kind: {kind}, models: [{MODEL}]"
-        entry += f", credential_env: {credential[0]}}}" if credential else "}"
-        lines.append(entry)
-    return f"""
-version: {version}
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 5000, itl_ms: 1000, e2e_ms: 60000}}}}
-models:
-  - name: {MODEL}
-    max_output_tokens: 64
-    routing: {{strategy: {strategy}}}
-backends:
-{chr(10).join(lines)}
-tenants:
-  - name: acme
-    key_hashes: ["{hash_api_key(KEY_ACME)}"]
-    models: ["*"]
-    default_class: interactive
-admin: {{key_hashes: ["{hash_api_key(ADMIN_KEY)}"]}}
-lifecycle: {{watch_interval_s: 0}}
-health_checks: {{interval_s: 60, timeout_s: 1}}
-breaker: {{consecutive_failures: null, failure_ratio: null}}
-{extra}
-"""
+    """A policy over ``backends`` as (name, url, kind[, credential_env]) with one model and one tenant;
+    ``sections`` edit it (``tests/policy_builder.py``)."""
+    entries = [
+        backend(name, url, [MODEL], kind=kind, **({"credential_env": credential[0]} if credential else {}))
+        for name, url, kind, *credential in backends
+    ]
+    reload = {
+        "version": version,
+        "classes": {"interactive": {"slo": {"ttft_ms": 5000, "itl_ms": 1000, "e2e_ms": 60000}}, "batch": OMIT},
+        "models": [model(MODEL, max_output_tokens=64, routing={"strategy": strategy})],
+        "backends": entries,
+        "tenants": {"globex": OMIT},
+        "admin": admin_keys(ADMIN_KEY),
+        "lifecycle": {"watch_interval_s": 0},
+        "health_checks": {"interval_s": 60, "timeout_s": 1},
+        "breaker": {"consecutive_failures": None, "failure_ratio": None},
+    }
+    return build_policy(NOWHERE, reload, **sections)
 
 
 @contextmanager
@@ -162,7 +154,7 @@ def test_a_retry_on_a_backend_of_another_kind_carries_nothing_of_the_first_attem
         text = policy(
             [("engine", vllm_url, "vllm"), ("plain", plain_url, "openai")],
             strategy="round_robin",
-            extra="retry: {max_retries: 1, backoff_base_s: 0.001, backoff_cap_s: 0.002}",
+            retry={"max_retries": 1, "backoff_base_s": 0.001, "backoff_cap_s": 0.002},
         )
         with gateway(tmp_path / "p.yaml", text) as url:
             for _ in range(3):  # within the retry budget's floor of 3 retries a second

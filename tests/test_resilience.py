@@ -68,8 +68,8 @@ def report(name: str, **figures: object) -> None:
 
 @pytest.mark.parametrize("migrate", [True, False], ids=["migrated", "error_event"])
 def test_a_killed_engine_s_streams_continue_elsewhere_or_end_with_an_error_event(migrate: bool) -> None:
-    breaker = "{consecutive_failures: 5, open_s: 1, max_open_s: 2}"  # a restarted engine is probed after 1 s
-    retry = f"{{max_retries: 2, migrate_streams: {str(migrate).lower()}}}"
+    breaker = {"consecutive_failures": 5, "open_s": 1, "max_open_s": 2}  # a restarted engine is probed after 1 s
+    retry = {"max_retries": 2, "migrate_streams": migrate}
     with engines(1, names=["victim"]) as doomed, engines(2) as healthy:
         victim = doomed.engines[0]
         with (
@@ -163,8 +163,8 @@ def test_an_engine_answering_503_is_retried_within_the_budget_and_its_breaker_op
     # Sized so that the budget binds: the breaker opens on the error-rate rule only after 40
     # failures, while the budget allows 5% of the requests plus 2 retries a second.
     budget = {"ratio": 0.05, "min_per_s": 2.0}
-    retry = f"{{max_retries: 2, budget_ratio: {budget['ratio']}, budget_min_per_s: {budget['min_per_s']}}}"
-    breaker = "{consecutive_failures: null, failure_ratio: 0.5, min_requests: 40, open_s: 60, max_open_s: 60}"
+    retry = {"max_retries": 2, "budget_ratio": budget["ratio"], "budget_min_per_s": budget["min_per_s"]}
+    breaker = {"consecutive_failures": None, "failure_ratio": 0.5, "min_requests": 40, "open_s": 60, "max_open_s": 60}
     with engines(3) as fleet:
         failing = fleet.engines[2]
         healthy_ids = {e.id for e in fleet.engines[:2]}
@@ -228,7 +228,7 @@ def test_an_engine_answering_503_is_retried_within_the_budget_and_its_breaker_op
 def test_a_stalled_engine_s_streams_end_within_the_stall_timeout(migrate: bool) -> None:
     stall_s, after = 0.5, 5
     fault = ("--fault", "stall", "--fault-after-tokens", str(after), "--fault-engine", "2")
-    retry = f"{{max_retries: 2, migrate_streams: {str(migrate).lower()}}}"
+    retry = {"max_retries": 2, "migrate_streams": migrate}
     with engines(3, fault=fault) as fleet:
         stalled = fleet.engines[2]
         with gateway(policy(fleet.engines, between_chunks_s=stall_s, retry=retry)) as gw:
@@ -289,8 +289,8 @@ def test_a_stalled_engine_s_streams_end_within_the_stall_timeout(migrate: bool) 
 
 def test_a_thousand_clients_hanging_up_at_random_leave_nothing_behind() -> None:
     total, clients, slots = 1000, 36, 40  # the tenant may hold 40 requests: a little over its 36 clients
-    limits = f"{{max_concurrent: {slots}}}"
-    with engines(3) as fleet, gateway(policy(fleet.engines, max_concurrent=6, tenant_limits=limits)) as gw:
+    tenants = {"load": {"limits": {"max_concurrent": slots}}}
+    with engines(3) as fleet, gateway(policy(fleet.engines, max_concurrent=6, tenants=tenants)) as gw:
         served_before = served(fleet)
         hang_up = Disconnect(share=0.7, within_s=0.5)
         with Load(gw.url, clients=clients, max_tokens=(20, 28), total=total, deadline_s=20, disconnect=hang_up) as load:
@@ -391,7 +391,7 @@ def test_an_invalid_policy_written_over_the_live_file_under_load_fails_no_reques
         good = policy(fleet.engines)
         with gateway(good) as gw, Load(gw.url, clients=16, max_tokens=(8, 16)) as load:
             wait_until(lambda: load.count(Outcome.COMPLETED) >= 100, timeout=20, what="load before the edit")
-            gw.policy_path.write_text(good.replace("max_concurrent: 256", "max_concurrent: 0"))
+            gw.policy_path.write_text(policy(fleet.engines, max_concurrent=0))
             wait_until(lambda: gw.admin_policy()["reloads"]["invalid"] == 1, what="the invalid policy to be refused")
             t_invalid = time.perf_counter()
             gw.policy_path.write_text(good[: len(good) // 2] + "\n  - {name: [")  # a write cut short
@@ -400,7 +400,7 @@ def test_an_invalid_policy_written_over_the_live_file_under_load_fails_no_reques
             ready = gw.status("/readyz")
             wait_until(lambda: load.count(Outcome.COMPLETED, since=t_invalid) >= 100, timeout=20, what="load after it")
             invalid_metric = gw.metric("gateway_policy_reloads", result="invalid")
-            gw.policy_path.write_text(good.replace("version: resilience-1", "version: resilience-2"))
+            gw.policy_path.write_text(policy(fleet.engines, version="resilience-2"))
             wait_until(lambda: gw.admin_policy()["version"] == "resilience-2", what="the valid policy")
             t_valid = time.perf_counter()
             wait_until(

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import httpx
 
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 
-ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
 AUTH = {"authorization": f"Bearer {KEY_ACME}"}
 VALID = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 INVALID = {"model": CHAT_MODEL, "messages": "not a list"}
@@ -22,7 +22,7 @@ INVALID = {"model": CHAT_MODEL, "messages": "not a list"}
 def test_invalid_requests_spend_the_tenants_requests_per_minute(
     backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway
 ) -> None:
-    text = policy_text(backend_server.url, **{ACME_LIMITS: "limits: {rpm: 3}"})
+    text = session_policy(backend_server.url, tenants={"acme": {"limits": {"rpm": 3}}})
     with start_gateway(text, health_checks=False) as url, httpx.Client(base_url=url, headers=AUTH) as http:
         statuses = [http.post("/v1/chat/completions", json=INVALID).status_code for _ in range(3)]
         assert statuses == [400, 400, 400]
@@ -38,7 +38,7 @@ def test_invalid_requests_spend_the_tenants_requests_per_minute(
 def test_a_body_refused_for_its_size_or_its_structure_costs_a_request_too(
     backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway
 ) -> None:
-    text = policy_text(backend_server.url, **{ACME_LIMITS: "limits: {rpm: 2}"})
+    text = session_policy(backend_server.url, tenants={"acme": {"limits": {"rpm": 2}}})
     huge = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]}
     many = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "x"}] * 1000}
     with start_gateway(text, health_checks=False) as url, httpx.Client(base_url=url, headers=AUTH) as http:
@@ -53,7 +53,7 @@ def test_usage_above_the_reservation_is_charged_to_the_tenants_tokens(
     backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway
 ) -> None:
     backend.tokens = 60  # asked for 1 token, answers 60 (and 7 prompt tokens)
-    text = policy_text(backend_server.url, **{ACME_LIMITS: "limits: {tpm: 600}"})  # 10 a second
+    text = session_policy(backend_server.url, tenants={"acme": {"limits": {"tpm": 600}}})  # 10 a second
     with start_gateway(text, health_checks=False) as url, httpx.Client(base_url=url, headers=AUTH) as http:
         first = http.post("/v1/chat/completions", json=VALID)
         assert first.status_code == 200, first.text

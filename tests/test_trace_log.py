@@ -10,8 +10,9 @@ import orjson
 from gateway.policy.loader import parse_policy
 from gateway.settings import Settings
 from loadtests.loadgen.records import RequestRecord
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 from tests.servers import serve_gateway_in_thread, wait_until
 
 
@@ -20,7 +21,7 @@ def test_every_request_leaves_one_line_without_any_text(
 ) -> None:
     log = tmp_path / "trace.jsonl"
     policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text(backend_server.url))
+    policy.write_text(session_policy(backend_server.url))
     settings = Settings(policy_path=str(policy), trace_log_path=str(log), port=0, admin_port=0)
     secret = "a prompt that must never reach the log"
     with serve_gateway_in_thread(settings, parse_policy(policy.read_text(), str(policy))) as built:

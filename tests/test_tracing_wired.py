@@ -13,8 +13,9 @@ import openai
 import pytest
 
 from loadtests.otlp_sink import OtlpSink, SinkSpan
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy, traces_to
 from tests.servers import serve_in_thread, wait_until
 
 CLIENT_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -27,11 +28,6 @@ def sink() -> Iterator[tuple[OtlpSink, str]]:
     receiver = OtlpSink(keep=True)
     with serve_in_thread(receiver) as url:
         yield receiver, url
-
-
-def traced_policy(backend_url: str, sink_url: str, extra: str = "") -> str:
-    tracing = f"{{enabled: true, endpoint: '{sink_url}/v1/traces', sampling_ratio: 1.0{extra}}}"
-    return policy_text(backend_url) + f"\ntelemetry:\n  tracing: {tracing}\n"
 
 
 def linked_to_client(sink: OtlpSink, count: int) -> dict[str, SinkSpan]:
@@ -53,7 +49,7 @@ def test_a_streamed_request_is_one_trace_joined_to_the_client_s_and_passed_on_up
     sink: tuple[OtlpSink, str], backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway
 ) -> None:
     receiver, sink_url = sink
-    with start_gateway(traced_policy(backend_server.url, sink_url)) as url:
+    with start_gateway(session_policy(backend_server.url, telemetry=traces_to(sink_url))) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_ACME, max_retries=0)
         chunks = list(
             client.chat.completions.create(
@@ -100,7 +96,7 @@ def test_a_failed_request_is_a_span_with_its_error(
 ) -> None:
     receiver, sink_url = sink
     backend.status = 500
-    with start_gateway(traced_policy(backend_server.url, sink_url)) as url:
+    with start_gateway(session_policy(backend_server.url, telemetry=traces_to(sink_url))) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_ACME, max_retries=0)
         with pytest.raises(openai.APIStatusError):
             client.chat.completions.create(
@@ -121,7 +117,7 @@ def test_sampling_ratio_zero_exports_nothing(
     sink: tuple[OtlpSink, str], backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway
 ) -> None:
     receiver, sink_url = sink
-    text = traced_policy(backend_server.url, sink_url).replace("sampling_ratio: 1.0", "sampling_ratio: 0.0")
+    text = session_policy(backend_server.url, telemetry=traces_to(sink_url, sampling_ratio=0.0))
     with start_gateway(text) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_ACME, max_retries=0)
         for _ in range(5):

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import CHAT_MODEL, OTHER_MODEL, BackendServer, policy_text, run_gateway
+from tests.conftest import CHAT_MODEL, OTHER_MODEL, BackendServer, run_gateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 
 USER = {"role": "user", "content": "Hi"}
 
@@ -365,12 +366,10 @@ def test_the_backend_sees_one_output_length_field_the_one_its_kind_obeys(
 
 @pytest.fixture(scope="module")
 def clamping_gateway(backend_server: BackendServer, backend_credential: str) -> Iterator[str]:
-    text = policy_text(
+    text = session_policy(
         backend_server.url,
-        **{
-            "max_tokens_over_limit: reject": "max_tokens_over_limit: clamp",
-            "  - name: test/other\n": "  - name: test/other\n    upstream_name: org/other-v2\n",
-        },
+        limits={"max_tokens_over_limit": "clamp"},
+        models={OTHER_MODEL: {"upstream_name": "org/other-v2"}},
     )
     with run_gateway(text) as url:
         yield url

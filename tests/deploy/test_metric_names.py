@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
-from tests.conftest import BackendServer, policy_text, run_gateway
+from tests.conftest import BackendServer, run_gateway
 from tests.deploy.conftest import ALERTS, DASHBOARD, METRICS_DOC
-from tests.limitstore.redis_server import REDIS_URL, drop_keys, state_section, unique_prefix
-from tests.servers import admin_url
+from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
+from tests.policy_builder import redis_state, session_policy
+from tests.servers import metric_types
 
 # A metric name, not part of a recording rule's level:name:operations.
 _NAME = re.compile(r"(?<![\w:])(gateway_[a-z0-9_]+)(?![\w:])")
@@ -43,16 +43,14 @@ def series_names(name: str, kind: str) -> set[str]:
     return {name}
 
 
-def exposed(text: str) -> set[str]:
-    """Sample names of every family on /metrics, from its TYPE lines (so no traffic is needed)."""
+def exposed(types: Mapping[str, str]) -> set[str]:
+    """Sample names of every family on /metrics, from its type (so no traffic is needed)."""
     names = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, family, kind = line.split(" ", 3)
-            if kind == "counter":  # the TYPE line names it with or without _total, by client version
-                names.add(family.removesuffix("_total") + "_total")
-            else:
-                names |= series_names(family, kind)
+    for family, kind in types.items():
+        if kind == "counter":  # the parser names it without _total
+            names.add(family.removesuffix("_total") + "_total")
+        else:
+            names |= series_names(family, kind)
     return names
 
 
@@ -82,8 +80,8 @@ def on_metrics(backend_server: BackendServer, backend_credential: str) -> Iterat
     """/metrics of the test gateway with its limits in Redis: only such a gateway exports the
     Redis metrics (one without Redis has no ``gateway_redis_up`` for an alert to fire on)."""
     prefix = unique_prefix()
-    with run_gateway(policy_text(backend_server.url) + state_section(REDIS_URL, prefix)) as url:
-        yield exposed(httpx.get(f"{admin_url(url)}/metrics").text)
+    with run_gateway(session_policy(backend_server.url, state=redis_state(REDIS_URL, prefix))) as url:
+        yield exposed(metric_types(url))
     drop_keys(REDIS_URL, prefix)
 
 

@@ -39,19 +39,6 @@ def drop_keys(url: str, prefix: str) -> None:
             client.delete(*keys)
 
 
-def state_section(url: str, prefix: str, *, timeout_ms: float = 1000, ping_interval_s: float = 0.05) -> str:
-    """A policy ``state`` section that puts the limits in Redis at ``url`` under ``prefix``.
-
-    The timeout and the request budget are generous: the test machine is shared and busy, and a
-    command slower than them would (rightly) send the gateway to its fallback for a ping interval. A killed Redis
-    refuses connections at once, so it does not make the outage tests slower."""
-    return (
-        f"\nstate: {{backend: redis, redis_url: '{url}', key_prefix: '{prefix}', timeout_ms: {timeout_ms}, "
-        f"request_budget_ms: {timeout_ms}, ping_interval_s: {ping_interval_s}, "
-        f"lease_ttl_s: {max(1.0, 3 * ping_interval_s)}}}\n"
-    )
-
-
 async def eventually(condition: Callable[[], Awaitable[bool]], within: float = 10.0, what: str = "condition") -> None:
     """``wait_until`` for an async condition: poll it, on the event loop, until a deadline."""
     deadline = time.monotonic() + within

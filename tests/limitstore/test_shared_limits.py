@@ -13,12 +13,11 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric, policy_text
+from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric
 from tests.fake_backend import FakeBackend
-from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, state_section, unique_prefix
+from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, unique_prefix
+from tests.policy_builder import redis_state, session_policy
 from tests.servers import admin_url, wait_until
-
-ACME_LIMITS = "limits: {rpm: 6000, tpm: 20000000, max_concurrent: 256}"
 
 
 def sdk(url: str) -> openai.OpenAI:
@@ -47,7 +46,9 @@ def test_a_gateway_without_redis_exports_no_redis_up(gateway_url: str) -> None:
 def test_two_replicas_share_a_tenants_requests_per_minute(
     backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway, prefix: str
 ) -> None:
-    text = policy_text(backend_server.url, **{ACME_LIMITS: "limits: {rpm: 3}"}) + state_section(REDIS_URL, prefix)
+    text = session_policy(
+        backend_server.url, tenants={"acme": {"limits": {"rpm": 3}}}, state=redis_state(REDIS_URL, prefix)
+    )
     with start_gateway(text) as first, start_gateway(text) as second, sdk(first) as one, sdk(second) as two:
         assert metric(first, "gateway_redis_up") == 1
         assert metric(second, "gateway_redis_up") == 1
@@ -66,7 +67,7 @@ def test_a_replica_keeps_serving_while_redis_is_down_and_shares_again_when_it_is
     redis_server = RedisProcess()
     redis_server.start()
     try:
-        text = policy_text(backend_server.url) + state_section(redis_server.url, prefix)
+        text = session_policy(backend_server.url, state=redis_state(redis_server.url, prefix))
         with start_gateway(text) as url, sdk(url) as client:
             wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1")
             assert chat(client)

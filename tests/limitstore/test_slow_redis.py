@@ -20,25 +20,14 @@ from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.types import Api, InferenceRequest
 from tests.limitstore.redis_server import REDIS_URL, DelayingProxy, drop_keys, eventually, shared_client, unique_prefix
+from tests.policy_builder import build_policy
 
 MARGIN_S = 0.15  # scheduling noise on a shared 2-core machine; the delay below is well past budget + margin
 
-TENANT_POLICY = """
-version: t
-classes: {interactive: {rank: 0, slo: {ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}
-models: [{name: m}]
-backends: [{name: b, url: "http://127.0.0.1:1", kind: sim, models: [m]}]
-tenants:
-  - name: acme
-    key_hashes: ["sha256:6371cb7a907cc8f10740229732c4b6164b285169494b85304468313513427878"]
-    models: ["*"]
-    default_class: interactive
-    limits: {rpm: 6000, tpm: 10000000, max_concurrent: 100}
-"""
-
 
 def acme() -> Tenant:
-    return parse_policy(TENANT_POLICY, "t.yaml").policy.tenants[0]
+    text = build_policy(tenants={"acme": {"limits": {"rpm": 6000, "tpm": 10000000, "max_concurrent": 100}}})
+    return parse_policy(text, "t.yaml").policy.tenants[0]
 
 
 def request() -> InferenceRequest:

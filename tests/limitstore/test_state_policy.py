@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from gateway.limitstore.factory import build_limit_store, redis_config
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.limitstore.redis import RedisLimitStore
 from gateway.policy.loader import PolicyError, parse_policy
 from gateway.policy.model import StatePolicy
-from tests.conftest import POLICY_TEMPLATE
 from tests.fake_clock import FakeClock
+from tests.policy_builder import session_policy
 
 
 def with_state(section: str) -> str:
-    return f"{POLICY_TEMPLATE}\nstate: {section}\n"
+    return session_policy(state=yaml.safe_load(section))
 
 
 @pytest.mark.parametrize(
@@ -46,7 +47,7 @@ def test_a_bad_state_section_is_refused_at_load(section: str, problem: str) -> N
 
 
 def test_the_state_is_in_memory_unless_the_policy_says_otherwise() -> None:
-    state = parse_policy(POLICY_TEMPLATE, "p.yaml").policy.state
+    state = parse_policy(session_policy(), "p.yaml").policy.state
     assert state.backend == "memory"
     assert state.request_budget_ms == 20
     assert isinstance(build_limit_store(state, FakeClock()), MemoryLimitStore)

@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-import httpx
 import pytest
 
 from loadtests.sim import build_engine_app
@@ -25,14 +24,3 @@ def _engine(profile: str, **options: Any) -> Iterator[tuple[str, EngineApp]]:
 def sim_engine() -> Callable[..., AbstractContextManager[tuple[str, EngineApp]]]:
     """Start an engine: ``with sim_engine("llama-3.1-8b-h100", time_scale=0.1) as (url, app)``."""
     return _engine
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` on the engine's /metrics whose labels include `labels`."""
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total

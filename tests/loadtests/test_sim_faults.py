@@ -19,8 +19,7 @@ import pytest
 from loadtests.sim import cli
 from loadtests.sim.faults import Fault, FaultMode
 from loadtests.sim.server import EngineApp
-from tests.loadtests.conftest import metric
-from tests.servers import wait_until
+from tests.servers import metric, wait_until
 
 SIM = "sim-model"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -15,8 +15,7 @@ import pytest
 
 from loadtests.sim.server import EngineApp
 from loadtests.sim.tokenizer import count_tokens, render_chat
-from tests.loadtests.conftest import metric
-from tests.servers import wait_until
+from tests.servers import metric, wait_until
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM = "sim-model"

@@ -1,7 +1,7 @@
 """Policy hot reload on real files: validate first, swap once, keep the last good policy.
 
-Each test writes the test policy (``tests/policies/gateway.yaml``) to ``tmp_path`` and edits
-it; the watch loop is exercised one step at a time through ``poll()``, and once for real.
+Each test writes the session gateway's policy (``tests/policy_builder.py``) to ``tmp_path`` and
+edits it; the watch loop is exercised one step at a time through ``poll()``, and once for real.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import pytest
 from gateway.policy.loader import PolicyError, load_policy
 from gateway.policy.snapshot import PolicySnapshot, content_digest
 from gateway.policy.watch import PolicySource, ReloadOutcome
-from tests.conftest import POLICY_TEMPLATE
+from tests.policy_builder import session_policy
 
-VALID = POLICY_TEMPLATE
-NEXT = VALID.replace("version: test-1", "version: test-2")
-INVALID = VALID.replace("version: test-1", "version: test-3\nsurprise: 1")
-UNREADABLE = VALID.replace("version: test-1", "version: [")
+VALID = session_policy()
+NEXT = session_policy(version="test-2")
+INVALID = session_policy(version="test-3", surprise=1)
+UNREADABLE = VALID.replace("version: test-1", "version: [")  # a write cut short
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_poll_rereads_racily_clean_files(policy_file: Path, age_s: float, notice
     write(policy_file, VALID, mtime_ns=mtime_ns)
     source = PolicySource(policy_file)
     assert source.poll() is None
-    write(policy_file, VALID.replace("test-1", "test-9"), mtime_ns=mtime_ns)  # same size, same mtime
+    write(policy_file, session_policy(version="test-9"), mtime_ns=mtime_ns)  # same size, same mtime
     result = source.poll()
     assert (result is not None and result.outcome is ReloadOutcome.OK) is noticed
 
@@ -196,7 +196,7 @@ async def test_sighup_reloads(policy_file: Path) -> None:
     assert repr(source) == f"PolicySource({str(policy_file)!r}, version='test-2')"
 
 
-SHARED_LLAMA = VALID.replace("kind: vllm", "kind: llamacpp")
+SHARED_LLAMA = session_policy(backends={"fake": {"kind": "llamacpp"}})
 """The test policy with its backend an unsalted engine that both tenants reach: one warning."""
 
 
@@ -206,7 +206,7 @@ SHARED_LLAMA = VALID.replace("kind: vllm", "kind: llamacpp")
         pytest.param(SHARED_LLAMA, NEXT, [("test-1", "backends[0]: 'fake' (llamacpp)")], id="at start"),
         pytest.param(
             VALID,
-            SHARED_LLAMA.replace("version: test-1", "version: test-2"),
+            session_policy(version="test-2", backends={"fake": {"kind": "llamacpp"}}),
             [("test-2", "backends[0]: 'fake' (llamacpp)")],
             id="at a reload",
         ),

@@ -8,50 +8,51 @@ from typing import Any
 import pytest
 
 from gateway.backends import BackendPool, BackendState
-from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.tokens import CharRatioEstimator
 from gateway.types import Api, InferenceRequest
 from gateway.validation import build_request
+from tests.policy_builder import NOWHERE, OMIT, backend, build_policy, model
+from tests.policy_builder import tenant as tenant_entry
 
 MODEL = "m"
 SYSTEM = "You are the assistant of a large company. " * 40  # ~1,700 characters: several blocks
 
 
-def policy_text(routing: str = "", backends: int = 3, extra: str = "") -> str:
-    listed = "\n".join(
-        f'  - {{name: b{i}, url: "http://127.0.0.1:{1 + i}", kind: sim, models: [{MODEL}], '
-        f"capacity: {{max_concurrent: 100, kv_cache_tokens: 6400}}}}"
-        for i in range(backends)
-    )
-    return f"""
-version: t
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
-models:
-  - name: {MODEL}
-    max_prompt_tokens: 100000
-    {routing}
-backends:
-{listed}
-cache_scopes:
-  public-bot: {{description: the public help bot's system prompt}}
-tenants:
-  - {{name: acme, key_hashes: ["{hash_api_key("key-acme")}"], models: ["*"], default_class: interactive}}
-  - {{name: globex, key_hashes: ["{hash_api_key("key-globex")}"], models: ["*"], default_class: interactive}}
-  - {{name: shared-a, key_hashes: ["{hash_api_key("key-sa")}"], models: ["*"], default_class: interactive,
-      cache_scope: public-bot}}
-  - {{name: shared-b, key_hashes: ["{hash_api_key("key-sb")}"], models: ["*"], default_class: interactive,
-      cache_scope: public-bot}}
-{extra}
-"""
+SCOPED_TENANTS = [
+    tenant_entry("acme", "key-acme"),
+    tenant_entry("globex", "key-globex"),
+    tenant_entry("shared-a", "key-sa", cache_scope="public-bot"),
+    tenant_entry("shared-b", "key-sb", cache_scope="public-bot"),
+]
+"""Two tenants of their own cache scope, and two sharing the scope ``public-bot``."""
+PUBLIC_BOT = {"public-bot": {"description": "the public help bot's system prompt"}}
+
+
+def routing_policy(backend_count: int = 3, **sections: Any) -> str:
+    """Model ``m`` on ``backend_count`` sim backends ``b0``, ``b1``, ... at ports 1, 2, ... (100
+    requests and 6,400 KV tokens each), one class, ``SCOPED_TENANTS``; ``sections`` edit it
+    (``tests/policy_builder.py``), e.g. ``models={MODEL: {"routing": {"strategy": "round_robin"}}}``."""
+    capacity = {"max_concurrent": 100, "kv_cache_tokens": 6400}
+    routing = {
+        "version": "t",
+        "classes": {"batch": OMIT},
+        "models": [model(MODEL, max_prompt_tokens=100000)],
+        "backends": [
+            backend(f"b{i}", f"http://127.0.0.1:{1 + i}", [MODEL], kind="sim", capacity=capacity)
+            for i in range(backend_count)
+        ],
+        "cache_scopes": PUBLIC_BOT,
+        "tenants": SCOPED_TENANTS,
+    }
+    return build_policy(NOWHERE, routing, **sections)
 
 
 @pytest.fixture
 def snapshot() -> PolicySnapshot:
-    return parse_policy(policy_text(), "t.yaml")
+    return parse_policy(routing_policy(), "t.yaml")
 
 
 def tenant(snapshot: PolicySnapshot, name: str) -> Tenant:

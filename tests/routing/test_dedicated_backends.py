@@ -16,30 +16,34 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from gateway.keys import hash_api_key
 from tests.conftest import KEY_ACME, KEY_GLOBEX, StartGateway, closed_port_url, metric
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import CHAT_MODEL, OMIT, OTHER_MODEL, backend, build_policy, model
 from tests.servers import serve_in_thread, wait_until
 
 KEYS = {"acme": KEY_ACME, "globex": KEY_GLOBEX}
 
 
 def policy(url_a: str, url_b: str) -> str:
-    return f"""
-version: dedicated-1
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}, queue: {{max_wait_s: 30}}}}
-models: [{{name: test/chat}}, {{name: test/other}}]
-backends:
-  - {{name: llama-a, url: "{url_a}", kind: llamacpp, models: [test/chat, test/other], tenants: [acme],
-      capacity: {{max_concurrent: 1}}}}
-  - {{name: llama-b, url: "{url_b}", kind: llamacpp, models: [test/chat], tenants: [globex]}}
-cache_isolation: {{unsalted: dedicated}}
-scrape: {{interval_s: 0}}
-tenants:
-  - {{name: acme, key_hashes: ["{hash_api_key(KEY_ACME)}"], models: ["*"], default_class: interactive}}
-  - {{name: globex, key_hashes: ["{hash_api_key(KEY_GLOBEX)}"], models: ["*"], default_class: interactive}}
-"""
+    return build_policy(
+        version="dedicated-1",
+        classes={"interactive": {"queue": {"max_wait_s": 30}}, "batch": OMIT},
+        models=[model(CHAT_MODEL), model(OTHER_MODEL)],
+        backends=[
+            backend(
+                "llama-a",
+                url_a,
+                [CHAT_MODEL, OTHER_MODEL],
+                kind="llamacpp",
+                tenants=["acme"],
+                capacity={"max_concurrent": 1},
+            ),
+            backend("llama-b", url_b, [CHAT_MODEL], kind="llamacpp", tenants=["globex"]),
+        ],
+        cache_isolation={"unsalted": "dedicated"},
+        scrape={"interval_s": 0},
+        tenants={"globex": {"models": ["*"], "default_class": "interactive"}},
+    )
 
 
 @dataclass

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gateway.cli import main
-from tests.routing.conftest import MODEL, SYSTEM, policy_text
+from tests.routing.conftest import MODEL, SYSTEM, routing_policy
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
         "request": tmp_path / "req.json",
         "state": tmp_path / "state.json",
     }
-    paths["policy"].write_text(policy_text())
+    paths["policy"].write_text(routing_policy())
     paths["key"].write_text("key-acme\n")
     paths["request"].write_text(json.dumps(body))
     paths["state"].write_text(json.dumps({"b2": {"in_flight": 1, "served": [served]}, "b0": {"healthy": False}}))
@@ -75,21 +76,17 @@ def test_explain_rejects_an_unknown_backend_in_the_state_file(
     assert "'b9' is not a backend of the policy" in capsys.readouterr().err
 
 
-def backend_kinds(*specs: str) -> str:
-    """The routing test policy with backend ``b<i>`` of kind and tenants ``specs[i]`` (``llamacpp [acme]``)."""
-    text = policy_text()
+def backend_kinds(*specs: str) -> dict[str, Any]:
+    """Backend ``b<i>`` of kind and tenants ``specs[i]`` (``llamacpp [acme]``): a ``backends`` edit."""
+    edits = {}
     for i, spec in enumerate(specs):
         kind, _, tenants = spec.partition(" ")
-        served = f", tenants: {tenants}" if tenants else ""
-        text = text.replace(
-            f'name: b{i}, url: "http://127.0.0.1:{1 + i}", kind: sim',
-            f'name: b{i}, url: "http://127.0.0.1:{1 + i}", kind: {kind}{served}',
-        )
-    return text
+        edits[f"b{i}"] = {"kind": kind, **({"tenants": yaml.safe_load(tenants)} if tenants else {})}
+    return edits
 
 
 @pytest.mark.parametrize(
-    ("policy", "unsalted", "expected"),
+    ("backends", "unsalted", "expected"),
     [
         pytest.param(
             backend_kinds("llamacpp [acme]", "llamacpp [globex]", "llamacpp [shared-a, shared-b]"),
@@ -129,9 +126,13 @@ def backend_kinds(*specs: str) -> str:
     ],
 )
 def test_explain_shows_the_tenants_backends_and_what_isolates_its_cache(
-    files: dict[str, Path], capsys: pytest.CaptureFixture[str], policy: str, unsalted: str, expected: list[str]
+    files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    backends: dict[str, Any],
+    unsalted: str,
+    expected: list[str],
 ) -> None:
-    files["policy"].write_text(f"{policy}\ncache_isolation: {{unsalted: {unsalted}}}\n")
+    files["policy"].write_text(routing_policy(backends=backends, cache_isolation={"unsalted": unsalted}))
     assert run(files) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     rooms = {" ".join(line.split()[:2]) for line in out.splitlines() if line.startswith("  b")}

@@ -14,8 +14,9 @@ import pytest
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import BackendKind, UnsaltedMode
 from gateway.routing.isolation import CacheSalter, isolation_fields
-from tests.conftest import KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway, policy_text
+from tests.conftest import KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 
 SECRET = "test-salt-secret"
 
@@ -35,7 +36,7 @@ def salted_gateway(
     start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
     monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", SECRET)
-    with start_gateway(policy_text(backend_server.url), health_checks=False) as url:
+    with start_gateway(session_policy(backend_server.url), health_checks=False) as url:
         yield url
 
 
@@ -56,7 +57,7 @@ def test_vllm_backends_get_the_hmac_of_the_tenants_scope_as_cache_salt(
 
 
 ACME_SALT = expected_salt("tenant:acme")
-DEDICATED = "credential_env: GATEWAY_TEST_BACKEND_TOKEN\n    tenants: [acme]"
+DEDICATED = {"tenants": ["acme"]}
 
 
 @pytest.mark.parametrize(
@@ -122,11 +123,12 @@ def test_each_backend_kind_gets_the_isolation_fields_of_the_policys_mode(
     forwarded: dict[str, object],
 ) -> None:
     monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", SECRET)
-    text = policy_text(backend_server.url).replace("kind: vllm", f"kind: {kind}")
-    if unsalted == "dedicated":
-        text = text.replace("credential_env: GATEWAY_TEST_BACKEND_TOKEN", DEDICATED)
+    served = DEDICATED if unsalted == "dedicated" else {}
+    text = session_policy(
+        backend_server.url, backends={"fake": {"kind": kind, **served}}, cache_isolation={"unsalted": unsalted}
+    )
     with (
-        start_gateway(f"{text}\ncache_isolation: {{unsalted: {unsalted}}}\n", health_checks=False) as url,
+        start_gateway(text, health_checks=False) as url,
         openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=10) as client,
     ):
         client.chat.completions.create(
@@ -169,6 +171,6 @@ NO_REUSE = {"cache_prompt": False}
     ],
 )
 def test_isolation_fields_by_kind_and_mode(kind: BackendKind, fields: dict[UnsaltedMode, dict[str, object]]) -> None:
-    acme = parse_policy(policy_text("http://127.0.0.1:1"), "t.yaml").policy.tenants[0]
+    acme = parse_policy(session_policy(), "t.yaml").policy.tenants[0]
     salter = CacheSalter(SECRET.encode())
     assert {mode: dict(isolation_fields(kind, mode, salter, acme)) for mode in UnsaltedMode} == fields

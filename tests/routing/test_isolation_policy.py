@@ -7,42 +7,43 @@ names; the loader must give exactly the problems (refused) or the warnings (load
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from gateway.keys import hash_api_key
 from gateway.policy.loader import PolicyError, parse_policy
+from tests.policy_builder import NOWHERE, OMIT, build_policy, model
+from tests.policy_builder import backend as backend_entry
+from tests.policy_builder import tenant as tenant_entry
+from tests.routing.conftest import PUBLIC_BOT, SCOPED_TENANTS
 
 SOURCE = "policies/prod.yaml"
 
 
-def backend(name: str, kind: str, tenants: str = "", models: str = "[m]") -> str:
-    served = f", tenants: {tenants}" if tenants else ""
-    return f'  - {{name: {name}, url: "http://127.0.0.1:1", kind: {kind}, models: {models}{served}}}'
+def backend(name: str, kind: str, tenants: list[str] | None = None, models: list[str] | None = None) -> dict[str, Any]:
+    served = {} if tenants is None else {"tenants": tenants}
+    return backend_entry(name, NOWHERE, models or ["m"], kind=kind, **served)
 
 
-def policy(*backends: str, unsalted: str = "shared", globex_models: str = '["*"]') -> str:
-    listed = "\n".join(backends)
-    return f"""
-version: t
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
-models: [{{name: m}}, {{name: m2}}]
-backends:
-{listed}
-cache_scopes:
-  public-bot: {{description: the public help bot's system prompt}}
-cache_isolation: {{unsalted: {unsalted}}}
-tenants:
-  - {{name: acme, key_hashes: ["{hash_api_key("a")}"], models: ["*"], default_class: interactive}}
-  - {{name: globex, key_hashes: ["{hash_api_key("g")}"], models: {globex_models}, default_class: interactive}}
-  - {{name: shared-a, key_hashes: ["{hash_api_key("sa")}"], models: ["*"], default_class: interactive,
-      cache_scope: public-bot}}
-  - {{name: shared-b, key_hashes: ["{hash_api_key("sb")}"], models: ["*"], default_class: interactive,
-      cache_scope: public-bot}}
-"""
+def policy(
+    *backends: dict[str, Any], unsalted: str = "shared", globex_models: list[str] | None = None, **sections: Any
+) -> str:
+    """Models ``m`` and ``m2`` on ``backends``, the routing tests' four tenants (``globex`` allowed
+    ``globex_models``, else every model) and ``cache_isolation.unsalted``; ``sections`` edit it."""
+    isolation = {
+        "version": "t",
+        "classes": {"batch": OMIT},
+        "models": [model("m"), model("m2")],
+        "backends": list(backends),
+        "cache_scopes": PUBLIC_BOT,
+        "cache_isolation": {"unsalted": unsalted},
+        "tenants": SCOPED_TENANTS,
+    }
+    globex = {"tenants": {"globex": {"models": globex_models or ["*"]}}}
+    return build_policy(NOWHERE, isolation, globex, **sections)
 
 
-M2 = backend("vllm-m2", "vllm", models="[m2]")
+M2 = backend("vllm-m2", "vllm", models=["m2"])
 """Serves model m2 to everyone, so that the cases about m are not about m2 too."""
 
 EVERYONE = "'acme', 'globex', 'shared-a' (scope 'public-bot'), 'shared-b' (scope 'public-bot')"
@@ -58,7 +59,7 @@ REFUSED = [
         id="dedicated refuses an unsalted backend that lists no tenants and every tenant reaches",
     ),
     pytest.param(
-        policy(backend("llama-a", "llamacpp", "[acme, shared-a, globex]"), M2, unsalted="dedicated"),
+        policy(backend("llama-a", "llamacpp", ["acme", "shared-a", "globex"]), M2, unsalted="dedicated"),
         [
             "backends[0].tenants[1]: tenant 'shared-a' shares unsalted backend 'llama-a' with 'acme' "
             "(another cache scope; cache_isolation.unsalted is dedicated)",
@@ -68,7 +69,7 @@ REFUSED = [
         id="dedicated names each listed tenant of another scope than the first",
     ),
     pytest.param(
-        policy(backend("gpt", "openai", "[acme, globex]"), backend("llama-a", "llamacpp"), M2, unsalted="dedicated"),
+        policy(backend("gpt", "openai", ["acme", "globex"]), backend("llama-a", "llamacpp"), M2, unsalted="dedicated"),
         [
             "backends[0].tenants[1]: tenant 'globex' shares unsalted backend 'gpt' with 'acme' "
             "(another cache scope; cache_isolation.unsalted is dedicated)",
@@ -88,12 +89,12 @@ REFUSED = [
         id="no_prompt_cache refuses a shared openai backend, which has no such switch, and only it",
     ),
     pytest.param(
-        policy(backend("llama-a", "llamacpp", "[acme, initech]"), M2),
+        policy(backend("llama-a", "llamacpp", ["acme", "initech"]), M2),
         ["backends[0].tenants[1]: unknown tenant 'initech'"],
         id="a backend listing an undeclared tenant is refused",
     ),
     pytest.param(
-        policy(backend("llama-a", "llamacpp", "[]"), M2),
+        policy(backend("llama-a", "llamacpp", []), M2),
         ["backends[0].tenants: must have at least 1 item after validation, not 0"],
         id="a backend listing no tenant at all is refused rather than never used",
     ),
@@ -118,7 +119,7 @@ LOADED = [
         id="shared, the default, warns about a llamacpp backend that every tenant reaches",
     ),
     pytest.param(
-        policy(backend("gpt", "openai", "[acme, globex]"), backend("vllm-m", "vllm"), M2),
+        policy(backend("gpt", "openai", ["acme", "globex"]), backend("vllm-m", "vllm"), M2),
         [
             "backends[0]: 'gpt' (openai) cannot salt its prefix cache and serves tenants of different cache "
             "scopes: 'acme', 'globex'; each can time whether another sent a prompt (cache_isolation.unsalted is "
@@ -127,7 +128,7 @@ LOADED = [
         id="shared names only the tenants a backend serves, and offers openai only the remedy it has",
     ),
     pytest.param(
-        policy(backend("llama-a", "llamacpp", "[shared-a, shared-b]"), backend("vllm-m", "vllm"), M2),
+        policy(backend("llama-a", "llamacpp", ["shared-a", "shared-b"]), backend("vllm-m", "vllm"), M2),
         [],
         id="tenants of one shared scope may share an unsalted backend without a warning",
     ),
@@ -138,9 +139,9 @@ LOADED = [
     ),
     pytest.param(
         policy(
-            backend("llama-a", "llamacpp", "[acme]"),
-            backend("llama-b", "llamacpp", "[globex]"),
-            backend("gpt", "openai", "[shared-b, shared-a]"),
+            backend("llama-a", "llamacpp", ["acme"]),
+            backend("llama-b", "llamacpp", ["globex"]),
+            backend("gpt", "openai", ["shared-b", "shared-a"]),
             M2,
             unsalted="dedicated",
         ),
@@ -154,8 +155,8 @@ LOADED = [
     ),
     pytest.param(
         policy(
-            backend("llama-a", "llamacpp", "[acme]"),
-            backend("llama-b", "llamacpp", "[acme]", models="[m2]"),
+            backend("llama-a", "llamacpp", ["acme"]),
+            backend("llama-b", "llamacpp", ["acme"], models=["m2"]),
             unsalted="dedicated",
         ),
         [
@@ -169,8 +170,8 @@ LOADED = [
     pytest.param(
         policy(
             backend("vllm-a", "vllm"),
-            backend("vllm-m2", "vllm", "[globex, acme, shared-a, shared-b]", models="[m2]"),
-            globex_models="[m]",
+            backend("vllm-m2", "vllm", ["globex", "acme", "shared-a", "shared-b"], models=["m2"]),
+            globex_models=["m"],
         ),
         ["backends[1].tenants[0]: tenant 'globex' may use none of this backend's models"],
         id="a backend listing a tenant that may use none of its models is warned about",
@@ -184,10 +185,7 @@ def test_a_policy_loads_with_the_isolation_warnings_it_deserves(text: str, warni
 
 
 def test_a_long_list_of_tenants_is_cut_in_the_warning() -> None:
-    tenants = "\n".join(
-        f'  - {{name: t{i}, key_hashes: ["{hash_api_key(f"k{i}")}"], models: ["*"], default_class: interactive}}'
-        for i in range(14)
-    )
-    text = policy(backend("llama-a", "llamacpp"), M2) + tenants
+    more = {f"t{i}": tenant_entry(f"t{i}", f"k{i}") for i in range(14)}
+    text = policy(backend("llama-a", "llamacpp"), M2, tenants=more)
     (warning,) = parse_policy(text, SOURCE).warnings
     assert "'t4', 't5' and 8 more; each can time" in warning

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from gateway.policy.loader import PolicyError, parse_policy
-from tests.routing.conftest import policy_text
+from tests.routing.conftest import MODEL, routing_policy
 
 
 @pytest.mark.parametrize(
@@ -69,13 +70,14 @@ from tests.routing.conftest import policy_text
     ],
 )
 def test_invalid_routing_policies_fail_with_their_path(routing: str, extra: str, problem: str) -> None:
+    text = routing_policy(models={MODEL: yaml.safe_load(routing) or {}}, **(yaml.safe_load(extra) or {}))
     with pytest.raises(PolicyError) as caught:
-        parse_policy(policy_text(routing, extra=extra), "p.yaml")
+        parse_policy(text, "p.yaml")
     assert any(p.startswith(problem) for p in caught.value.problems), caught.value.problems
 
 
 def test_a_tenant_naming_an_undeclared_cache_scope_is_refused() -> None:
-    text = policy_text().replace("cache_scope: public-bot}", "cache_scope: public-bott}", 1)
+    text = routing_policy(tenants={"shared-a": {"cache_scope": "public-bott"}})
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, "p.yaml")
     assert caught.value.problems == [
@@ -84,14 +86,14 @@ def test_a_tenant_naming_an_undeclared_cache_scope_is_refused() -> None:
 
 
 def test_a_cache_scope_with_an_unknown_key_is_refused() -> None:
-    text = policy_text().replace("{description: the public help bot's system prompt}", "{members: [acme]}")
+    text = routing_policy(cache_scopes={"public-bot": {"members": ["acme"]}})
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, "p.yaml")
     assert caught.value.problems == ["cache_scopes.public-bot.members: unknown key"]
 
 
 def test_the_routing_defaults_are_prefix_affinity_with_bounded_load() -> None:
-    routing = parse_policy(policy_text(), "p.yaml").models["m"].routing
+    routing = parse_policy(routing_policy(), "p.yaml").models["m"].routing
     assert (routing.strategy, routing.block_tokens, routing.epsilon, routing.tokenizer) == (
         "prefix_affinity",
         64,

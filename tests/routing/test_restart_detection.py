@@ -12,10 +12,10 @@ import pytest
 
 from gateway.backends import BackendPool
 from gateway.clock import MonotonicClock
-from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.scrape import SaturationScraper, parse_saturation, restarted
 from loadtests.harness import process
+from tests.policy_builder import OMIT, backend, build_policy, model
 from tests.servers import free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -63,18 +63,14 @@ def serve_one(url: str) -> None:
 def test_a_real_engine_restarted_on_its_port_between_scrapes_is_forgotten() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    snapshot = parse_policy(
-        f"""
-version: restart
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
-models: [{{name: {MODEL}, max_prompt_tokens: 8192}}]
-backends:
-  - {{name: engine, url: "{url}", kind: sim, models: [{MODEL}]}}
-tenants: [{{name: acme, key_hashes: ["{hash_api_key("key-acme")}"], models: ["*"], default_class: interactive}}]
-""",
-        "t.yaml",
+    text = build_policy(
+        version="restart",
+        classes={"batch": OMIT},
+        models=[model(MODEL, max_prompt_tokens=8192)],
+        backends=[backend("engine", url, [MODEL], kind="sim")],
+        tenants={"globex": OMIT},
     )
+    snapshot = parse_policy(text, "t.yaml")
     forgotten: list[str] = []
     pool = BackendPool(snapshot, on_forget=forgotten.append)
 

@@ -7,32 +7,23 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.keys import hash_api_key
 from loadtests.sim import build_engine_app
 from tests.conftest import StartGateway
-from tests.loadtests.conftest import metric
-from tests.servers import serve_in_thread
+from tests.policy_builder import OMIT, backend, build_policy, model
+from tests.servers import metric, serve_in_thread
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROMPT = "You are the support assistant of a company that sells garden tools and answers briefly. " * 12
 
 
 def policy(engine_url: str) -> str:
-    tenants = "\n".join(
-        f'  - {{name: {name}, key_hashes: ["{hash_api_key("key-" + name)}"], models: ["*"], '
-        "default_class: interactive}"
-        for name in ("acme", "globex")
+    return build_policy(
+        version="sim-isolation",
+        classes={"batch": OMIT},
+        models=[model(MODEL, max_prompt_tokens=8192)],
+        backends=[backend("engine", engine_url, [MODEL], kind="sim")],
+        tenants={"globex": {"models": ["*"], "default_class": "interactive"}},
     )
-    return f"""
-version: sim-isolation
-classes:
-  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
-models: [{{name: {MODEL}, max_prompt_tokens: 8192}}]
-backends:
-  - {{name: engine, url: "{engine_url}", kind: sim, models: [{MODEL}]}}
-tenants:
-{tenants}
-"""
 
 
 @pytest.fixture

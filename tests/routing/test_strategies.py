@@ -16,7 +16,7 @@ from gateway.routing.framework import load_bound
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import RouterSpec, build_router, build_routers
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, load, policy_text, states, tenant
+from tests.routing.conftest import MODEL, chat_request, load, routing_policy, states, tenant
 
 
 def router_for(snapshot: PolicySnapshot, clock: Clock | None = None) -> Router:
@@ -24,7 +24,8 @@ def router_for(snapshot: PolicySnapshot, clock: Clock | None = None) -> Router:
 
 
 def strategy(name: str, epsilon: float = 0.25) -> PolicySnapshot:
-    return parse_policy(policy_text(f"routing: {{strategy: {name}, block_tokens: 16, epsilon: {epsilon}}}"), "t")
+    routing = {"strategy": name, "block_tokens": 16, "epsilon": epsilon}
+    return parse_policy(routing_policy(models={MODEL: {"routing": routing}}), "t")
 
 
 def dispatch(router: Router, snapshot: PolicySnapshot, who: str, candidates: list[BackendState], *turns: str) -> str:
@@ -188,7 +189,7 @@ def test_the_registry_builds_the_policys_strategy_per_model() -> None:
     snapshot = strategy("round_robin")
     spec = RouterSpec(MODEL, snapshot.models[MODEL].routing, FakeClock())
     assert build_router(spec).strategy == "round_robin"  # type: ignore[attr-defined]
-    assert build_routers(parse_policy(policy_text(), "t"), FakeClock())[MODEL].strategy == "prefix_affinity"  # type: ignore[attr-defined]
+    assert build_routers(parse_policy(routing_policy(), "t"), FakeClock())[MODEL].strategy == "prefix_affinity"  # type: ignore[attr-defined]
 
 
 ForgetSpy = Callable[[str], None]
@@ -205,7 +206,7 @@ async def test_the_pool_tells_routers_to_forget_a_backend_that_goes_down() -> No
     async with httpx.AsyncClient() as client:
         await pool.check_all(client, timeout_s=0.5)  # nothing listens on ports 1-3
     assert sorted(forgotten) == ["b0", "b1", "b2"]
-    pool.apply(parse_policy(policy_text(backends=2), "t"))
+    pool.apply(parse_policy(routing_policy(backend_count=2), "t"))
     assert "b2" in forgotten[3:]
 
 
@@ -214,14 +215,9 @@ def test_a_reload_keeps_the_router_of_a_model_whose_routing_did_not_change() -> 
 
     old = strategy("prefix_affinity")
     routers = build_routers(old, FakeClock())
-    same = update_routers(
-        routers,
-        old,
-        parse_policy(
-            policy_text("routing: {strategy: prefix_affinity, block_tokens: 16, epsilon: 0.25}", extra="# v2"), "t"
-        ),
-        FakeClock(),
-    )
+    routing = {"strategy": "prefix_affinity", "block_tokens": 16, "epsilon": 0.25}
+    new = parse_policy(routing_policy(version="t2", models={MODEL: {"routing": routing}}), "t")  # another text
+    same = update_routers(routers, old, new, FakeClock())
     changed = update_routers(routers, old, strategy("round_robin"), FakeClock())
     assert same[MODEL] is routers[MODEL]
     assert changed[MODEL].strategy == "round_robin"  # type: ignore[attr-defined]
