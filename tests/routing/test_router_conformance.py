@@ -26,15 +26,15 @@ from gateway.routing.framework import load_bound
 from gateway.routing.registry import STRATEGIES, build_routers
 from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, counters, load, policy_text, states, tenant
+from tests.routing.conftest import MODEL, chat_request, counters, load, routing_policy, states, tenant
 
 NAN, INF = math.nan, math.inf
 REASON = re.compile(r"[a-z]+(_[a-z]+)*")
 
 
 def snapshot_for(strategy: str, epsilon: float = 0.25) -> PolicySnapshot:
-    routing = f"routing: {{strategy: {strategy}, block_tokens: 16, epsilon: {epsilon}}}"
-    return parse_policy(policy_text(routing), "t.yaml")
+    routing = {"strategy": strategy, "block_tokens": 16, "epsilon": epsilon}
+    return parse_policy(routing_policy(models={MODEL: {"routing": routing}}), "t.yaml")
 
 
 def router_for(snapshot: PolicySnapshot) -> Router:

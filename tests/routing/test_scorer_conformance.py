@@ -27,7 +27,7 @@ from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import SCORERS, build_routers
 from gateway.types import InferenceRequest, PrefixKeys
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, counters, policy_text, states, tenant
+from tests.routing.conftest import MODEL, chat_request, counters, routing_policy, states, tenant
 
 NOW = 1000.0
 FRESH_S = 3.0
@@ -54,7 +54,7 @@ BUSY = Signals(requests=3, waiting=2, kv=0.5, matched=4)
 
 @cache
 def snapshot_of(backends: int) -> PolicySnapshot:
-    return parse_policy(policy_text(backends=backends), "t.yaml")
+    return parse_policy(routing_policy(backends), "t.yaml")
 
 
 def pool(*signals: Signals) -> list[BackendState]:
@@ -290,7 +290,8 @@ def test_an_idle_candidate_holding_the_whole_prompt_scores_one_beside_busier_one
 
 
 def prefix_snapshot() -> PolicySnapshot:
-    return parse_policy(policy_text("routing: {strategy: prefix_affinity, block_tokens: 16}"), "t.yaml")
+    routing = {"strategy": "prefix_affinity", "block_tokens": 16}
+    return parse_policy(routing_policy(models={MODEL: {"routing": routing}}), "t.yaml")
 
 
 def scores_as_router_sees(
