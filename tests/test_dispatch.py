@@ -7,13 +7,14 @@ import asyncio
 import pytest
 
 from gateway.backends import BackendPool
+from gateway.dialects.chat import CHAT
 from gateway.dispatch import Dispatcher, Grant
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.least_load import LeastLoadRouter
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
 
 POLICY = f"""
@@ -31,7 +32,7 @@ tenants:
 
 
 def request(tokens: int = 10) -> InferenceRequest:
-    return InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, tokens // 2, tokens - tokens // 2, 0.0)
+    return InferenceRequest("id", CHAT, "m", {}, b"", False, False, tokens // 2, tokens - tokens // 2, 0.0)
 
 
 @pytest.fixture
