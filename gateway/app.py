@@ -1,10 +1,11 @@
 """The ASGI application: the routes, and the lifespan that builds the ``Gateway``.
 
-The three inference endpoints are dispatched by a dict lookup on the path straight to their
-``InferenceHandler`` (pure ASGI: no routing or middleware layers on the hot path, which cost
-about 0.1 ms a request). Everything else (health, readiness, metrics, the model list, admin)
-goes through a starlette ``Router``. The ``Gateway`` (``gateway/service.py``) is built in the
-lifespan and its collaborators passed explicitly; there are no module globals.
+The inference endpoints (one per registered dialect, ``gateway/dialects/registry.py``) are
+dispatched by a dict lookup on the path straight to their ``InferenceHandler`` (pure ASGI: no
+routing or middleware layers on the hot path, which cost about 0.1 ms a request). Everything
+else (health, readiness, metrics, the model list, admin) goes through a starlette ``Router``.
+The ``Gateway`` (``gateway/service.py``) is built in the lifespan and its collaborators passed
+explicitly; there are no module globals.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.admin import admin_routes
 from gateway.auth import authenticate
 from gateway.connections import is_operator_request
+from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Overloaded
 from gateway.intake import read_headers
 from gateway.policy.loader import load_policy
@@ -29,7 +31,6 @@ from gateway.response import COMMON_HEADERS
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.telemetry import ConnectionCounts
-from gateway.types import Api
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ class GatewayApp:
             return
         self.gateway = gateway
         deps = gateway.pipeline_deps()
-        self._hot = {api.value: InferenceHandler(api, deps) for api in Api}
+        self._hot = {path: InferenceHandler(dialect, deps) for path, dialect in DIALECTS.items()}
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         await gateway.aclose()

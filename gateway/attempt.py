@@ -248,10 +248,10 @@ class Attempts:
 
     async def _pass_through(self, state: BackendState, response: httpx.Response, report: FaultLog) -> None:
         body = await self.deps.upstream.read_all(state.backend, response)
-        document = self.deps.upstream.answer(body, report)  # raises unless an OpenAI answer
-        timer = TokenTimer(self.ctx.request.arrival)
-        if isinstance(document.get("usage"), dict):
-            timer.usage = document["usage"]
+        request = self.ctx.request
+        document = self.deps.upstream.answer(body, report, request.api)  # raises unless an answer of its API
+        timer = TokenTimer(request.arrival)
+        timer.usage = request.api.answer_usage(document)
         self.timer = timer
         await self.response.respond(200, body, [(b"content-type", b"application/json")])
 
@@ -275,6 +275,7 @@ class Attempts:
                 self.response.send,
                 timer,
                 deps.clock,
+                dialect=request.api,
                 strip_usage=not request.client_wants_usage,
                 track=track,
                 keep_continuous=request.client_wants_continuous_usage,

@@ -1,4 +1,4 @@
-"""Which body fields a client may send, per API, and the fields only the gateway sets.
+"""Which body fields a client may send, and the fields only the gateway sets.
 
 An engine behind the gateway reads far more than the OpenAI API: vLLM alone takes scheduling
 priority, its prefix-cache salt, KV-transfer instructions for disaggregated serving, data-parallel
@@ -9,6 +9,8 @@ decision, not a tenant's, so the gateway forwards only what it knows to be safe.
    sampling and structured-output extras (vLLM's ``ChatCompletionRequest``,
    ``CompletionRequest`` and ``EmbeddingCompletionRequest``, SGLang's and llama.cpp's common
    ones). Each extra shapes only its own request's output, at a cost bounded by its tokens.
+   Each API's list is its dialect's ``fields`` (``gateway/dialects/``), built from the shared
+   sets here (``SAMPLING_EXTRAS``, ``OUTPUT_LENGTH_ALIASES``).
 2. A field the gateway owns is never taken from a client, whatever the policy says:
    * stripped silently (``STRIPPED_FIELDS``) when the gateway itself provides what the field is
      for: the scheduling priority comes from the tenant's class (``engine_priority``), the
@@ -23,12 +25,9 @@ decision, not a tenant's, so the gateway forwards only what it knows to be safe.
    argument. A platform that needs one (``mm_processor_kwargs``, ``documents``, ...) lists it
    in ``limits.extra_body_fields``; the policy load refuses an owned field there.
 4. Objects the gateway reads have their own allowlist: ``stream_options`` (``include_usage``,
-   ``continuous_usage_stats``). ``chat_template_kwargs`` carries template switches
-   (``enable_thinking``, ``reasoning_effort``, ...): scalars or short lists of them, never a
-   ``chat_template`` (what vLLM refuses without ``--trust-request-chat-template``, enforced here
-   whatever the engine's flag) nor a key the renderer sets itself (``messages``, ``tools``,
-   ``documents``, ``add_generation_prompt``, ...), which could replace the prompt the gateway
-   estimated, routed and continues on migration.
+   ``continuous_usage_stats``, ``check_stream_options``), and chat's ``chat_template_kwargs``
+   (template switches only, ``gateway/dialects/chat.py``). A dialect's ``screen`` applies
+   ``screen_fields`` then the rules of the objects its API has.
 
 Text that reaches the prompt outside ``messages``/``prompt``/``tools`` escapes the gateway's
 prompt-token estimate and routing keys; that is why ``documents`` and long template arguments
@@ -41,8 +40,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gateway.errors import InvalidRequest
-from gateway.media import check_media_urls
-from gateway.types import Api
 
 
 class BodyLimits(Protocol):
@@ -54,29 +51,6 @@ class BodyLimits(Protocol):
     @property
     def extra_body_fields(self) -> frozenset[str]: ...
 
-    @property
-    def media_url_allowlist(self) -> tuple[str, ...]: ...
-
-
-OPENAI_CHAT = frozenset(
-    {
-        "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
-        "logprobs", "max_completion_tokens", "max_tokens", "modalities", "n", "parallel_tool_calls",
-        "prediction", "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format",
-        "safety_identifier", "seed", "stop", "stream", "stream_options", "temperature", "tool_choice",
-        "tools", "top_logprobs", "top_p", "user", "verbosity",
-    }
-)  # fmt: skip
-OPENAI_COMPLETIONS = frozenset(
-    {
-        "model", "prompt", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
-        "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p",
-        "user",
-    }
-)  # fmt: skip
-OPENAI_EMBEDDINGS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "stream"})
-"""``stream`` is not an embeddings field: it is let through so that validation can answer
-"Embeddings cannot be streamed" to ``stream: true`` (``false`` reaches the engine, which ignores it)."""
 
 SAMPLING_EXTRAS = frozenset(
     {
@@ -98,30 +72,11 @@ SAMPLING_EXTRAS = frozenset(
         "top_n_sigma", "t_max_predict_ms", "timings_per_token", "post_sampling_probs",
     }
 )  # fmt: skip
-CHAT_EXTRAS = frozenset(
-    {
-        "echo", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-        "include_reasoning", "separate_reasoning", "stream_reasoning", "reasoning_format",
-    }
-)  # fmt: skip
-EMBEDDING_EXTRAS = frozenset(
-    {
-        "truncate_prompt_tokens", "add_special_tokens", "embed_dtype", "endianness", "use_activation",
-        "normalize", "padding", "truncation_side",
-    }
-)  # fmt: skip
-
 OUTPUT_LENGTH_ALIASES = frozenset({"max_tokens", "max_completion_tokens", "n_predict"})
 """Every name engines read an output bound from: all accepted on both generating APIs, because
 validation normalises them into the request's one bound, refuses two that disagree, applies the
 model's cap, and each attempt sends the bound in the one field its engine obeys
 (``gateway/output_length.py``). None of them can bypass the cap."""
-
-ALLOWED_FIELDS: Mapping[Api, frozenset[str]] = {
-    Api.CHAT: OPENAI_CHAT | SAMPLING_EXTRAS | CHAT_EXTRAS | OUTPUT_LENGTH_ALIASES,
-    Api.COMPLETIONS: OPENAI_COMPLETIONS | SAMPLING_EXTRAS | OUTPUT_LENGTH_ALIASES,
-    Api.EMBEDDINGS: OPENAI_EMBEDDINGS | EMBEDDING_EXTRAS,
-}
 
 STRIPPED_FIELDS: Mapping[str, str] = {
     "priority": "the scheduling priority comes from the tenant's class",
@@ -152,14 +107,6 @@ REFUSED_FIELDS: Mapping[str, str] = {
 OWNED_FIELDS = frozenset(STRIPPED_FIELDS) | frozenset(REFUSED_FIELDS)
 
 STREAM_OPTIONS_FIELDS = frozenset({"include_usage", "continuous_usage_stats"})
-TEMPLATE_RENDERER_KEYS = frozenset(
-    {
-        "chat_template", "tokenize", "messages", "conversation", "tools", "documents",
-        "add_generation_prompt", "continue_final_message", "return_dict", "return_assistant_tokens_mask",
-    }
-)  # fmt: skip
-MAX_SWITCH_CHARS = 256
-MAX_SWITCH_ITEMS = 16
 _SHOWN_NAME_CHARS = 64
 
 
@@ -168,22 +115,16 @@ def owned_field_reason(name: str) -> str | None:
     return STRIPPED_FIELDS.get(name) or REFUSED_FIELDS.get(name)
 
 
-def screen_body(api: Api, body: dict[str, Any], limits: BodyLimits) -> bool:
-    """Refuse what ``body`` may not carry, drop what the gateway owns; True when a field was dropped.
+def screen_fields(allowed: frozenset[str], body: dict[str, Any], limits: BodyLimits) -> bool:
+    """Refuse a field outside ``allowed`` (and the policy's extras), drop the owned ones; True
+    when a field was dropped.
 
     Runs before any other check reads the body, so that nothing downstream acts on a field the
-    client may not set. The common body (allowed fields only, no media URL) costs one set
-    comparison.
+    client may not set. The common body (allowed fields only) costs one set comparison.
     """
-    allowed = ALLOWED_FIELDS[api]
-    stripped = False
-    if not body.keys() <= allowed:
-        stripped = _strip_or_refuse(body, allowed, limits.extra_body_fields)
-    _check_stream_options(body.get("stream_options"))
-    if api is Api.CHAT:
-        _check_template_kwargs(body.get("chat_template_kwargs"))
-        check_media_urls(body.get("messages"), limits.media_url_allowlist)
-    return stripped
+    if body.keys() <= allowed:
+        return False
+    return _strip_or_refuse(body, allowed, limits.extra_body_fields)
 
 
 def _strip_or_refuse(body: dict[str, Any], allowed: frozenset[str], extra: frozenset[str]) -> bool:
@@ -202,51 +143,21 @@ def _strip_or_refuse(body: dict[str, Any], allowed: frozenset[str], extra: froze
     return bool(owned)
 
 
-def _shown(name: str) -> str:
+def shown(name: str) -> str:
     """A client's field name as echoed back: cut short, since a key can be as long as the body."""
     return name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "..."
 
 
 def _unrecognized(name: str, within: str = "") -> InvalidRequest:
-    shown = _shown(name)
+    name = shown(name)
     return InvalidRequest(
-        f"Unrecognized request argument supplied: {within}{shown}", code="unsupported_field", param=within + shown
+        f"Unrecognized request argument supplied: {within}{name}", code="unsupported_field", param=within + name
     )
 
 
-def _check_stream_options(options: Any) -> None:
+def check_stream_options(options: Any) -> None:
+    """``stream_options`` holds only the switches the gateway knows (``STREAM_OPTIONS_FIELDS``)."""
     if isinstance(options, dict):
         for name in options:
             if name not in STREAM_OPTIONS_FIELDS:
                 raise _unrecognized(name, "stream_options.")
-
-
-def _check_template_kwargs(kwargs: Any) -> None:
-    """``chat_template_kwargs`` are switches for the model's template, never content or a template."""
-    if kwargs is None:
-        return
-    if not isinstance(kwargs, dict):
-        raise InvalidRequest("'chat_template_kwargs' must be an object.", param="chat_template_kwargs")
-    for name, value in kwargs.items():
-        param = f"chat_template_kwargs.{_shown(name)}"
-        if name in TEMPLATE_RENDERER_KEYS:
-            raise InvalidRequest(
-                f"'{param}' may not be set: the gateway renders requests with the model's own template "
-                "and the request's own fields.",
-                code="unsupported_field",
-                param=param,
-            )
-        if not _is_switch(value) and not (
-            isinstance(value, list) and len(value) <= MAX_SWITCH_ITEMS and all(map(_is_switch, value))
-        ):
-            raise InvalidRequest(
-                f"'{param}' must be a boolean, a number, a string of at most {MAX_SWITCH_CHARS} characters, "
-                f"or a list of at most {MAX_SWITCH_ITEMS} of those.",
-                param=param,
-            )
-
-
-def _is_switch(value: Any) -> bool:
-    if isinstance(value, str):
-        return len(value) <= MAX_SWITCH_CHARS
-    return value is None or isinstance(value, (bool, int, float))

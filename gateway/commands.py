@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     explain = policy.add_parser("explain", help="which class, queue and backend a request would get, and why")
     explain.add_argument("--policy", required=True, help="policy file (YAML)")
     explain.add_argument("--api-key-file", required=True, help="file holding the tenant's API key")
-    explain.add_argument("--request", required=True, help="request body (JSON): chat, completions or embeddings")
+    explain.add_argument("--request", required=True, help="request body (JSON) of any served API")
     explain.add_argument("--backend-state", default=None, help="JSON: per backend, load and recently served bodies")
     explain.add_argument("--priority", default=None, help="as the x-priority header")
     explain.add_argument("--session-id", default=None, help="as the x-session-id header")

@@ -10,13 +10,15 @@ How: the gateway asks migratable backends for vLLM's per-chunk usage
 the client has received. When the stream breaks, the continuation request is the original
 conversation plus the partial answer as a final assistant message to *continue* (vLLM's
 ``continue_final_message: true`` with ``add_generation_prompt: false``; for ``/v1/completions``
-the prompt plus the partial text), with the output budget reduced by the tokens already sent.
+the prompt plus the partial text: each dialect's ``continue_body``, ``gateway/dialects/``),
+with the output budget reduced by the tokens already sent.
 The relay (``gateway/streaming.py``) splices the new upstream into the client's stream; the
 client's usage counts its original prompt and every token it received.
 
 What cannot be continued ends with the error event as before: backends that do not know
 ``continue_final_message`` (only vLLM and the simulator do), several choices (``n > 1``), tool
-calls or reasoning in progress, echoed prompts, token-id prompts, and streams whose exact token
+calls or reasoning in progress, what the dialect cannot continue (``Dialect.can_continue``:
+embeddings, echoed prompts, token-id prompts), and streams whose exact token
 count is unknown (a backend that ignored ``continuous_usage_stats``). A migration is a retry:
 it spends from the retry budget, counts against ``retry.max_retries`` and never starts past the
 request's deadline (``gateway/proxy.py`` decides).
@@ -25,11 +27,10 @@ request's deadline (``gateway/proxy.py`` decides).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from gateway.policy.model import BackendKind
 from gateway.streaming import StreamProgress
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 
 CONTINUABLE_KINDS = frozenset({BackendKind.VLLM, BackendKind.SIM})
 _MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
@@ -39,22 +40,7 @@ def can_continue(request: InferenceRequest, kind: BackendKind) -> bool:
     """Whether a stream of ``request`` from a backend of ``kind`` could be continued if it broke."""
     if not request.stream or kind not in CONTINUABLE_KINDS or request.body.get("n", 1) not in (1, None):
         return False
-    body = request.body
-    if request.api is Api.CHAT:
-        messages = body.get("messages")
-        return isinstance(messages, list) and bool(messages)
-    if request.api is Api.COMPLETIONS:
-        return isinstance(body.get("prompt"), str) and not body.get("echo")
-    return False
-
-
-def ask_for_progress(request: InferenceRequest) -> None:
-    """Ask for the usage in every chunk (the exact count of tokens sent so far)."""
-    options = request.body.get("stream_options")
-    if isinstance(options, dict) and options.get("continuous_usage_stats") and options.get("include_usage"):
-        return
-    request.body["stream_options"] = {**(options or {}), "include_usage": True, "continuous_usage_stats": True}
-    request.body_modified = True
+    return request.api.can_continue(request.body)
 
 
 def continuation(request: InferenceRequest, progress: StreamProgress) -> InferenceRequest | None:
@@ -75,12 +61,7 @@ def continuation(request: InferenceRequest, progress: StreamProgress) -> Inferen
     for field in _MAX_TOKEN_FIELDS:
         if body.get(field) is not None:
             body[field] = remaining
-    if request.api is Api.CHAT:
-        body["messages"] = _with_partial_answer(body["messages"], text, bool(body.get("continue_final_message")))
-        body["continue_final_message"] = True
-        body["add_generation_prompt"] = False
-    else:
-        body["prompt"] = body["prompt"] + text
+    request.api.continue_body(body, text)
     return dataclasses.replace(
         request,
         body=body,
@@ -89,12 +70,3 @@ def continuation(request: InferenceRequest, progress: StreamProgress) -> Inferen
         max_tokens=remaining,
         prefix_keys=None,
     )
-
-
-def _with_partial_answer(messages: list[Any], text: str, already_continuing: bool) -> list[Any]:
-    """The conversation ending with the partial answer as an assistant message to continue."""
-    last = messages[-1]
-    if already_continuing and isinstance(last, dict) and isinstance(last.get("content"), str):
-        # The client asked to continue its own final message: the partial answer extends it.
-        return [*messages[:-1], {**last, "content": last["content"] + text}]
-    return [*messages, {"role": "assistant", "content": text}]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from gateway.dialects.base import Dialect
 from gateway.errors import ErrorCode
-from gateway.types import Api
 
 if TYPE_CHECKING:
     from gateway.policy.model import Slo
@@ -91,7 +91,7 @@ class RequestOutcome:
     """
 
     request_id: str
-    api: Api
+    api: Dialect
     arrival: float
     end: float
     tenant: str

@@ -21,7 +21,8 @@ carries exactly one field, the one its backend's kind obeys, set to the bound, w
 alias removed (``output_length_edits``). A request that named no bound gets one too: an engine's
 own default is its remaining context, far above any cap.
 
-**Which field per kind** (``obeyed_field``): the one every version of that engine reads.
+**Which field per kind** (``obeyed_field``, from each dialect's ``output_field`` in
+``gateway/dialects/``): the one every version of that engine reads.
 vLLM and SGLang get ``max_tokens`` (deprecated on chat, but read by every release; versions
 before ``max_completion_tokens`` existed ignore it as an unknown field, so sending it alone could
 lift the cap); llama.cpp gets ``n_predict`` (its native field, read before ``max_tokens``);
@@ -38,30 +39,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.dialects.base import Dialect
 from gateway.errors import InvalidRequest
 from gateway.policy.model import BackendKind
-from gateway.types import Api
 
 OUTPUT_LENGTH_FIELDS = ("max_completion_tokens", "max_tokens", "n_predict")
-"""Every request field an engine behind the gateway reads as the output bound."""
-
-_CHAT_FIELD = {
-    BackendKind.VLLM: "max_tokens",
-    BackendKind.SGLANG: "max_tokens",
-    BackendKind.LLAMACPP: "n_predict",
-    BackendKind.OPENAI: "max_completion_tokens",
-    BackendKind.SIM: "max_tokens",
-}
-_COMPLETIONS_FIELD = {**_CHAT_FIELD, BackendKind.OPENAI: "max_tokens"}
+"""Every request field an engine behind the gateway reads as the output bound on the OpenAI
+generating APIs (chat and completions: their dialects' ``output_aliases``)."""
 
 
-def requested_output_length(body: Mapping[str, Any]) -> tuple[int | None, str | None]:
+def requested_output_length(
+    body: Mapping[str, Any], aliases: tuple[str, ...] = OUTPUT_LENGTH_FIELDS
+) -> tuple[int | None, str | None]:
     """The bound the client asked for and the field it used; ``(None, None)`` when it named none.
 
     ``null`` counts as absent. Every alias present must be a positive integer, and all of
     them must agree (see the module docstring)."""
     found: list[tuple[str, int]] = []
-    for name in OUTPUT_LENGTH_FIELDS:
+    for name in aliases:
         value = body.get(name)
         if value is None:
             continue
@@ -81,28 +76,24 @@ def requested_output_length(body: Mapping[str, Any]) -> tuple[int | None, str | 
     return value, name
 
 
-def obeyed_field(kind: BackendKind, api: Api) -> str | None:
+def obeyed_field(kind: BackendKind, api: Dialect) -> str | None:
     """The one field a backend of ``kind`` reads as the output bound on ``api`` (None: embeddings)."""
-    if api is Api.CHAT:
-        return _CHAT_FIELD[kind]
-    if api is Api.COMPLETIONS:
-        return _COMPLETIONS_FIELD[kind]
-    return None
+    return api.output_field(kind)
 
 
-def output_length_edits(kind: BackendKind, api: Api, bound: int) -> dict[str, int | None]:
+def output_length_edits(kind: BackendKind, api: Dialect, bound: int) -> dict[str, int | None]:
     """The body edits that give a backend of ``kind`` exactly ``bound``: alias -> None (remove), field -> bound.
 
     Pure: the caller applies them to its own copy of the body (``fit_output_length``)."""
-    field = obeyed_field(kind, api)
+    field = api.output_field(kind)
     if field is None:
         return {}
-    edits: dict[str, int | None] = dict.fromkeys(OUTPUT_LENGTH_FIELDS)
+    edits: dict[str, int | None] = dict.fromkeys(api.output_aliases)
     edits[field] = bound
     return edits
 
 
-def fit_output_length(body: dict[str, Any], kind: BackendKind, api: Api, bound: int) -> bool:
+def fit_output_length(body: dict[str, Any], kind: BackendKind, api: Dialect, bound: int) -> bool:
     """Apply ``output_length_edits`` to ``body`` in place; True when it changed (re-serialise it)."""
     changed = False
     for name, value in output_length_edits(kind, api, bound).items():

@@ -27,9 +27,9 @@ from starlette.types import Receive, Scope, Send
 from gateway.admission import TenantLimiter, charged_tokens, output_events, resolve_class
 from gateway.attempt import AttemptDeps, Attempts
 from gateway.auth import authenticate, authorize_model
-from gateway.body_fields import screen_body
 from gateway.clock import Clock
 from gateway.context import RequestContext
+from gateway.dialects.base import Dialect
 from gateway.errors import (
     ErrorCode,
     GatewayError,
@@ -56,7 +56,6 @@ from gateway.runtime import Runtime
 from gateway.telemetry import UNKNOWN_LABEL
 from gateway.tokens import TokenEstimator
 from gateway.tracing import RequestSpan
-from gateway.types import Api
 from gateway.validation import build_request, require_model
 
 log = logging.getLogger(__name__)
@@ -116,9 +115,9 @@ class _Known:
 
 
 class InferenceHandler:
-    """ASGI handler of one OpenAI inference endpoint (chat, completions or embeddings)."""
+    """ASGI handler of one inference endpoint: the pipeline, for the API ``api`` (its dialect)."""
 
-    def __init__(self, api: Api, deps: PipelineDeps) -> None:
+    def __init__(self, api: Dialect, deps: PipelineDeps) -> None:
         self.api = api
         self.deps = deps
 
@@ -218,7 +217,7 @@ class InferenceHandler:
         require_json_content_type(headers)
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
         body = parse_json_object(raw, limits.max_json_depth, limits.max_json_containers, limits.max_json_keys)
-        stripped = screen_body(self.api, body, limits)
+        stripped = self.api.screen(body, limits)
         model = require_model(body)
         model_policy = snapshot.models.get(model)
         if model_policy is None:
@@ -279,7 +278,7 @@ class InferenceHandler:
 
 
 def _outcome(
-    api: Api,
+    api: Dialect,
     response: ClientResponse,
     known: _Known,
     arrival: float,

@@ -55,7 +55,7 @@ class Recorder:
         model, class_name = outcome.model, outcome.class_name
         model_class = (model, class_name)
         label = outcome.label
-        p.inc(m.requests, (model, outcome.api.name.lower(), class_name, str(outcome.status), label))
+        p.inc(m.requests, (model, outcome.api.name, class_name, str(outcome.status), label))
         tenant = labels.label(outcome.tenant)  # counts traffic; the busiest keep their name
         if outcome.status in (429, 503):
             p.inc(m.rejections, (label, class_name, tenant))

@@ -3,13 +3,18 @@
 Every upstream read is split into complete SSE events; the complete ones are forwarded in a
 single ``send`` before the next read, so the client sees each chunk before the gateway asks
 the backend for the next one (nothing is buffered beyond an incomplete event). Each event's
-JSON is parsed once to learn three things:
+JSON is parsed once, and read by the request's dialect (``Dialect.read_chunk``,
+``gateway/dialects/``) to learn:
 
-* whether it carries generated output (a content, reasoning or tool-call delta, or a
-  completions ``text``): its arrival time feeds TTFT and the inter-token gaps. vLLM's first,
-  role-only chunk carries none, so it does not count;
-* the ``usage`` totals (the gateway always asks for ``include_usage``); the usage-only chunk
-  (``"choices": []``) is dropped when the client did not ask for it;
+* whether it carries generated output (for the OpenAI APIs a content, reasoning or tool-call
+  delta, or a completions ``text``): its arrival time feeds TTFT and the inter-token gaps.
+  vLLM's first, role-only chunk carries none, so it does not count;
+* the usage totals (the gateway always asks for them, ``Dialect.stream_usage_fields``); the
+  usage-only chunk (``"choices": []``) is dropped when the client did not ask for it;
+* the finish reasons;
+
+and, before the dialect, by the relay itself:
+
 * an upstream error event (``data: {"error": ...}``, or llama.cpp's ``error: {...}`` field):
   it ends this upstream, and the client gets the gateway's own error event in its place
   (``gateway/upstream_errors.py``: gateway code, sanitised message), never the backend's text.
@@ -33,11 +38,13 @@ relay then remembers what the client has seen (choice 0's text, the exact token 
 vLLM's per-chunk ``continuous_usage_stats``), and after ``resume`` it splices the next
 upstream into the same client stream: the new role-only chunk is dropped, the chunk ``id`` is
 the first upstream's, and usage counts from the original prompt and the tokens already sent.
+Tracking and splicing read OpenAI choice chunks: only a dialect that streams them may say a
+stream can be continued (``Dialect.can_continue``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -45,6 +52,8 @@ import orjson
 from starlette.types import Send
 
 from gateway.clock import Clock
+from gateway.dialects.base import ChunkReading, Dialect
+from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
 from gateway.errors import GatewayError, UpstreamError, UpstreamRejected, sse_error_event
 from gateway.outcome import TokenStats
 from gateway.upstream_errors import Redactor, UpstreamFault, event_error
@@ -53,7 +62,6 @@ DONE_EVENT = b"data: [DONE]\n\n"
 KEEP_ALIVE_EVENT = b": keep-alive\n\n"
 MAX_EVENT_BYTES = 4 << 20  # one event of n choices with top logprobs stays far below
 _NO_REDACTION = Redactor()
-_OUTPUT_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
 
 
 class StreamEnd(Enum):
@@ -74,7 +82,7 @@ class TokenTimer:
         self.first_output: float | None = None
         self.last_output = 0.0
         self.gaps: list[float] = []
-        self.usage: dict[str, Any] | None = None
+        self.usage: Mapping[str, Any] | None = None
         self.finish_reasons: list[str] = []
 
     def on_output(self, t: float) -> None:
@@ -133,6 +141,7 @@ class SseRelay:
         "_failure",
         "_keep_continuous",
         "_on_resumed_output",
+        "_read",
         "_redactor",
         "_report",
         "_resumed",
@@ -151,12 +160,14 @@ class SseRelay:
         timer: TokenTimer,
         clock: Clock,
         *,
+        dialect: Dialect,
         strip_usage: bool,
         track: bool = False,
         keep_continuous: bool = True,
         redactor: Redactor = _NO_REDACTION,
     ) -> None:
-        """``track`` records ``progress``; ``keep_continuous=False`` removes per-chunk usage.
+        """``dialect`` reads the events; ``track`` records ``progress``; ``keep_continuous=False``
+        removes per-chunk usage.
 
         ``redactor`` (``UpstreamClient.redactor``) sanitises upstream error events and knows the
         credentials no relayed byte may hold.
@@ -164,6 +175,7 @@ class SseRelay:
         self._send = send
         self._timer = timer
         self._clock = clock
+        self._read = dialect.read_chunk
         self._strip_usage = strip_usage
         self._keep_continuous = keep_continuous
         self._buffer = b""
@@ -306,9 +318,10 @@ class SseRelay:
             return False
         if document.get("error") or document.get("object") == "error":  # upstream_errors.is_error_document
             return self._upstream_error(document)
+        reading = self._read(document)
         if self.progress is None:
-            return self._inspect_chunk(document, t)
-        return self._splice(event, document, t)
+            return self._observe(reading, t)
+        return self._splice(event, document, reading, t)
 
     def _upstream_error(self, document: Any) -> bool:
         """End this upstream with the gateway's error in place of the backend's error event."""
@@ -331,21 +344,22 @@ class SseRelay:
         if self._report is not None:
             self._report(UpstreamFault(200, what, "event"))
 
-    def _splice(self, event: bytes, chunk: dict[str, Any], t: float) -> bytes | bool:
+    def _splice(self, event: bytes, chunk: dict[str, Any], reading: ChunkReading, t: float) -> bytes | bool:
         """Inspect a chunk of a tracked stream; rewrite it when it must change on its way out."""
         progress = self.progress
         assert progress is not None
-        usage = chunk.get("usage")
+        output, usage, reasons, _ = reading
         choices = chunk.get("choices")
         rewrite = False
         if self._resumed:
-            if choices and not any(_has_output(c) or c.get("finish_reason") for c in choices):
+            if choices and not (output or reasons):
                 return False  # the continuation's own role chunk: the client had one already
             if progress.chunk_id is not None and chunk.get("id") != progress.chunk_id:
                 chunk["id"] = progress.chunk_id
                 rewrite = True
             if usage:
                 usage = chunk["usage"] = _spliced_usage(usage, progress)
+                reading = (output, usage, reasons, reading[3])
                 rewrite = True
         elif progress.chunk_id is None and isinstance(chunk.get("id"), str):
             progress.chunk_id = chunk["id"]
@@ -353,12 +367,11 @@ class SseRelay:
             progress.tokens = usage["completion_tokens"]
             if progress.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
                 progress.prompt_tokens = usage["prompt_tokens"]
-        output = False
         hide_usage = False
         if choices:
-            output = _track(progress, choices)
+            _track(progress, choices)
             hide_usage = bool(usage) and not self._keep_continuous
-        if not self._inspect_chunk(chunk, t):
+        if not self._observe(reading, t):
             return False
         if output and self._on_resumed_output is not None:
             hook, self._on_resumed_output = self._on_resumed_output, None
@@ -375,22 +388,19 @@ class SseRelay:
             rewrite = True
         return b"data: " + orjson.dumps(chunk) + b"\n\n" if rewrite else True
 
-    def _inspect_chunk(self, chunk: dict[str, Any], t: float) -> bool:
-        usage = chunk.get("usage")
+    def _observe(self, reading: ChunkReading, t: float) -> bool:
+        """Time and count what ``reading`` says; False when the event is to be dropped (a
+        usage-only chunk nobody asked for)."""
+        output, usage, reasons, usage_only = reading
+        timer = self._timer
         if usage:
-            self._timer.usage = usage
-        choices = chunk.get("choices")
-        if not choices:
-            return not (usage and self._strip_usage)
-        has_output = False
-        for choice in choices:
-            if _has_output(choice):
-                has_output = True
-            reason = choice.get("finish_reason")
-            if reason:
-                self._timer.finish_reasons.append(reason)
-        if has_output:
-            self._timer.on_output(t)
+            timer.usage = usage
+        if usage_only:
+            return not self._strip_usage
+        if reasons:
+            timer.finish_reasons.extend(reasons)
+        if output:
+            timer.on_output(t)
         return True
 
 
@@ -427,34 +437,23 @@ def _without_trailing_usage(event: bytes, *, null: bool) -> bytes | None:
     return event[:start] + (b',"usage":null' if null else b"") + event[end + 1 :]
 
 
-def _has_output(choice: dict[str, Any]) -> bool:
-    """Whether a chunk's choice carries generated output (vLLM's role-only chunk does not)."""
-    delta = choice.get("delta")
-    if delta:
-        return any(delta.get(key) for key in _OUTPUT_DELTA_KEYS)
-    return bool(choice.get("text"))
-
-
-def _track(progress: StreamProgress, choices: list[dict[str, Any]]) -> bool:
-    """Add choice 0's text to ``progress``; return whether the chunk had output."""
-    output = False
+def _track(progress: StreamProgress, choices: list[dict[str, Any]]) -> None:
+    """Add choice 0's text to ``progress``, or mark it not continuable."""
     for choice in choices:
-        if not _has_output(choice):
+        if not has_output(choice):
             if choice.get("finish_reason"):
                 progress.continuable = False
             continue
-        output = True
         delta = choice.get("delta")
         text = delta.get("content") if delta else choice.get("text")
-        plain = isinstance(text, str) and not (delta and any(delta.get(k) for k in _OUTPUT_DELTA_KEYS[1:]))
+        plain = isinstance(text, str) and not (delta and any(delta.get(k) for k in OUTPUT_DELTA_KEYS[1:]))
         if choice.get("index", 0) != 0 or choice.get("finish_reason") or not plain:
             progress.continuable = False
         else:
             progress.pieces.append(str(text))
-    return output
 
 
-def _spliced_usage(usage: dict[str, Any], progress: StreamProgress) -> dict[str, Any]:
+def _spliced_usage(usage: Mapping[str, Any], progress: StreamProgress) -> dict[str, Any]:
     """A continuation's usage as the client's one stream: its prompt, all its tokens."""
     completion = int(usage.get("completion_tokens") or 0) + progress.base_tokens
     prompt = progress.prompt_tokens if progress.prompt_tokens is not None else int(usage.get("prompt_tokens") or 0)

@@ -8,13 +8,15 @@ are only as good as it: a part it does not see is a prompt the tenant gets for f
   token per CJK character: ``len / 4 + (utf8_bytes - len) x 3/8``, so a 3-byte character
   (CJK, kana, Hangul) counts 1, a 2-byte one (accented Latin, Cyrillic, Greek) 5/8 and a
   4-byte one (emoji) 11/8. Counting characters alone under-counted CJK text by 4x.
-* **Chat**: each message's text parts plus a few template tokens (``MESSAGE_OVERHEAD_TOKENS``);
-  the assistant's ``tool_calls`` (name and ``arguments``) and legacy ``function_call``;
-  ``tool`` messages' content; the ``tools`` (and legacy ``functions``) definitions and a
-  ``response_format`` JSON schema, as the size of their JSON (chat templates render tool
-  schemas as JSON into the prompt); each non-text part (image, audio, video, file) at the
-  policy's fixed charge (``MediaTokens``); a part of an unknown type at the size of its JSON.
-* **Completions and embeddings**: text, token ids (exact), or lists of either.
+* **Content parts** (``parts_tokens``): text parts counted; each non-text part (image, audio,
+  video, file) at the policy's fixed charge (``MediaTokens``); a part of an unknown type at the
+  size of its JSON (``json_tokens``, also how tool schemas are counted: templates render them
+  as JSON into the prompt).
+* **Text or token ids** (``prompt_input_tokens``): text, token ids (exact), or lists of either.
+
+What each API's prompt is made of (chat's messages, tool calls and tool definitions;
+completions' ``prompt``; embeddings' ``input``) is its dialect's ``prompt_tokens``
+(``gateway/dialects/``), built from these.
 
 A real tokenizer can be plugged in per model through the ``TokenEstimator`` protocol; limits
 are then exact instead of approximate. Cost: ``loadtests/estimator_cost.py``.
@@ -23,15 +25,11 @@ are then exact instead of approximate. Cost: ``loadtests/estimator_cost.py``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 import orjson
 
 from gateway.policy.model import MediaTokens
-
-MESSAGE_OVERHEAD_TOKENS = 4
-TOOL_CALL_OVERHEAD_TOKENS = 4
 
 # Content part types the engines accept, by the charge (``MediaTokens`` field) they cost.
 _MEDIA_PART_CHARGE = {
@@ -82,32 +80,6 @@ def json_tokens(value: Any, estimator: TokenEstimator) -> int:
         return 0
 
 
-def chat_prompt_tokens(body: Mapping[str, Any], estimator: TokenEstimator, media: MediaTokens) -> int:
-    """Tokens of a chat request's prompt: messages, tool calls, tool definitions, output schema."""
-    total = 0
-    for message in body["messages"]:
-        total += MESSAGE_OVERHEAD_TOKENS
-        content = message.get("content")
-        if isinstance(content, str):
-            total += estimator.count(content)
-        elif isinstance(content, list):
-            total += parts_tokens(content, estimator, media)
-        calls = message.get("tool_calls")
-        if calls:
-            total += _tool_calls_tokens(calls, estimator)
-        legacy_call = message.get("function_call")
-        if legacy_call:
-            total += _call_tokens(legacy_call, estimator)
-    for name in ("tools", "functions"):
-        definitions = body.get(name)
-        if definitions:
-            total += json_tokens(definitions, estimator)
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
-        total += json_tokens(response_format.get("json_schema"), estimator)
-    return total
-
-
 def parts_tokens(parts: list[Any], estimator: TokenEstimator, media: MediaTokens) -> int:
     """Tokens of a message's content parts: text counted, media at the policy's fixed charge."""
     total = 0
@@ -125,29 +97,6 @@ def parts_tokens(parts: list[Any], estimator: TokenEstimator, media: MediaTokens
             continue
         charge = _MEDIA_PART_CHARGE.get(kind) if isinstance(kind, str) else None
         total += getattr(media, charge) if charge is not None else json_tokens(part, estimator)
-    return total
-
-
-def _tool_calls_tokens(calls: Any, estimator: TokenEstimator) -> int:
-    if not isinstance(calls, list):
-        return json_tokens(calls, estimator)
-    total = 0
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        total += TOOL_CALL_OVERHEAD_TOKENS + (_call_tokens(function, estimator) if function else 0)
-    return total
-
-
-def _call_tokens(function: Any, estimator: TokenEstimator) -> int:
-    """A function call's name and arguments (a JSON string, or an object some clients send)."""
-    if not isinstance(function, dict):
-        return json_tokens(function, estimator)
-    name, arguments = function.get("name"), function.get("arguments")
-    total = estimator.count(name) if isinstance(name, str) else 0
-    if isinstance(arguments, str):
-        total += estimator.count(arguments)
-    elif arguments is not None:
-        total += json_tokens(arguments, estimator)
     return total
 
 

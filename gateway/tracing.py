@@ -35,7 +35,7 @@ never chose) and graft spans into a trace id the client picked.
 Usage::
 
     tracing = Tracing(TracingConfig.from_env(), epoch_offset=time.time() - clock.now())
-    span = tracing.start_request(t=arrival, request_id=rid, api=Api.CHAT, traceparent=hdr)
+    span = tracing.start_request(t=arrival, request_id=rid, api=CHAT, traceparent=hdr)
     span.describe(model=..., tenant=..., class_name=..., max_tokens=..., stream=True)
     attempt = span.attempt(backend="b1", number=1, t=clock.now())
     attempt.inject(upstream_headers)          # adds traceparent (inject_into: raw header list)
@@ -54,6 +54,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gateway.dialects.base import Dialect
 from gateway.otlp import (
     SPAN_KIND_CLIENT,
     SPAN_KIND_INTERNAL,
@@ -68,7 +69,6 @@ from gateway.otlp import (
 )
 from gateway.policy.model import TracingConfig
 from gateway.tracelog import ItlSummary
-from gateway.types import Api
 
 # GenAI semantic conventions (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
@@ -107,8 +107,6 @@ UPSTREAM_STATUS = "gateway.upstream.status"  # what a failed backend answered (n
 UPSTREAM_ERROR_EXCERPT = "gateway.upstream.error_excerpt"  # sanitised, bounded (gateway/upstream_errors.py)
 FIRST_TOKEN_EVENT = "first_token"
 MIN_QUEUE_SPAN_S = 0.001
-
-OPERATION_NAMES = {Api.CHAT: "chat", Api.COMPLETIONS: "text_completion", Api.EMBEDDINGS: "embeddings"}
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _random_bits = random.getrandbits
@@ -362,7 +360,7 @@ class Tracing:
         else:
             self._exporter = BatchExporter(encoder, sender, on_dropped=on_dropped, background=False)
 
-    def start_request(self, *, t: float, request_id: str, api: Api, traceparent: str | None = None) -> RequestSpan:
+    def start_request(self, *, t: float, request_id: str, api: Dialect, traceparent: str | None = None) -> RequestSpan:
         """The server span of a request arriving at ``t``; the client's ``traceparent`` is linked."""
         if self._exporter is None:
             return INERT_REQUEST
@@ -371,7 +369,7 @@ class Tracing:
         span_id = _new_id(64)
         if not sampled:
             return RequestSpan(self, trace_id, span_id, None)
-        operation = OPERATION_NAMES[api]
+        operation = api.operation
         attributes: dict[str, AttributeValue] = {GEN_AI_OPERATION_NAME: operation, REQUEST_ID: request_id}
         record = SpanRecord(operation, SPAN_KIND_SERVER, span_id, 0, t, 0.0, attributes)
         client = _client_context(traceparent) if traceparent else None

@@ -1,21 +1,18 @@
-"""Value types shared by the request path: what a request is once parsed, and its API."""
+"""Value types shared by the request path: what a request is once parsed.
+
+A request's API is its dialect (``gateway/dialects/``), the object that knows that API's
+bodies and streams, rather than an enum that every per-API decision would branch on.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import orjson
 
-
-class Api(Enum):
-    """The OpenAI endpoints the gateway proxies; the value is the upstream path."""
-
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
-    EMBEDDINGS = "/v1/embeddings"
+from gateway.dialects.base import Dialect
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +34,14 @@ class InferenceRequest:
     (``encode`` with that backend's fields, ``gateway/upstream_body.py``). ``raw_body`` is
     forwarded as-is when validation changed nothing (``body_modified``) and the attempt adds
     nothing, which saves a re-serialisation on the common path. Times are ``Clock.now()``
-    seconds. ``session_id`` is the client's ``x-session-id`` (session-affinity routing);
+    seconds. ``api`` is the dialect of the endpoint it came in on (``gateway/dialects/``).
+    ``session_id`` is the client's ``x-session-id`` (session-affinity routing);
     ``prefix_keys`` memoises the request's prefix block hashes, computed once by the first
     router that needs them (a queued request may be picked several times).
     """
 
     request_id: str
-    api: Api
+    api: Dialect
     model: str
     body: dict[str, Any]
     raw_body: bytes

@@ -36,10 +36,11 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
+from gateway.dialects.base import Dialect
+from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.policy.model import Backend
 from gateway.retry import parse_retry_after
-from gateway.types import Api
 from gateway.upstream_errors import Redactor, UpstreamFault, answer_error, status_error
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,12 @@ def map_upstream_errors(backend: str) -> Iterator[None]:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamTargets:
-    """What requests to each backend carry (headers with its credential, timeouts, URL per API),
+    """What requests to each backend carry (headers with its credential, timeouts, URL per API path),
     and what error excerpts must hide (credentials, backend host names)."""
 
     headers: Mapping[str, list[tuple[bytes, bytes]]]
     timeouts: Mapping[str, dict[str, float | None]]
-    urls: Mapping[tuple[str, Api], httpx.URL]
+    urls: Mapping[tuple[str, str], httpx.URL]
     secrets: frozenset[str]
     hosts: frozenset[str]
 
@@ -108,7 +109,7 @@ class UpstreamClient:
         self._client = httpx.AsyncClient(transport=self._transport, timeout=None)
         self._headers: dict[str, list[tuple[bytes, bytes]]] = {}
         self._timeouts: dict[str, dict[str, float | None]] = {}
-        self._urls: dict[tuple[str, Api], httpx.URL] = {}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._secrets: frozenset[str] = frozenset()
         self._hosts: frozenset[str] = frozenset()
         self.redactor = Redactor()
@@ -126,7 +127,7 @@ class UpstreamClient:
         be built (``gateway/runtime.py``)."""
         headers: dict[str, list[tuple[bytes, bytes]]] = {}
         timeouts: dict[str, dict[str, float | None]] = {}
-        urls: dict[tuple[str, Api], httpx.URL] = {}
+        urls: dict[tuple[str, str], httpx.URL] = {}
         secrets: set[str] = set()
         hosts: set[str] = set()
         for name, backend in backends.items():
@@ -146,8 +147,8 @@ class UpstreamClient:
             headers[name] = base
             t = backend.timeouts
             timeouts[name] = {"connect": t.connect_s, "read": t.first_byte_s, "write": t.connect_s, "pool": None}
-            for api in Api:
-                urls[(name, api)] = httpx.URL(backend.url + api.value)
+            for path in DIALECTS:
+                urls[(name, path)] = httpx.URL(backend.url + path)
         return UpstreamTargets(headers, timeouts, urls, frozenset(secrets), frozenset(hosts))
 
     def install(self, targets: UpstreamTargets) -> None:
@@ -170,7 +171,7 @@ class UpstreamClient:
     async def open(
         self,
         backend: Backend,
-        api: Api,
+        api: Dialect,
         body: bytes,
         *,
         request_id: str,
@@ -191,7 +192,7 @@ class UpstreamClient:
         log.debug("request %s: attempt on backend %s is engine request %s", request_id, backend.name, engine_request_id)
         outgoing = httpx.Request(
             "POST",
-            self._urls[(backend.name, api)],
+            self._urls[(backend.name, api.path)],
             headers=headers,
             content=body,
             extensions={"timeout": self._timeouts[backend.name]},
@@ -215,17 +216,17 @@ class UpstreamClient:
         report(fault)
         return error
 
-    def answer(self, body: bytes, report: FaultReport) -> dict[str, Any]:
+    def answer(self, body: bytes, report: FaultReport, api: Dialect) -> dict[str, Any]:
         """The JSON object of a whole 200 answer; raises the gateway's error when it is none.
 
-        A 200 whose body is not an OpenAI answer (an HTML page, an error object, an echo holding
-        the gateway's credential) is the backend's failure, reported like an error answer.
+        A 200 whose body is not an answer of ``api`` (an HTML page, an error object, an echo
+        holding the gateway's credential) is the backend's failure, reported like an error answer.
         """
         try:
             document = orjson.loads(body)
         except orjson.JSONDecodeError:
             document = None
-        problem = answer_error(body, document, self.redactor)
+        problem = answer_error(body, document, self.redactor, api.is_answer)
         if problem is not None:
             error, fault = problem
             report(fault)

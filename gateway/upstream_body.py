@@ -14,9 +14,10 @@ a retry on a backend of another kind. The fields an attempt may set:
   ``gateway/routing/isolation.py``): ``cache_salt`` for engines whose prefix cache honours it,
   ``cache_prompt: false`` for llama.cpp under ``cache_isolation.unsalted: no_prompt_cache``;
   a client's own values are always overwritten;
-* ``stream_options``: streams always ask for usage at the end (the gateway settles tokens and
-  records usage from it), and per-chunk usage when the stream may have to be continued
-  elsewhere (``gateway/migration.py``); the relay hides from the client what it did not ask for.
+* what makes the engine report usage in a stream (the dialect's ``stream_usage_fields``; for
+  the OpenAI APIs ``stream_options``): always at the end (the gateway settles tokens and
+  records usage from it), and per chunk when the stream may have to be continued elsewhere
+  (``gateway/migration.py``); the relay hides from the client what it did not ask for.
 
 A field set to None is removed. When every field already holds in the client's body, its bytes
 are forwarded as they came (no re-serialisation).
@@ -46,12 +47,7 @@ def attempt_fields(
     if backend.engine_priority:
         fields["priority"] = engine_priority(backend.kind, rank)
     if request.stream:
-        options = request.body.get("stream_options")
-        wanted = {**(options or {}), "include_usage": True}
-        if track:
-            wanted["continuous_usage_stats"] = True
-        if wanted != options:
-            fields["stream_options"] = wanted
+        fields.update(request.api.stream_usage_fields(request.body, track))
     return fields
 
 

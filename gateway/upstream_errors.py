@@ -56,7 +56,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -293,17 +293,28 @@ def event_error(document: Any, redactor: Redactor) -> tuple[GatewayError, Upstre
     return error, UpstreamFault(status, shown or excerpt(_text_of(orjson.dumps(document), redactor), redactor), "event")
 
 
-def answer_error(body: bytes, document: Any, redactor: Redactor) -> tuple[GatewayError, UpstreamFault] | None:
+def is_openai_answer(document: dict[str, Any]) -> bool:
+    """Whether a JSON object is shaped like an answer of the OpenAI APIs: ``choices`` (chat,
+    completions) or ``data`` (embeddings). Their dialects' ``is_answer``."""
+    return isinstance(document.get("choices"), list) or isinstance(document.get("data"), list)
+
+
+def answer_error(
+    body: bytes,
+    document: Any,
+    redactor: Redactor,
+    is_answer: Callable[[dict[str, Any]], bool] = is_openai_answer,
+) -> tuple[GatewayError, UpstreamFault] | None:
     """Why a 200 answer (``body``, parsed as ``document`` or None) must not reach the client, if it must not.
 
-    An answer is a JSON object with ``choices`` (chat, completions) or ``data`` (embeddings)
+    An answer is a JSON object shaped as the API answers (``is_answer``, the request's dialect's)
     that holds none of the gateway's credentials; an error object in a 200 is the error it says.
     """
     if isinstance(document, dict):
         if is_error_document(document):
             error, fault = event_error(document, redactor)
             return error, UpstreamFault(fault.status, fault.excerpt, "answer")
-        shaped = isinstance(document.get("choices"), list) or isinstance(document.get("data"), list)
+        shaped = is_answer(document)
         if shaped and not redactor.leaks(body):
             return None
         if shaped:

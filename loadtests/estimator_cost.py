@@ -1,4 +1,4 @@
-"""CPU of the prompt estimate (``gateway/tokens.py``) per request body, optionally against an older one.
+"""CPU of the chat prompt estimate (``gateway/dialects/chat.py``) per request body, optionally against an older one.
 
 Usage::
 
@@ -9,7 +9,8 @@ tool call, a 1 MiB chat of one English string, a 1 MiB chat of CJK text, and a 1
 512 messages. Each is estimated ``--repeat`` times (1 MiB bodies: 50) and the best of five
 runs is reported, in microseconds per body, with the estimate itself: a figure to compare
 between trees in one run, not an absolute (the machine is shared). ``--before`` loads the
-``tokens.py`` of an older tree (whose ``chat_prompt_tokens`` took the messages only).
+``tokens.py`` of an older tree (whose ``chat_prompt_tokens`` took the messages only); to compare
+with a tree of the same shape, run this module in each tree.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.dialects.chat import chat_prompt_tokens
 from gateway.policy.model import MediaTokens
-from gateway.tokens import CharRatioEstimator, chat_prompt_tokens
+from gateway.tokens import CharRatioEstimator
 
 MIB = 1024 * 1024
 TOOL = {

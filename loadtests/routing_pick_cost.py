@@ -22,6 +22,7 @@ import time
 
 from gateway.backends import BackendPool
 from gateway.clock import MonotonicClock
+from gateway.dialects.chat import CHAT
 from gateway.keys import hash_api_key
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
@@ -29,7 +30,7 @@ from gateway.routing.base import Router
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import RouterSpec, build_router
 from gateway.tokens import CharRatioEstimator
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from gateway.validation import build_request
 from loadtests.loadgen.prompts import words
 
@@ -69,7 +70,7 @@ def requests(snapshot: PolicySnapshot, chats: list[list[str]], system: str, turn
             body = {"model": MODEL, "messages": messages, "max_tokens": 128}
             out.append(
                 build_request(
-                    api=Api.CHAT,
+                    api=CHAT,
                     body=body,
                     raw_body=b"",
                     request_id="r",

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from gateway.admission import TenantLimiter, charged_tokens, format_duration, resolve_class
+from gateway.dialects.chat import CHAT
 from gateway.errors import InvalidRequest, Overloaded
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
 from tests.policy_builder import NOWHERE, backend, build_policy, model, tenant
 
@@ -33,7 +34,7 @@ def policy(**limits: int) -> PolicySnapshot:
 
 def request(prompt: int = 10, max_tokens: int = 90, n: int | None = None) -> InferenceRequest:
     body = {} if n is None else {"n": n}
-    return InferenceRequest("id", Api.CHAT, "m", body, b"", False, False, prompt, max_tokens, 0.0)
+    return InferenceRequest("id", CHAT, "m", body, b"", False, False, prompt, max_tokens, 0.0)
 
 
 def limiter() -> tuple[TenantLimiter, FakeClock]:

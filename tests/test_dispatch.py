@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from gateway.backends import BackendPool
+from gateway.dialects.chat import CHAT
 from gateway.dispatch import Dispatcher, Grant
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.least_load import LeastLoadRouter
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
 from tests.policy_builder import NOWHERE, OMIT, build_policy, model, tenant
 from tests.policy_builder import backend as backend_entry
@@ -43,7 +44,7 @@ POLICY = dispatch_policy()
 
 
 def request(tokens: int = 10) -> InferenceRequest:
-    return InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, tokens // 2, tokens - tokens // 2, 0.0)
+    return InferenceRequest("id", CHAT, "m", {}, b"", False, False, tokens // 2, tokens - tokens // 2, 0.0)
 
 
 @pytest.fixture

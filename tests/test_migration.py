@@ -15,10 +15,12 @@ from contextlib import contextmanager
 import openai
 import pytest
 
+from gateway.dialects.chat import CHAT
+from gateway.dialects.completions import COMPLETIONS
 from gateway.migration import can_continue, continuation
 from gateway.policy.model import BackendKind
 from gateway.streaming import StreamProgress
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from loadtests.sim.tokenizer import render_chat, tokenize
 from tests.resilience_harness import KEY, MODEL, Engine, Fleet, engines, gateway, policy, set_fault
 from tests.servers import wait_until
@@ -28,7 +30,7 @@ def chat_request(max_tokens: int = 20, **fields: object) -> InferenceRequest:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "stream": True}
     return InferenceRequest(
         request_id="r",
-        api=Api.CHAT,
+        api=CHAT,
         model=MODEL,
         body={**body, **fields},
         raw_body=b"",
@@ -74,7 +76,7 @@ def test_a_client_s_own_final_message_to_continue_is_extended_not_doubled() -> N
 
 
 def test_a_completion_continues_from_its_prompt_and_the_partial_text() -> None:
-    request = dataclasses.replace(chat_request(), api=Api.COMPLETIONS, body={"prompt": "1, 2,", "max_tokens": 20})
+    request = dataclasses.replace(chat_request(), api=COMPLETIONS, body={"prompt": "1, 2,", "max_tokens": 20})
     follow_up = continuation(request, progress(" 3,", 2))
     assert follow_up is not None
     assert follow_up.body["prompt"] == "1, 2, 3,"
@@ -107,7 +109,7 @@ def test_only_engines_that_continue_a_final_message_are_asked_to() -> None:
     assert not can_continue(chat_request(), BackendKind.OPENAI)
     assert not can_continue(chat_request(), BackendKind.LLAMACPP)
     assert not can_continue(chat_request(n=2), BackendKind.VLLM)
-    echo = dataclasses.replace(chat_request(), api=Api.COMPLETIONS, body={"prompt": "x", "echo": True})
+    echo = dataclasses.replace(chat_request(), api=COMPLETIONS, body={"prompt": "x", "echo": True})
     assert not can_continue(echo, BackendKind.VLLM)
 
 

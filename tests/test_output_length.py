@@ -17,10 +17,13 @@ import httpx
 import orjson
 import pytest
 
+from gateway.dialects.base import Dialect
+from gateway.dialects.chat import CHAT
+from gateway.dialects.completions import COMPLETIONS
+from gateway.dialects.embeddings import EMBEDDINGS
 from gateway.errors import InvalidRequest
 from gateway.output_length import fit_output_length, obeyed_field, output_length_edits, requested_output_length
 from gateway.policy.model import BackendKind
-from gateway.types import Api
 from loadtests.sim import build_engine_app
 from tests.conftest import KEY_ACME, run_gateway
 from tests.fake_backend import FakeBackend
@@ -33,18 +36,18 @@ ALIASES = ("max_tokens", "max_completion_tokens", "n_predict")
 @pytest.mark.parametrize(
     ("kind", "api", "field"),
     [
-        pytest.param(BackendKind.VLLM, Api.CHAT, "max_tokens", id="vLLM chat reads max_tokens in every version"),
-        pytest.param(BackendKind.VLLM, Api.COMPLETIONS, "max_tokens", id="vLLM completions reads max_tokens only"),
-        pytest.param(BackendKind.SGLANG, Api.CHAT, "max_tokens", id="SGLang chat reads max_tokens"),
-        pytest.param(BackendKind.LLAMACPP, Api.CHAT, "n_predict", id="llama.cpp reads n_predict before max_tokens"),
-        pytest.param(BackendKind.LLAMACPP, Api.COMPLETIONS, "n_predict", id="llama.cpp completions too"),
-        pytest.param(BackendKind.OPENAI, Api.CHAT, "max_completion_tokens", id="OpenAI chat wants the new field"),
-        pytest.param(BackendKind.OPENAI, Api.COMPLETIONS, "max_tokens", id="OpenAI completions has only max_tokens"),
-        pytest.param(BackendKind.SIM, Api.CHAT, "max_tokens", id="the simulator reads max_tokens"),
-        pytest.param(BackendKind.VLLM, Api.EMBEDDINGS, None, id="embeddings have no output bound"),
+        pytest.param(BackendKind.VLLM, CHAT, "max_tokens", id="vLLM chat reads max_tokens in every version"),
+        pytest.param(BackendKind.VLLM, COMPLETIONS, "max_tokens", id="vLLM completions reads max_tokens only"),
+        pytest.param(BackendKind.SGLANG, CHAT, "max_tokens", id="SGLang chat reads max_tokens"),
+        pytest.param(BackendKind.LLAMACPP, CHAT, "n_predict", id="llama.cpp reads n_predict before max_tokens"),
+        pytest.param(BackendKind.LLAMACPP, COMPLETIONS, "n_predict", id="llama.cpp completions too"),
+        pytest.param(BackendKind.OPENAI, CHAT, "max_completion_tokens", id="OpenAI chat wants the new field"),
+        pytest.param(BackendKind.OPENAI, COMPLETIONS, "max_tokens", id="OpenAI completions has only max_tokens"),
+        pytest.param(BackendKind.SIM, CHAT, "max_tokens", id="the simulator reads max_tokens"),
+        pytest.param(BackendKind.VLLM, EMBEDDINGS, None, id="embeddings have no output bound"),
     ],
 )
-def test_each_kind_and_api_has_one_obeyed_field(kind: BackendKind, api: Api, field: str | None) -> None:
+def test_each_kind_and_api_has_one_obeyed_field(kind: BackendKind, api: Dialect, field: str | None) -> None:
     assert obeyed_field(kind, api) == field
     edits = output_length_edits(kind, api, 12)
     if field is None:
@@ -55,9 +58,9 @@ def test_each_kind_and_api_has_one_obeyed_field(kind: BackendKind, api: Api, fie
 
 def test_fitting_removes_every_alias_and_sets_the_obeyed_field() -> None:
     body: dict[str, Any] = {"model": "m", "max_tokens": 3000, "max_completion_tokens": 1, "n_predict": 7}
-    assert fit_output_length(body, BackendKind.LLAMACPP, Api.CHAT, 64)
+    assert fit_output_length(body, BackendKind.LLAMACPP, CHAT, 64)
     assert body == {"model": "m", "n_predict": 64}
-    assert not fit_output_length(body, BackendKind.LLAMACPP, Api.CHAT, 64), "already fitted: no re-serialisation"
+    assert not fit_output_length(body, BackendKind.LLAMACPP, CHAT, 64), "already fitted: no re-serialisation"
 
 
 @pytest.mark.parametrize(
@@ -131,7 +134,7 @@ def test_each_kind_is_sent_only_the_field_it_obeys(
     response = httpx.post(url + path, json=body, headers={"authorization": f"Bearer {KEY_ACME}"}, timeout=10)
     assert response.status_code == 200, response.text
     received = fake.received[-1].body
-    field = obeyed_field(BackendKind(kind), Api.CHAT if "chat" in path else Api.COMPLETIONS)
+    field = obeyed_field(BackendKind(kind), CHAT if "chat" in path else COMPLETIONS)
     assert {k: received[k] for k in ALIASES if k in received} == {field: bound}
 
 

@@ -7,15 +7,16 @@ from collections import Counter
 
 import pytest
 
+from gateway.dialects.chat import CHAT
 from gateway.policy.model import PriorityClass, Slo, Tenant
 from gateway.queueing import ClassQueue, DrainMeter, Ticket
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 
 CLASS = PriorityClass(rank=0, slo=Slo(ttft_ms=500, itl_ms=30, e2e_ms=1000))
 
 
 def ticket(tenant: str, cost: int = 100, weight: float = 1.0) -> Ticket:
-    request = InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, 10, cost - 10, 0.0)
+    request = InferenceRequest("id", CHAT, "m", {}, b"", False, False, 10, cost - 10, 0.0)
     owner = Tenant(name=tenant, key_hashes=["sha256:" + "0" * 64], models=["*"], default_class="i", weight=weight)
     return Ticket(request, owner, cost, 0.0, asyncio.get_running_loop().create_future())
 

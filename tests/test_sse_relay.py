@@ -14,6 +14,7 @@ import orjson
 import pytest
 from starlette.types import Message
 
+from gateway.dialects.chat import CHAT
 from gateway.streaming import MAX_EVENT_BYTES, SseRelay, StreamEnd, TokenTimer
 from gateway.upstream_errors import Redactor, UpstreamFault
 from tests.fake_clock import FakeClock
@@ -85,7 +86,7 @@ async def relay(pieces: list[tuple[float, bytes]], *, track: bool = False) -> Re
         finally:
             run.upstream_closed = True
 
-    sse = SseRelay(run.send, run.timer, clock, strip_usage=True, track=track, redactor=Redactor([SECRET]))
+    sse = SseRelay(run.send, run.timer, clock, dialect=CHAT, strip_usage=True, track=track, redactor=Redactor([SECRET]))
     run.relay = sse
     run.end = await sse.run(upstream(), run.faults.append)
     return run

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gateway import tracing as t
+from gateway.dialects.chat import CHAT
+from gateway.dialects.embeddings import EMBEDDINGS
 from gateway.policy.model import TracingConfig
 from gateway.tracelog import ItlSummary
 from gateway.tracing import Tracing
-from gateway.types import Api
 from loadtests.otlp_sink import SinkSpan, decode, resource_of
 
 EPOCH = 1_700_000_000.0
@@ -40,7 +41,7 @@ def traced(exporter: Collector, **config: object) -> Tracing:
 
 def run_request(tracing: Tracing, traceparent: str | None = None) -> dict[str, str]:
     """One streamed request through every recorder; returns the headers sent upstream."""
-    span = tracing.start_request(t=10.0, request_id="req-1", api=Api.CHAT, traceparent=traceparent)
+    span = tracing.start_request(t=10.0, request_id="req-1", api=CHAT, traceparent=traceparent)
     span.describe(model="test/chat", tenant="acme", class_name="interactive", max_tokens=16, stream=True)
     span.queue(start=10.001, end=10.25, class_name="interactive")
     span.route(
@@ -154,8 +155,8 @@ def test_a_zero_sampling_ratio_exports_nothing_but_still_propagates(exporter: Co
 
 def test_disabled_tracing_creates_no_spans_and_shares_one_inert_recorder(exporter: Collector) -> None:
     tracing = Tracing(TracingConfig(enabled=False), epoch_offset=EPOCH, sender=exporter)
-    first = tracing.start_request(t=1.0, request_id="a", api=Api.CHAT)
-    second = tracing.start_request(t=1.0, request_id="b", api=Api.EMBEDDINGS)
+    first = tracing.start_request(t=1.0, request_id="a", api=CHAT)
+    second = tracing.start_request(t=1.0, request_id="b", api=EMBEDDINGS)
     assert first is second
     assert not first.recording
     assert run_request(tracing) == {}
@@ -194,7 +195,7 @@ def test_an_unreachable_collector_costs_the_traces_never_the_request() -> None:
     dropped: list[int] = []
     config = TracingConfig(enabled=True, endpoint="http://127.0.0.1:1/v1/traces")  # nothing listens there
     tracing = Tracing(config, epoch_offset=EPOCH, on_dropped=dropped.append)
-    span = tracing.start_request(t=10.0, request_id="req-1", api=Api.CHAT)
+    span = tracing.start_request(t=10.0, request_id="req-1", api=CHAT)
     span.finish(t=10.5, status=200, outcome="completed")
     tracing.shutdown()  # flushes: the POST fails, the spans are counted as dropped
     assert dropped == [1]
@@ -216,7 +217,7 @@ def test_the_otlp_headers_variable_is_parsed_as_the_spec_says() -> None:
 
 def test_the_fast_path_sets_the_queue_time_without_a_queue_span(exporter: Collector) -> None:
     tracing = traced(exporter)
-    span = tracing.start_request(t=10.0, request_id="req-1", api=Api.CHAT)
+    span = tracing.start_request(t=10.0, request_id="req-1", api=CHAT)
     span.queue(start=10.0001, end=10.0002, class_name="interactive")
     span.finish(t=10.5, status=200, outcome="completed")
     tracing.flush()

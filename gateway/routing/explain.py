@@ -23,6 +23,8 @@ from gateway.auth import authenticate, authorize_model
 from gateway.backends import BackendPool, BackendState
 from gateway.capacity import has_room
 from gateway.clock import MonotonicClock
+from gateway.dialects.base import Dialect
+from gateway.dialects.registry import DIALECTS
 from gateway.dispatch import ModelQueues
 from gateway.errors import InvalidRequest, NotFound
 from gateway.policy.model import Backend, CacheIsolation, PriorityClass, Tenant
@@ -31,17 +33,21 @@ from gateway.routing.base import Router, RoutingDecision
 from gateway.routing.isolation import CacheSalter, isolation_fields, tenant_scope
 from gateway.routing.registry import build_routers
 from gateway.tokens import CharRatioEstimator
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from gateway.validation import build_request, require_model
 
 _EXPLAIN_SALTER = CacheSalter(b"explain: the salt is never shown")
 _STATE_FIELDS = {"healthy": bool, "in_flight": int, "in_flight_tokens": int, "waiting": float, "kv_usage": float}
 
 
-def api_of(body: Mapping[str, Any]) -> Api:
-    if "messages" in body:
-        return Api.CHAT
-    return Api.EMBEDDINGS if "input" in body else Api.COMPLETIONS
+def api_of(body: Mapping[str, Any]) -> Dialect:
+    """The API a request body is for: among the registered dialects whose prompt field it has
+    (two APIs may share one, ``input``), the first that accepts all its fields, else the first."""
+    candidates = [dialect for dialect in DIALECTS.values() if dialect.prompt_field in body]
+    if not candidates:
+        named = ", ".join(f"'{d.prompt_field}' ({d.name})" for d in DIALECTS.values())
+        raise InvalidRequest(f"The request has no prompt: none of {named}.")
+    return next((dialect for dialect in candidates if body.keys() <= dialect.fields), candidates[0])
 
 
 def explain(
@@ -71,7 +77,7 @@ def explain(
     routing = snapshot.models[model].routing
     lines = [
         f"tenant:  {tenant.name} (cache scope {tenant_scope(tenant)})",
-        f"request: {request.api.name.lower()} for model '{model}', about {request.prompt_tokens} prompt tokens "
+        f"request: {request.api.name} for model '{model}', about {request.prompt_tokens} prompt tokens "
         f"(estimated), max_tokens {request.max_tokens}",
         f"class:   {class_name} (rank {priority_class.rank}); queue: model '{model}' class '{class_name}' "
         f"(max depth {priority_class.queue.max_depth}, max wait {_wait_budget(priority_class)})",

@@ -1,12 +1,9 @@
 """Prefix keys: a request's prompt as a chain of block hashes, scoped to a tenant and a model.
 
-Rendering, canonical so that equal prompts give equal bytes:
-
-* chat: the ``tools`` (JSON, sorted keys) first, then every message in order as
-  ``\\x1e<role>\\x1f<content>`` (text parts joined, other parts and ``tool_calls`` as JSON); the
-  system prompt, the first message in practice, leads;
-* completions (``prompt``) and embeddings (``input``): the text as is; token ids as their
-  4-byte array; anything else as JSON.
+Rendering, canonical so that equal prompts give equal bytes, is the request's dialect's
+(``Dialect.render``, ``gateway/dialects/``): chat renders the ``tools`` then every message in
+order as ``\\x1e<role>\\x1f<content>``, so the system prompt leads; completions and embeddings
+their text as is, token ids as their 4-byte array.
 
 Blocks: ``block_tokens`` estimated tokens, i.e. ``4 × block_tokens`` bytes of the UTF-8
 rendering (the estimator's four characters a token), or ``block_tokens`` tokens of a configured
@@ -39,16 +36,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 import xxhash
 
+from gateway.dialects.base import MESSAGE_START, Dialect
 from gateway.policy.model import Tenant
 from gateway.routing.isolation import tenant_scope
-from gateway.types import Api, InferenceRequest, PrefixKeys
+from gateway.types import InferenceRequest, PrefixKeys
 
 CHARS_PER_TOKEN = 4
-_ROLE = "\x1e"
-_FIELD = "\x1f"
+_MESSAGE_START = MESSAGE_START.encode()
 
 Splitter = Callable[[str], list[str]]
 """A tokenizer as routing needs it: text to its tokens' strings (ids are not needed to hash)."""
@@ -74,7 +70,7 @@ def prefix_keys(
     cached = request.prefix_keys
     if cached is not None and cached.root == root and cached.block_tokens == block_tokens:
         return cached
-    text_or_ids = render(request.api, request.body)
+    text_or_ids = request.api.render(request.body)
     if isinstance(text_or_ids, array):
         blocks = chain(text_or_ids.tobytes(), 4 * block_tokens, root)
     elif tokenizer is None:
@@ -133,7 +129,7 @@ class ChainMemo:
                     self._chains.move_to_end(key)
                     return found
                 break
-            end = data.rfind(b"\x1e", 0, end)
+            end = data.rfind(_MESSAGE_START, 0, end)
         blocks = known + chain(data, block_bytes, known[-1] if known else root, len(known) * block_bytes)
         self._remember((xxhash.xxh3_128_intdigest(view, root), block_bytes), blocks)
         return blocks
@@ -162,41 +158,6 @@ def chain_tokens(tokens: list[str], block_tokens: int, root: int) -> tuple[int, 
     return tuple(out)
 
 
-def render(api: Api, body: dict[str, Any]) -> str | array[int]:
-    """The canonical prompt of a request (see the module docstring); token ids as an array."""
-    if api is Api.CHAT:
-        return _render_chat(body)
-    value = body.get("prompt" if api is Api.COMPLETIONS else "input")
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and type(value[0]) is int:
-        try:
-            return array("I", value)  # validation checked the ids; array() re-checks them in C
-        except (TypeError, OverflowError):
-            pass
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def _render_chat(body: dict[str, Any]) -> str:
-    parts: list[str] = []
-    tools = body.get("tools")
-    if tools:
-        parts += (_ROLE, "tools", _FIELD, orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode())
-    for message in body.get("messages") or ():
-        parts += (_ROLE, str(message.get("role")), _FIELD)
-        content = message.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += (_part_text(part) for part in content)
-        calls = message.get("tool_calls")
-        if calls:
-            parts += (_FIELD, orjson.dumps(calls, option=orjson.OPT_SORT_KEYS).decode())
-    return "".join(parts)
-
-
-def _part_text(part: Any) -> str:
-    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-        text: str = part["text"]
-        return text
-    return orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode()
+def render(api: Dialect, body: dict[str, Any]) -> str | array[int]:
+    """The canonical prompt of a request, as its dialect renders it; token ids as an array."""
+    return api.render(body)

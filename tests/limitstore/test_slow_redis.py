@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gateway.admission import TenantLimiter
+from gateway.dialects.chat import CHAT
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from tests.limitstore.redis_server import REDIS_URL, DelayingProxy, drop_keys, eventually, shared_client, unique_prefix
 from tests.policy_builder import build_policy
 
@@ -31,7 +32,7 @@ def acme() -> Tenant:
 
 
 def request() -> InferenceRequest:
-    return InferenceRequest("id", Api.CHAT, "m", {}, b"", False, False, 10, 90, 0.0)
+    return InferenceRequest("id", CHAT, "m", {}, b"", False, False, 10, 90, 0.0)
 
 
 class Events:

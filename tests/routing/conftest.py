@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 
 from gateway.backends import BackendPool, BackendState
+from gateway.dialects.chat import CHAT
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.tokens import CharRatioEstimator
-from gateway.types import Api, InferenceRequest
+from gateway.types import InferenceRequest
 from gateway.validation import build_request
 from tests.policy_builder import NOWHERE, OMIT, backend, build_policy, model
 from tests.policy_builder import tenant as tenant_entry
@@ -67,7 +68,7 @@ def chat_request(
     messages += [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **fields}
     return build_request(
-        api=Api.CHAT,
+        api=CHAT,
         body=body,
         raw_body=b"",
         request_id="r",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytest
 import yaml
 
 from gateway.cli import main
+from gateway.errors import InvalidRequest
+from gateway.routing.explain import api_of
 from tests.routing.conftest import MODEL, SYSTEM, routing_policy
 
 
@@ -138,3 +141,21 @@ def test_explain_shows_the_tenants_backends_and_what_isolates_its_cache(
     rooms = {" ".join(line.split()[:2]) for line in out.splitlines() if line.startswith("  b")}
     for line in expected:
         assert line in out or line in rooms
+
+
+@pytest.mark.parametrize(
+    ("body", "api"),
+    [
+        pytest.param({"model": MODEL, "messages": []}, "chat", id="messages make a chat"),
+        pytest.param({"model": MODEL, "prompt": "Once"}, "completions", id="a prompt makes a completion"),
+        pytest.param({"model": MODEL, "input": "a text", "dimensions": 8}, "embeddings", id="input makes an embedding"),
+    ],
+)
+def test_explain_tells_the_api_of_a_body_by_its_prompt_field(body: dict[str, Any], api: str) -> None:
+    assert api_of(body).name == api
+
+
+def test_explain_refuses_a_body_without_a_prompt_naming_every_api_s_prompt_field() -> None:
+    named = re.escape("'messages' (chat), 'prompt' (completions), 'input' (embeddings)")
+    with pytest.raises(InvalidRequest, match=named):
+        api_of({"model": MODEL})

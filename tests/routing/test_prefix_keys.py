@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.dialects.chat import CHAT
+from gateway.dialects.completions import COMPLETIONS
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.prefix_keys import TOKENIZERS, ChainMemo, prefix_keys, render
-from gateway.types import Api
 from tests.routing.conftest import chat_request, tenant
 
 BLOCK = 16  # tokens: 64 bytes per block
@@ -52,7 +53,7 @@ def test_the_memo_continues_a_conversation_with_the_keys_a_full_hash_gives(snaps
 def test_the_memo_reuses_a_previous_turns_chain(snapshot: PolicySnapshot) -> None:
     memo = ChainMemo()
     first = memo_keys(snapshot, memo, "acme", "What is the capital of France? " * 4)
-    rendered = render(Api.CHAT, chat_request(snapshot, "What is the capital of France? " * 4).body)
+    rendered = render(CHAT, chat_request(snapshot, "What is the capital of France? " * 4).body)
     assert isinstance(rendered, str)
     # plant a wrong chain under the first turn's digest: a continued chain must start from it
     ((key, chain),) = memo._chains.items()
@@ -85,7 +86,7 @@ def test_a_different_system_prompt_changes_every_block(snapshot: PolicySnapshot)
 
 def test_only_full_blocks_are_keyed(snapshot: PolicySnapshot) -> None:
     request = chat_request(snapshot, "Hi")
-    rendered = render(Api.CHAT, request.body)
+    rendered = render(CHAT, request.body)
     assert isinstance(rendered, str)
     assert len(prefix_keys(request, tenant(snapshot, "acme"), BLOCK).blocks) == len(rendered.encode()) // (4 * BLOCK)
 
@@ -119,15 +120,15 @@ def test_keys_are_computed_once_and_cached_on_the_request(snapshot: PolicySnapsh
     ],
 )
 def test_chat_rendering_is_canonical(body: dict[str, object], expected: str) -> None:
-    assert render(Api.CHAT, body) == expected
+    assert render(CHAT, body) == expected
 
 
 def test_completions_text_is_rendered_as_is() -> None:
-    assert render(Api.COMPLETIONS, {"prompt": "Once upon a time"}) == "Once upon a time"
+    assert render(COMPLETIONS, {"prompt": "Once upon a time"}) == "Once upon a time"
 
 
 def test_completions_token_ids_are_keyed_as_ids() -> None:
-    rendered = render(Api.COMPLETIONS, {"prompt": [1, 2, 3]})
+    rendered = render(COMPLETIONS, {"prompt": [1, 2, 3]})
     assert not isinstance(rendered, str)
     assert list(rendered) == [1, 2, 3]
 
@@ -135,7 +136,7 @@ def test_completions_token_ids_are_keyed_as_ids() -> None:
 def test_a_tokenizer_keys_blocks_of_real_tokens(snapshot: PolicySnapshot) -> None:
     request = chat_request(snapshot, "Hi")
     words = TOKENIZERS["words"]
-    rendered = render(Api.CHAT, request.body)
+    rendered = render(CHAT, request.body)
     assert isinstance(rendered, str)
     keys = prefix_keys(request, tenant(snapshot, "acme"), BLOCK, words)
     assert len(keys.blocks) == len(words(rendered)) // BLOCK

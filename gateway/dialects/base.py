@@ -1,0 +1,192 @@
+"""The ``Dialect`` protocol: everything the request path knows about one API, in one object.
+
+The gateway serves several APIs (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``; later ``/v1/responses`` and ``/v1/messages``), and each differs in the same
+handful of places: the body fields it takes, where its prompt is and how big it is, which field
+bounds its output, what its stream's chunks look like and where usage is in them, and whether
+a broken stream can be continued. Each API is one module of ``gateway/dialects/`` with one
+object implementing this protocol, registered by path in ``gateway/dialects/registry.py``;
+the request path asks the request's dialect (``InferenceRequest.api``) and never tests which
+API it is. Adding an API is one module, one registration line, and its samples for the
+conformance suite (``tests/dialects/``).
+
+The members, in the order a request meets them:
+
+* identity: ``name`` (metric label), ``path`` (route and upstream path), ``operation``
+  (the trace's GenAI operation);
+* the body: ``fields`` and ``screen`` (what a client may send), ``stream_flags``,
+  ``output_aliases`` and ``prompt_tokens`` (what validation reads into the request),
+  ``prompt_field`` (where its prompt is, named in errors);
+* routing: ``render`` (the canonical prompt the prefix keys hash);
+* the attempt: ``output_field`` (the one field a backend kind obeys as the bound) and
+  ``stream_usage_fields`` (what makes the engine report usage in a stream);
+* the answer: ``read_chunk`` (output, usage and finish reasons of a stream event),
+  ``is_answer`` and ``answer_usage`` (the shape and usage of a whole answer);
+* migration: ``can_continue`` and ``continue_body``.
+
+Rules every dialect keeps (``tests/dialects/test_dialect_conformance.py`` checks them on each
+registered dialect): no owned field (``body_fields.OWNED_FIELDS``) is in ``fields``; a body
+refused anywhere gets an ``InvalidRequest`` naming its field; the estimate counts everything
+the engine turns into prompt tokens and at least one token per CJK character; equal prompts
+render to equal text and a conversation's next turn renders to an extension of the previous
+one; usage is reported in the gateway's shape (``prompt_tokens``, ``completion_tokens``,
+optionally ``total_tokens`` and ``prompt_tokens_details``), whatever the API calls it.
+
+Members are read on the hot path (every request, every stream event): plain attributes of a
+module-level instance, and a reading that allocates nothing for the common token event.
+
+**The next APIs.** The OpenAI Responses API (``input`` as text or items, ``instructions``,
+``max_output_tokens``; typed events ``response.output_text.delta``, usage as
+``input_tokens``/``output_tokens`` in ``response.completed``) and Anthropic Messages
+(``system``, ``messages`` of content blocks, a required ``max_tokens``; ``content_block_delta``
+events, usage split over ``message_start`` and ``message_delta``) fit these members passed
+through to engines that serve them: ``read_chunk`` and ``answer_usage`` translate their usage
+to the gateway's shape and ``stream_usage_fields`` is empty. What they add to the relay, not to
+this protocol: Messages clients dispatch on the SSE ``event:`` name, which the relay now drops,
+and expect Anthropic-shaped error events; a Messages dialect translated to chat also needs the
+answer translated back (a member to add then).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
+from gateway.tokens import TokenEstimator
+
+ChunkReading = tuple[bool, Mapping[str, Any] | None, tuple[str, ...], bool]
+"""What one parsed stream event says, as the relay needs it (``Dialect.read_chunk``):
+``(output, usage, finish_reasons, usage_only)``.
+
+``output``: it carries generated output (text, reasoning, a tool call), so its arrival times
+TTFT and the inter-token gaps; a role-only or usage-only event does not. ``usage``: the usage
+totals it reports, in the gateway's shape (None when none); the last one of a stream is the
+stream's. ``finish_reasons``: one per choice that finished in it. ``usage_only``: the event
+exists only to carry usage (dropped when the client did not ask for usage,
+``InferenceRequest.client_wants_usage``).
+
+A plain tuple, not a ``NamedTuple``: it is built for every event of every stream, and a named
+tuple costs five times as much to build (220 ns against 45 ns); the relay unpacks it."""
+
+MESSAGE_START = "\x1e"
+"""Starts each message (or turn) of a rendered prompt: ``ChainMemo`` (``gateway/routing/prefix_keys.py``)
+looks up a prompt's prefixes ending at these, so a dialect that renders a conversation marks its turns."""
+FIELD_SEPARATOR = "\x1f"
+"""Separates a rendered message's role from its content, and its content from its tool calls."""
+
+NO_OUTPUT: ChunkReading = (False, None, (), False)
+"""An event with nothing the relay times or counts (a role chunk, a keep-alive payload)."""
+OUTPUT: ChunkReading = (True, None, (), False)
+"""The common event: output and nothing else (shared, so that reading it allocates nothing)."""
+
+
+class Dialect(Protocol):
+    """One API the gateway serves (module docstring); implementations are module-level singletons."""
+
+    @property
+    def name(self) -> str:
+        """Short lower-case name: the ``api`` label of ``gateway_requests_total``, ``policy explain``'s wording."""
+        ...
+
+    @property
+    def path(self) -> str:
+        """The path clients POST to, and the path the request is forwarded to on a backend."""
+        ...
+
+    @property
+    def operation(self) -> str:
+        """``gen_ai.operation.name`` of the request's server span, and the span's name (OTel GenAI)."""
+        ...
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The body fields a client may send (beyond them: the policy's ``limits.extra_body_fields``).
+
+        Never an owned field (``body_fields.OWNED_FIELDS``); includes ``model``, ``prompt_field``
+        and every output alias."""
+        ...
+
+    @property
+    def prompt_field(self) -> str:
+        """The field that holds the prompt (``param`` of a ``prompt_too_long`` error)."""
+        ...
+
+    @property
+    def output_aliases(self) -> tuple[str, ...]:
+        """Every field a client may name the output bound with (read once, all must agree,
+        ``output_length.requested_output_length``); empty when the API generates nothing
+        (the request's ``max_tokens`` is then 0)."""
+        ...
+
+    def output_field(self, kind: BackendKind) -> str | None:
+        """The one output-bound field a backend of ``kind`` obeys on this API (one of
+        ``output_aliases``); None exactly when ``output_aliases`` is empty."""
+        ...
+
+    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+        """Refuse what ``body`` may not carry, drop what the gateway owns; True when a field was dropped.
+
+        First check of the body, before the model is looked up: unknown fields (400
+        ``unsupported_field``, ``body_fields.screen_fields``), then the nested objects this API
+        gives their own rules (``stream_options``, template switches, media URLs). Raises
+        ``InvalidRequest``."""
+        ...
+
+    def stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:
+        """``(stream, client wants usage in the stream)`` from ``body``; raises ``InvalidRequest``
+        for a malformed flag or a stream the API cannot give."""
+        ...
+
+    def prompt_tokens(
+        self, body: dict[str, Any], model: ModelPolicy, limits: RequestLimits, estimator: TokenEstimator
+    ) -> int:
+        """Check the prompt's structure, then estimate its tokens.
+
+        Structure first and cheapest first: counts bounded by ``limits`` (messages, parts, tools,
+        list lengths, by ``len`` only; a list longer than ``model.max_prompt_tokens`` is refused
+        as ``prompt_too_long`` before it is read), then the estimate, which reads every text.
+        The estimate counts what the engine turns into prompt tokens (text, tool definitions,
+        media parts at the policy's charge) and at least one token per CJK character."""
+        ...
+
+    def render(self, body: dict[str, Any]) -> str | array[int]:
+        """The canonical prompt of a validated body, hashed into prefix keys
+        (``gateway/routing/prefix_keys.py``): equal prompts give equal text, a conversation's
+        next turn gives an extension of the previous turn's, each message starting with
+        ``MESSAGE_START``; token ids as an ``array('I')``."""
+        ...
+
+    def stream_usage_fields(self, body: dict[str, Any], per_chunk: bool) -> Mapping[str, Any]:
+        """Body fields an attempt sets so that the engine reports usage at the end of a stream
+        (and in every chunk when ``per_chunk``, for migration); empty when it needs none."""
+        ...
+
+    def read_chunk(self, chunk: dict[str, Any]) -> ChunkReading:
+        """What a parsed stream event of this API says (``ChunkReading``). Called for every
+        event of every stream: return ``OUTPUT`` or ``NO_OUTPUT`` when they say it all."""
+        ...
+
+    def is_answer(self, answer: dict[str, Any]) -> bool:
+        """Whether a whole (non-streamed) 200 JSON object is an answer of this API; when it is
+        not, the backend failed (``upstream_errors.answer_error``)."""
+        ...
+
+    def answer_usage(self, answer: dict[str, Any]) -> Mapping[str, Any] | None:
+        """The usage of a whole (non-streamed) answer, in the gateway's shape; None if it has none."""
+        ...
+
+    def can_continue(self, body: dict[str, Any]) -> bool:
+        """Whether a broken stream of this validated body could be continued from its partial output.
+
+        True only for APIs whose engines can continue a partial answer exactly and whose streams
+        are OpenAI choice chunks (the relay tracks and splices those, ``gateway/streaming.py``)."""
+        ...
+
+    def continue_body(self, body: dict[str, Any], partial: str) -> None:
+        """Edit ``body`` (the caller's copy) into the request that continues after ``partial``.
+
+        Only called when ``can_continue(body)``; the result is a valid body of the same API whose
+        rendered prompt extends the original's (it routes to where the original's prefix is)."""
+        ...

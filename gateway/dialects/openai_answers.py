@@ -1,0 +1,99 @@
+"""How the OpenAI APIs answer: the ``stream``/``stream_options`` flags, the choice chunks of a
+stream, and whole answers.
+
+Shared by the chat, completions and embeddings dialects (embeddings are never streamed).
+
+**Flags.** ``stream`` is a boolean (``null`` means false); ``stream_options.include_usage`` says
+whether the client wants the usage chunk. The gateway asks the engine for usage in every stream
+anyway (``stream_usage_fields``: it settles the tenant's tokens and records usage from it), and
+for vLLM's per-chunk usage (``continuous_usage_stats``) when the stream may have to be continued
+elsewhere (``gateway/migration.py``); the relay hides from the client what it did not ask for.
+
+**Chunks.** A chunk carries output when one of its choices has a content, reasoning or
+tool-call delta (chat) or a ``text`` (completions). Both shapes count on both APIs: an engine
+that answers one API in the other's shape is still timed. vLLM's first, role-only chunk
+carries none. Usage is the chunk's ``usage`` object (already in the gateway's shape); the
+usage-only chunk has ``"choices": []``.
+
+**Whole answers** are objects with ``choices`` (chat, completions) or ``data`` (embeddings)
+(``upstream_errors.is_openai_answer``), their usage in ``usage``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.dialects.base import NO_OUTPUT, OUTPUT, ChunkReading
+from gateway.errors import InvalidRequest
+
+OUTPUT_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
+"""The delta fields that are generated output (a role alone is not)."""
+
+
+def stream_flag(body: dict[str, Any]) -> bool:
+    """The body's ``stream`` (``null`` and absent mean false)."""
+    stream = body.get("stream", False)
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean.", param="stream")
+    return stream
+
+
+def usage_flag(body: dict[str, Any]) -> bool:
+    """Whether the client asked for the usage chunk (``stream_options.include_usage``)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise InvalidRequest("'stream_options.include_usage' must be a boolean.", param="stream_options.include_usage")
+    return include_usage
+
+
+def stream_usage_fields(body: dict[str, Any], per_chunk: bool) -> Mapping[str, Any]:
+    """``stream_options`` asking for usage at the end (and per chunk), keeping the client's own
+    switches; empty when the body already asks for exactly that."""
+    options = body.get("stream_options")
+    wanted = {**(options or {}), "include_usage": True}
+    if per_chunk:
+        wanted["continuous_usage_stats"] = True
+    return {} if wanted == options else {"stream_options": wanted}
+
+
+def has_output(choice: dict[str, Any]) -> bool:
+    """Whether a chunk's choice carries generated output (vLLM's role-only chunk does not)."""
+    delta = choice.get("delta")
+    if delta:
+        return any(delta.get(key) for key in OUTPUT_DELTA_KEYS)
+    return bool(choice.get("text"))
+
+
+def read_choices_chunk(chunk: dict[str, Any]) -> ChunkReading:
+    """``ChunkReading`` of an OpenAI chunk (module docstring); the common token chunk allocates nothing."""
+    usage = chunk.get("usage")
+    if usage is not None and not (usage and isinstance(usage, dict)):
+        usage = None
+    choices = chunk.get("choices")
+    if not choices:
+        return (False, usage, (), True) if usage is not None else NO_OUTPUT
+    output = False
+    reasons: tuple[str, ...] = ()
+    for choice in choices:
+        if has_output(choice):
+            output = True
+        reason = choice.get("finish_reason")
+        if reason:
+            reasons += (reason,)
+    if usage is None and not reasons:
+        return OUTPUT if output else NO_OUTPUT
+    return output, usage, reasons, False
+
+
+def answer_usage(answer: dict[str, Any]) -> Mapping[str, Any] | None:
+    """The ``usage`` object of a whole OpenAI answer (already in the gateway's shape)."""
+    usage = answer.get("usage")
+    return usage if isinstance(usage, dict) else None

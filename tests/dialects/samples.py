@@ -1,0 +1,208 @@
+"""Each registered dialect's sample bodies, streams and answers, for the conformance suite.
+
+A new dialect adds its entry here (the suite fails for a registered dialect without one). The
+samples are what an engine behind the gateway really sends: the chat and completions streams
+are vLLM's (role-only first chunk, one token a chunk, a finish chunk, the usage-only chunk of
+``include_usage``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+MODEL = "m"
+SYSTEM = "You are the assistant of a large company."
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A body the dialect refuses, with the error ``code`` and ``param`` it must name."""
+
+    body: Body
+    code: str
+    param: str
+    why: str
+
+
+@dataclass(frozen=True)
+class DialectSamples:
+    """What the suite feeds one dialect.
+
+    ``with_prompt(text)``: a valid body whose prompt is ``text``. ``turns(first, answer, second)``:
+    the bodies of a conversation's turn and of its next turn (which resends the first, the answer
+    and adds ``second``). ``stream``: the events of a streamed answer (None: never streamed),
+    whose first output is ``stream[first_output]``; ``stream_usage`` its usage in the gateway's
+    shape, ``finish_reasons`` its finish reasons. ``answer``/``answer_usage``: a whole answer and
+    its usage.
+    """
+
+    with_prompt: Callable[[str], Body]
+    turns: Callable[[str, str, str], tuple[Body, Body]]
+    refused: list[Refusal]
+    answer: Body
+    answer_usage: dict[str, int]
+    stream: list[Body] | None = None
+    first_output: int = 0
+    stream_usage: dict[str, int] = field(default_factory=dict)
+    finish_reasons: tuple[str, ...] = ()
+
+
+# --- chat ----------------------------------------------------------------------------------
+
+
+def _chat(text: str) -> Body:
+    return {"model": MODEL, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]}
+
+
+def _chat_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    turn = _chat(first)
+    following = {
+        **turn,
+        "messages": [*turn["messages"], {"role": "assistant", "content": answer}, {"role": "user", "content": second}],
+    }
+    return turn, following
+
+
+_CHUNK = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+
+
+def _chat_chunk(delta: Body, finish: str | None = None) -> Body:
+    return {**_CHUNK, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+CHAT = DialectSamples(
+    with_prompt=_chat,
+    turns=_chat_turns,
+    refused=[
+        Refusal({"model": MODEL}, "invalid_field", "messages", "a chat without messages"),
+        Refusal(
+            {"model": MODEL, "messages": [{"role": "wizard", "content": "Hi"}]},
+            "invalid_field",
+            "messages[0].role",
+            "an unknown role",
+        ),
+        Refusal(
+            {**_chat("Hi"), "chat_template_kwargs": {"chat_template": "{{ x }}"}},
+            "unsupported_field",
+            "chat_template_kwargs.chat_template",
+            "a template smuggled in as a switch",
+        ),
+        Refusal(
+            {**_chat("Hi"), "stream_options": {"include_usage": True, "verbose": True}},
+            "unsupported_field",
+            "stream_options.verbose",
+            "an unknown stream option",
+        ),
+        Refusal(
+            {**_chat("Hi"), "max_tokens": 8, "max_completion_tokens": 9},
+            "conflicting_max_tokens",
+            "max_tokens",
+            "two output bounds that disagree",
+        ),
+        Refusal({**_chat("Hi"), "stream": "yes"}, "invalid_field", "stream", "a stream flag that is not a boolean"),
+    ],
+    answer={
+        **_CHUNK,
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    },
+    answer_usage={"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    stream=[
+        _chat_chunk({"role": "assistant", "content": ""}),
+        _chat_chunk({"content": "Hel"}),
+        _chat_chunk({"content": "lo"}),
+        _chat_chunk({}, "stop"),
+        {**_CHUNK, "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}},
+    ],
+    first_output=1,
+    stream_usage={"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14},
+    finish_reasons=("stop",),
+)
+
+
+# --- completions ---------------------------------------------------------------------------
+
+
+def _completion(text: str) -> Body:
+    return {"model": MODEL, "prompt": text}
+
+
+def _completion_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    return _completion(first), _completion(first + answer + second)
+
+
+_TEXT_CHUNK = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": MODEL}
+
+
+def _text_chunk(text: str, finish: str | None = None) -> Body:
+    return {**_TEXT_CHUNK, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+
+COMPLETIONS = DialectSamples(
+    with_prompt=_completion,
+    turns=_completion_turns,
+    refused=[
+        Refusal({"model": MODEL}, "invalid_field", "prompt", "a completion without a prompt"),
+        Refusal({"model": MODEL, "prompt": [1, "two"]}, "invalid_field", "prompt", "token ids mixed with text"),
+        Refusal(
+            {"model": MODEL, "prompt": list(range(100_001))},
+            "prompt_too_long",
+            "prompt",
+            "more token ids than the model's prompt cap, refused before they are read",
+        ),
+        Refusal({**_completion("Hi"), "n_predict": 0}, "invalid_field", "n_predict", "a bound that is not positive"),
+    ],
+    answer={
+        **_TEXT_CHUNK,
+        "choices": [{"index": 0, "text": " there", "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
+    },
+    answer_usage={"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
+    stream=[
+        _text_chunk(""),
+        _text_chunk(" Once"),
+        _text_chunk(" upon", "length"),
+        {**_TEXT_CHUNK, "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}},
+    ],
+    first_output=1,
+    stream_usage={"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+    finish_reasons=("length",),
+)
+
+
+# --- embeddings ----------------------------------------------------------------------------
+
+
+def _embedding(text: str) -> Body:
+    return {"model": MODEL, "input": text, "encoding_format": "float"}
+
+
+def _embedding_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    return _embedding(first), _embedding(first + answer + second)
+
+
+EMBEDDINGS = DialectSamples(
+    with_prompt=_embedding,
+    turns=_embedding_turns,
+    refused=[
+        Refusal({"model": MODEL}, "invalid_field", "input", "an embedding without input"),
+        Refusal({**_embedding("Hi"), "stream": True}, "invalid_field", "stream", "a streamed embedding"),
+        Refusal({**_embedding("Hi"), "max_tokens": 8}, "unsupported_field", "max_tokens", "an output bound"),
+        Refusal({"model": MODEL, "input": [[1, 2], []]}, "invalid_field", "input", "an empty token-id list"),
+    ],
+    answer={
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": [0.1, -0.2]}],
+        "model": MODEL,
+        "usage": {"prompt_tokens": 2, "total_tokens": 2},
+    },
+    answer_usage={"prompt_tokens": 2, "total_tokens": 2},
+)
+
+SAMPLES: dict[str, DialectSamples] = {"chat": CHAT, "completions": COMPLETIONS, "embeddings": EMBEDDINGS}
+"""Samples by dialect name."""
