@@ -22,7 +22,6 @@ backend's breaker: success, failure, or none (the client left). Each attempt lea
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -152,7 +151,7 @@ class Attempts:
 
     def _mark(self, error: GatewayError) -> None:
         """Record how the latest attempt ended."""
-        self.records[-1] = dataclasses.replace(self.records[-1], error=code_of(error))
+        self.records[-1] = self.records[-1]._replace(error=code_of(error))
 
     def _migration(
         self, request: InferenceRequest, broken: StreamBroken, attempt: int, max_retries: int

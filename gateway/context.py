@@ -8,7 +8,7 @@ the attempt module and ends in the request's frozen ``RequestOutcome``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.runtime import Runtime
@@ -16,10 +16,10 @@ from gateway.tracing import RequestSpan
 from gateway.types import InferenceRequest
 
 
-@dataclass(frozen=True, slots=True)
-class RequestContext:
+class RequestContext(NamedTuple):
     """A validated request, its tenant and class, its deadline, and the policy it runs under.
 
+    A ``NamedTuple``: immutable, and cheap to build once per request (``gateway/outcome.py``).
     ``deadline`` is on the gateway clock: arrival plus ``x-request-timeout`` or the class's
     ``deadline_s``; it bounds the queue wait, every retry and the answer itself. ``runtime``
     is the policy in force at arrival (``gateway/runtime.py``), kept to the end.

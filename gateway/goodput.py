@@ -13,14 +13,13 @@ The rule, written once (the recorder, the cost meter and the trace log all use i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.outcome import RequestOutcome
 from gateway.policy.model import Slo
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     judged: bool
     met: bool
 

@@ -5,6 +5,10 @@ trace log, the trace span) needs the same facts, and each used to read them from
 the pipeline was still writing into. The pipeline now builds this value once, at the end,
 and hands it to ``gateway/recorder.py``; nothing downstream can change what another sees.
 
+The values here are ``NamedTuple``s rather than frozen dataclasses: as immutable, and three
+times cheaper to build (a frozen dataclass sets each field through ``object.__setattr__``),
+which matters for values built once per request.
+
 The ``outcome`` label of ``gateway_requests_total`` is ``label``: ``completed``,
 ``client_disconnected``, or the error code that ended the request (``queue_full``,
 ``upstream_stalled``, ...), all members of ``Result`` or ``gateway.errors.ErrorCode``.
@@ -13,9 +17,8 @@ The ``outcome`` label of ``gateway_requests_total`` is ``label``: ``completed``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.dialects.base import Dialect
 from gateway.errors import ErrorCode
@@ -35,8 +38,7 @@ class Result(StrEnum):
     """Ended by a ``GatewayError`` (its ``ErrorCode`` is the label) or an error event in a stream."""
 
 
-@dataclass(frozen=True, slots=True)
-class TokenStats:
+class TokenStats(NamedTuple):
     """The output timing and usage of an answer: TTFT from arrival, every inter-chunk gap.
 
     ``first_output`` is the clock time of the first output chunk (None: no output, or a
@@ -69,8 +71,7 @@ class TokenStats:
         return (self.usage_int("prompt_tokens") or 0) + (self.usage_int("completion_tokens") or 0)
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
+class AttemptRecord(NamedTuple):
     """One attempt on one backend: its routing decision, its wait, and how it ended."""
 
     backend: str
@@ -81,8 +82,7 @@ class AttemptRecord:
     error: ErrorCode | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RequestOutcome:
+class RequestOutcome(NamedTuple):
     """Everything known of a request once its response ended (see the module docstring).
 
     ``tenant``, ``model`` and ``class_name`` are ``-`` when the request ended before they were
@@ -132,7 +132,10 @@ class RequestOutcome:
     @property
     def queued_s(self) -> float:
         """Time spent waiting for a backend, over every attempt."""
-        return sum(a.queued_s for a in self.attempts)
+        total = 0.0
+        for attempt in self.attempts:
+            total += attempt.queued_s
+        return total
 
     @property
     def e2e_s(self) -> float:
