@@ -31,7 +31,7 @@ of the model at all fails at once with 503 ``no_backend_for_tenant``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.backends import BackendPool, BackendState, Lane
@@ -109,11 +109,30 @@ class ModelQueues:
             return priority_class.queue.max_wait_s
         return max(0.0, priority_class.slo.ttft_ms / 1000 - self.service_ttft_tail_s())
 
-    def queue(self, rank: int) -> ClassQueue:
+    def queue(self, class_name: str, priority_class: PriorityClass) -> ClassQueue:
+        """The queue of ``class_name``; made now when a reload added the class after these queues
+        were (or removed it while this request, admitted under the old policy, was on its way)."""
         for queue in self.classes:
-            if queue.rank == rank:
+            if queue.name == class_name:
                 return queue
-        raise KeyError(rank)
+        queue = ClassQueue(class_name, priority_class)
+        self.classes = sorted([*self.classes, queue], key=lambda q: q.rank)
+        return queue
+
+    def follow(self, classes: Mapping[str, PriorityClass]) -> None:
+        """A reloaded policy's classes: each queue takes its class's new settings (bound, wait,
+        rank); a new class gets a queue; a removed class's queue stays while requests wait in it."""
+        kept = []
+        for queue in self.classes:
+            new = classes.get(queue.name)
+            if new is not None:
+                queue.policy = new
+                kept.append(queue)
+            elif queue.depth:
+                kept.append(queue)
+        names = {queue.name for queue in kept}
+        kept += [ClassQueue(name, c) for name, c in classes.items() if name not in names]
+        self.classes = sorted(kept, key=lambda q: q.rank)
 
     def waiting_at_or_above(self, rank: int) -> int:
         return sum(q.depth for q in self.classes if q.rank <= rank)
@@ -147,7 +166,6 @@ class Dispatcher:
         self._queues: dict[str, ModelQueues] = {}
         self._lanes: dict[str, list[ModelQueues]] = {}
         self._classes: dict[str, PriorityClass] = {}
-        self._ranks: list[int] = []
         self._fresh_s = snapshot.policy.scrape.fresh_s
         self.apply(snapshot)
 
@@ -161,16 +179,18 @@ class Dispatcher:
         queues = {}
         for model in snapshot.models:
             old = self._queues.get(model)
+            if old is not None:
+                old.follow(self._classes)
             queues[model] = old if old is not None else ModelQueues(model, self._classes)
         for key, old in self._queues.items():
             if key not in queues and old.model in snapshot.models and old.depth:
+                old.follow(self._classes)
                 queues[key] = old
         removed = [mq for mq in self._queues.values() if mq.model not in snapshot.models]
         self._queues = queues
         self._lanes = {}
         for mq in queues.values():
             self._lanes.setdefault(mq.model, []).append(mq)
-        self._ranks = sorted({q.rank for mq in queues.values() for q in mq.classes})
         self._fresh_s = snapshot.policy.scrape.fresh_s
         for mq in removed:
             _fail_waiting(mq, system_full("model_removed", f"Model '{mq.model}' was removed by a policy reload.", 1.0))
@@ -234,7 +254,7 @@ class Dispatcher:
         now: float,
         exclude: frozenset[str],
     ) -> Grant:
-        queue = mq.queue(priority_class.rank)
+        queue = mq.queue(class_name, priority_class)
         limit = priority_class.queue
         rate = mq.meter.rate(now)
         ahead = mq.waiting_above(priority_class.rank) + queue.ahead_of(tenant.name)
@@ -360,11 +380,11 @@ class Dispatcher:
         lanes = self._lanes.get(model, ())
         now = self.clock.now()
         blocked: set[str] = set()
-        for rank in self._ranks:
+        for rank in sorted({q.rank for mq in lanes for q in mq.classes}):
             for mq in lanes:
-                queue = next((q for q in mq.classes if q.rank == rank), None)
-                if queue is not None and mq.key not in blocked and not self._pump_queue(mq, queue, now):
-                    blocked.add(mq.key)
+                for queue in mq.classes:
+                    if queue.rank == rank and mq.key not in blocked and not self._pump_queue(mq, queue, now):
+                        blocked.add(mq.key)
 
     def _pump_queue(self, mq: ModelQueues, queue: ClassQueue, now: float) -> bool:
         """Dispatch ``queue``'s tickets in fair order until its head does not fit; True when it is empty."""

@@ -9,6 +9,7 @@ the fields the first backend needed.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -31,13 +32,13 @@ UNSET_ENV = "GATEWAY_TEST_NEVER_SET_CREDENTIAL"
 
 
 def policy(
-    backends: list[tuple[str, str, str]], *, version: str = "r-1", strategy: str = "prefix_affinity", **sections: Any
+    specs: list[tuple[str, str, str]], *, version: str = "r-1", strategy: str = "prefix_affinity", **sections: Any
 ) -> str:
-    """A policy over ``backends`` as (name, url, kind[, credential_env]) with one model and one tenant;
+    """A policy over ``specs`` of backends as (name, url, kind[, credential_env]) with one model and one tenant;
     ``sections`` edit it (``tests/policy_builder.py``)."""
     entries = [
         backend(name, url, [MODEL], kind=kind, **({"credential_env": credential[0]} if credential else {}))
-        for name, url, kind, *credential in backends
+        for name, url, kind, *credential in specs
     ]
     reload = {
         "version": version,
@@ -166,3 +167,42 @@ def test_a_retry_on_a_backend_of_another_kind_carries_nothing_of_the_first_attem
         assert "cache_salt" not in received.body
         assert "priority" not in received.body
         assert "continuous_usage_stats" not in (received.body.get("stream_options") or {})
+
+
+def test_a_class_a_reload_adds_gets_a_queue_and_its_requests_wait_their_turn(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    one_slot = {"a": {"capacity": {"max_concurrent": 1}}}
+    with fakes(1) as servers:
+        fake, backend_url = servers[0]
+        with gateway(path, policy([("a", backend_url, "vllm")], backends=one_slot)) as url:
+            bulk = {"rank": 1, "slo": {"ttft_ms": 20000, "itl_ms": 1000, "e2e_ms": 60000}, "queue": {"max_wait_s": 20}}
+            path.write_text(
+                policy([("a", backend_url, "vllm")], version="r-2", backends=one_slot, classes={"bulk": bulk})
+            )
+            assert reload(url).status_code == 200
+            gate = fake.gate = threading.Event()  # the one slot is held by a stream until the test opens it
+            results: dict[str, int] = {}
+
+            def send(name: str, headers: dict[str, str], stream: bool) -> None:
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+                answer = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {KEY_ACME}", **headers},
+                    json={**body, "stream": stream},
+                    timeout=30,
+                )
+                results[name] = answer.status_code
+
+            holder = threading.Thread(target=send, args=("holder", {}, True))
+            holder.start()
+            wait_until(lambda: len(fake.received) == 1, what="the stream holding the slot")
+            waiter = threading.Thread(target=send, args=("bulk", {"x-priority": "bulk"}, False))
+            waiter.start()
+            wait_until(
+                lambda: metric(url, "gateway_queue_depth", **{"class": "bulk"}) == 1, what="the bulk request queued"
+            )
+            fake.gate = None
+            gate.set()
+            holder.join(30)
+            waiter.join(30)
+    assert results == {"holder": 200, "bulk": 200}, "a class added by a reload queues like any other"
