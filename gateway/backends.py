@@ -28,6 +28,7 @@ from types import MappingProxyType
 import httpx
 
 from gateway.breaker import CircuitBreaker
+from gateway.fleet.quota import EMPTY, Quota
 from gateway.policy.model import Backend
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.isolation import serves
@@ -49,6 +50,9 @@ class BackendState:
         "in_flight_tokens",
         "kv_usage",
         "name",
+        "others_prefilling",
+        "others_waiting",
+        "quota",
         "scraped_at",
         "waiting",
     )
@@ -66,6 +70,12 @@ class BackendState:
         self.waiting = 0.0
         self.kv_usage = 0.0
         self.scraped_at = -1e9
+        self.quota: Quota | None = None
+        """This process's part of the backend's capacity (``gateway/fleet/quota.py``); None: all of it."""
+        self.others_waiting: Mapping[int, int] = EMPTY
+        """Requests other processes have waiting for this backend, by class rank (``gateway/fleet/``)."""
+        self.others_prefilling: Mapping[int, int] = EMPTY
+        """Prefills other processes have running on this backend, by class rank."""
 
     def reserve(self, rank: int, tokens: int) -> None:
         self.in_flight += 1

@@ -16,6 +16,14 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
   thresholds: waiting requests at most ``max_waiting`` and KV cache usage at most
   ``max_kv_usage``. These only tighten; with nothing in flight there a backend is always
   given work, so stale or pessimistic signals cannot starve a model.
+
+The budgets are this process's part of the backend's capacity (``state.quota``,
+``gateway/fleet/quota.py``): the whole of it for a process alone, a share when several
+processes or replicas serve the same backends, so that their sum stays within the capacity.
+A process that holds a share also yields to the others: none of its requests starts on a
+backend while another process has a higher class waiting for it, and no paced prefill while
+another process prefills a higher class there. A request larger than the token budget goes to
+an idle backend only from a process that holds the whole budget.
 """
 
 from __future__ import annotations
@@ -28,19 +36,28 @@ def has_room(state: BackendState, priority_class: PriorityClass, tokens: int, no
     if not state.healthy or (state.breaker is not None and not state.breaker.allow()):
         return False
     capacity = state.backend.capacity
-    if state.in_flight == 0:
-        return True
+    quota = state.quota
     rank, share = priority_class.rank, priority_class.max_share
-    if priority_class.max_prefilling is not None and _prefill_blocked(state, rank, priority_class.max_prefilling):
+    if quota is None:  # this process alone: the whole capacity
+        max_requests, max_tokens, whole = capacity.max_concurrent, capacity.max_tokens_in_flight, True
+        max_prefilling = priority_class.max_prefilling
+    else:
+        max_requests, max_tokens, whole = quota.requests, quota.tokens, quota.whole
+        max_prefilling = None if priority_class.max_prefilling is None else quota.prefills.get(rank, 0)
+        if any(count for other, count in state.others_waiting.items() if other < rank):
+            return False  # a higher class waits for this backend in another process: it goes first
+    if state.in_flight >= max_requests:
         return False
-    if state.in_flight >= capacity.max_concurrent:
+    if state.in_flight == 0 and whole:
+        return True
+    if max_prefilling is not None and _prefill_blocked(state, rank, max_prefilling):
         return False
-    if state.in_flight_tokens + tokens > capacity.max_tokens_in_flight:
+    if state.in_flight_tokens + tokens > max_tokens:
         return False
     if share < 1.0:
-        if state.class_in_flight.get(rank, 0) + 1 > share * capacity.max_concurrent:
+        if state.class_in_flight.get(rank, 0) + 1 > share * max_requests:
             return False
-        if state.class_tokens.get(rank, 0) + tokens > share * capacity.max_tokens_in_flight:
+        if state.class_tokens.get(rank, 0) + tokens > share * max_tokens:
             return False
     if now - state.scraped_at <= fresh_s and (
         state.waiting > capacity.max_waiting or state.kv_usage > capacity.max_kv_usage
@@ -53,4 +70,6 @@ def _prefill_blocked(state: BackendState, rank: int, max_prefilling: int) -> boo
     prefilling = state.class_prefilling
     if prefilling.get(rank, 0) >= max_prefilling:
         return True
-    return any(count for other, count in prefilling.items() if other < rank)
+    if any(count for other, count in prefilling.items() if other < rank):
+        return True
+    return any(count for other, count in state.others_prefilling.items() if other < rank)

@@ -80,11 +80,19 @@ def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
 class ModelQueues:
     """The class queues of one model, in rank order, with their drain meters."""
 
-    __slots__ = ("classes", "key", "meter", "model", "service_ttft_dev_s", "service_ttft_s")
+    __slots__ = ("classes", "key", "lane", "meter", "model", "service_ttft_dev_s", "service_ttft_s")
 
-    def __init__(self, model: str, classes: dict[str, PriorityClass], key: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        classes: dict[str, PriorityClass],
+        key: str | None = None,
+        lane: tuple[BackendState, ...] | None = None,
+    ) -> None:
         self.model = model
         self.key = key or model
+        self.lane = lane
+        """The backends these queues wait for when only some of the model's (a tenant's lane)."""
         """The lane's key (``Lane.key``): the model's name for the lane of all its backends."""
         self.classes = sorted((ClassQueue(n, c) for n, c in classes.items()), key=lambda q: q.rank)
         self.meter = DrainMeter()
@@ -163,6 +171,9 @@ class Dispatcher:
         self.router_for = routers
         self.clock = clock
         self.draining = False
+        self.on_pressure: Callable[[], None] | None = None
+        """Called when a request must wait, and when a backend frees room that another process
+        waits for: the fleet syncs sooner (``gateway/fleet/coordinator.py``)."""
         self._queues: dict[str, ModelQueues] = {}
         self._lanes: dict[str, list[ModelQueues]] = {}
         self._classes: dict[str, PriorityClass] = {}
@@ -199,6 +210,23 @@ class Dispatcher:
         """The queues of each model's own lane (all its backends), by model."""
         return {key: mq for key, mq in self._queues.items() if key == mq.model}
 
+    def waiting(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """Requests and their tokens waiting for each backend, by class rank: a request waiting
+        for a model counts for every backend that could take it (the demand a fleet shares out)."""
+        out: dict[str, dict[int, tuple[int, int]]] = {}
+        for mq in self._queues.values():
+            if not mq.depth:
+                continue
+            states = mq.lane if mq.lane is not None else self.pool.for_model(mq.model)
+            for queue in mq.classes:
+                if not queue.depth:
+                    continue
+                for state in states:
+                    by_rank = out.setdefault(state.name, {})
+                    count, tokens = by_rank.get(queue.rank, (0, 0))
+                    by_rank[queue.rank] = (count + queue.depth, tokens + queue.cost)
+        return out
+
     def depth(self, model: str, rank: int) -> int:
         """Requests of class ``rank`` waiting for ``model``, in all its lanes."""
         return sum(q.depth for mq in self._lanes.get(model, ()) for q in mq.classes if q.rank == rank)
@@ -206,7 +234,8 @@ class Dispatcher:
     def _lane_queues(self, lane: Lane) -> ModelQueues:
         mq = self._queues.get(lane.key)
         if mq is None:
-            mq = self._queues[lane.key] = ModelQueues(lane.model, self._classes, lane.key)
+            states = None if lane.key == lane.model else lane.states
+            mq = self._queues[lane.key] = ModelQueues(lane.model, self._classes, lane.key, states)
             self._lanes.setdefault(lane.model, []).append(mq)
         return mq
 
@@ -272,6 +301,8 @@ class Dispatcher:
         future: asyncio.Future[RoutingDecision] = asyncio.get_running_loop().create_future()
         ticket = Ticket(request, tenant, tokens, now, future, exclude=exclude)
         queue.push(ticket)
+        if self.on_pressure is not None:
+            self.on_pressure()
         try:
             async with asyncio.timeout(budget):
                 decision = await future
@@ -370,8 +401,11 @@ class Dispatcher:
 
     def give_back(self, model: str, grant: Grant) -> None:
         """Give the slot back and let waiting requests have it."""
-        grant.state.unreserve(grant.rank, grant.tokens, grant.prefilling)
+        state = grant.state
+        state.unreserve(grant.rank, grant.tokens, grant.prefilling)
         grant.prefilling = False
+        if state.others_waiting and self.on_pressure is not None:
+            self.on_pressure()
         self.hand_out(model)
 
     def hand_out(self, model: str) -> None:

@@ -33,6 +33,9 @@ def expose(
     for name, priority_class in classes.items():
         m.slo_objective.labels(name).set(priority_class.slo.objective)
     for state in pool.all():
+        capacity, quota = state.backend.capacity, state.quota
+        m.fleet_quota_requests.labels(state.name).set(quota.requests if quota else capacity.max_concurrent)
+        m.fleet_quota_tokens.labels(state.name).set(quota.tokens if quota else capacity.max_tokens_in_flight)
         m.in_flight.labels(state.name).set(state.in_flight)
         m.in_flight_tokens.labels(state.name).set(state.in_flight_tokens)
         m.backend_healthy.labels(state.name).set(1 if state.healthy else 0)

@@ -59,6 +59,8 @@ class ClassQueue:
     name: str
     policy: PriorityClass
     depth: int = 0
+    cost: int = 0
+    """Tokens (prompt plus output bound) of the tickets waiting: the queue's demand on a backend."""
     _virtual_time: float = 0.0
     _finish_tags: dict[str, float] = field(default_factory=dict)
     _per_tenant: dict[str, deque[Ticket]] = field(default_factory=dict)
@@ -81,16 +83,19 @@ class ClassQueue:
             heapq.heappush(self._heads, (start, next(self._seq), ticket.tenant_name))
         waiting.append(ticket)
         self.depth += 1
+        self.cost += ticket.cost
         self._live[ticket.tenant_name] = self._live.get(ticket.tenant_name, 0) + 1
 
     def remove(self, ticket: Ticket) -> None:
         """Take a ticket out (client gone, timed out); it is skipped when it reaches the head."""
         if not ticket.removed:
             ticket.removed = True
-            self._leave(ticket.tenant_name)
+            self._leave(ticket)
 
-    def _leave(self, tenant: str) -> None:
+    def _leave(self, ticket: Ticket) -> None:
+        tenant = ticket.tenant_name
         self.depth -= 1
+        self.cost -= ticket.cost
         left = self._live[tenant] - 1
         if left:
             self._live[tenant] = left
@@ -140,7 +145,7 @@ class ClassQueue:
         waiting = self._per_tenant[tenant]
         waiting.popleft()
         ticket.removed = True
-        self._leave(tenant)
+        self._leave(ticket)
         self._virtual_time = ticket.start_tag
         if waiting:
             heapq.heappush(self._heads, (waiting[0].start_tag, next(self._seq), tenant))

@@ -19,6 +19,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from gateway.admission import TenantLimiter
 from gateway.attempt import AttemptDeps
 from gateway.backends import BackendPool
@@ -27,6 +29,8 @@ from gateway.clock import Clock, MonotonicClock
 from gateway.cost_meter import CostMeter
 from gateway.dispatch import Dispatcher
 from gateway.exposition import expose
+from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replica_id
+from gateway.fleet.ledger import FleetLedger
 from gateway.lifecycle import Drainable
 from gateway.limitstore.factory import build_limit_store
 from gateway.limitstore.memory import MemoryLimitStore
@@ -70,6 +74,7 @@ class Gateway:
         self.limit_store = self._limit_store(snapshot)
         self.limiter = TenantLimiter(self.limit_store, self.clock)
         self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
+        self.fleet = self._fleet(settings, snapshot)
         self.source = PolicySource(settings.policy_path, initial=snapshot, install=self.install)
         self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock)
         trace_log = TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
@@ -92,6 +97,30 @@ class Gateway:
         if isinstance(store, RedisLimitStore):
             m.redis_up.set_function(lambda: 1.0 if store.up else 0.0)
         return store
+
+    def _fleet(self, settings: Settings, snapshot: PolicySnapshot) -> FleetCoordinator | None:
+        """How this process gets its part of every backend's capacity (``gateway/fleet/``)."""
+        state = snapshot.policy.state
+        url = state.resolved_url() if state.backend == "redis" else None
+        if url is None:
+            if settings.workers > 1:
+                log.warning(
+                    "no shared store: each of the %d workers takes 1/%d of every backend's capacity "
+                    "(state.backend: redis shares it by demand)",
+                    settings.workers,
+                    settings.workers,
+                )
+            partition_quotas(self.pool, snapshot, settings.workers)
+            self.metrics.fleet_processes.set(settings.workers)
+            return None
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0)
+        ledger = FleetLedger(
+            client, key_prefix=state.key_prefix, replica=replica_id(), lease_ttl_s=snapshot.policy.fleet.lease_ttl_s
+        )
+        coordinator = FleetCoordinator(ledger, self.pool, self.dispatcher, self.policy, self.clock, self.metrics)
+        coordinator.adopt(snapshot)  # nothing is the whole capacity before the first sync
+        self.dispatcher.on_pressure = coordinator.wake
+        return coordinator
 
     def pipeline_deps(self) -> PipelineDeps:
         """The request path's collaborators (``gateway/proxy.py``)."""
@@ -119,6 +148,10 @@ class Gateway:
         self.runtime = plan.runtime
         self.upstream.install(plan.upstream)
         self.pool.install(plan.pool)  # forgets removed backends in the new routers
+        if self.fleet is not None:
+            self.fleet.adopt(snapshot)
+        else:
+            partition_quotas(self.pool, snapshot, self.settings.workers)
         self.dispatcher.apply(snapshot)
         self.costs.reprice(snapshot.policy.backends)
         self.metrics.policy_info.clear()
@@ -179,6 +212,9 @@ class Gateway:
         if isinstance(self.limit_store, RedisLimitStore):
             await self.limit_store.check()  # fail open: a Redis down at start-up is not fatal
             self._spawn(self.limit_store.run())
+        if self.fleet is not None:
+            await self.fleet.sync_once()  # its part of each backend before the first request
+            self._spawn(self.fleet.run())
         self._spawn(self.costs.run(lambda: self.policy().policy.telemetry.cost_interval_s))
         if policy.lifecycle.watch_interval_s > 0:
             self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))
@@ -219,6 +255,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.upstream.aclose()
         await self.limit_store.aclose()
+        if self.fleet is not None:
+            await self.fleet.ledger.client.aclose()
         if self.recorder.trace_log is not None:
             await asyncio.to_thread(self.recorder.trace_log.close)
         await asyncio.to_thread(self.runtime.tracing.shutdown)

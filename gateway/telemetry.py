@@ -150,6 +150,7 @@ class Metrics:
         self._declare_cost_metrics(r)
         self._declare_trace_log_metrics(r)
         self._declare_state_metrics(r if redis else None)
+        self._declare_fleet_metrics(r)
         self._declare_connection_metrics(r)
         self._advanced: dict[int, float] = {}
         self.pending = PendingSamples(self)
@@ -402,6 +403,32 @@ class Metrics:
             "gateway_redis_fallback_operations",
             "Limit-store operations answered by this replica's in-memory fallback while Redis was down.",
             ["operation"],
+            registry=r,
+        )
+
+    def _declare_fleet_metrics(self, r: CollectorRegistry) -> None:
+        """This process's part of every backend's capacity (``gateway/fleet/``)."""
+        self.fleet_quota_requests = Gauge(
+            "gateway_fleet_quota_requests",
+            "Requests this process may have in flight on a backend: its part of the backend's max_concurrent.",
+            ["backend"],
+            registry=r,
+        )
+        self.fleet_quota_tokens = Gauge(
+            "gateway_fleet_quota_tokens",
+            "Tokens this process may have in flight on a backend: its part of max_tokens_in_flight.",
+            ["backend"],
+            registry=r,
+        )
+        self.fleet_processes = Gauge(
+            "gateway_fleet_processes",
+            "Gateway processes sharing the backends' capacity, as last seen (1 alone).",
+            registry=r,
+        )
+        self.fleet_syncs = Counter(
+            "gateway_fleet_syncs",
+            "Syncs with the fleet's capacity ledger in Redis, by result (ok, failed: on fallback shares).",
+            ["result"],
             registry=r,
         )
 

@@ -48,6 +48,8 @@ class FakeBackend:
     statuses: list[int] = field(default_factory=list)  # consumed one per inference request, before ``status``
     error_headers: list[tuple[bytes, bytes]] = field(default_factory=lambda: [(b"content-type", b"application/json")])
     answer_body: bytes | None = None  # a 200 non-streamed answer as is
+    active: int = 0  # inference requests being answered now
+    most_active: int = 0  # the most ever answered at once (what a capacity bound must keep down)
     stream_script: list[bytes] | None = None  # a 200 streamed answer as these raw pieces
 
     def reset_hostile(self) -> None:
@@ -75,6 +77,16 @@ class FakeBackend:
         document = orjson.loads(body) if body else {}
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.received.append(Received(scope["path"], headers, document))
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            await self._answer(scope, document, headers, body, send)
+        finally:
+            self.active -= 1
+
+    async def _answer(
+        self, scope: Scope, document: dict[str, Any], headers: dict[str, str], body: bytes, send: Send
+    ) -> None:
         echo = orjson.dumps(f"headers={headers} body={body.decode(errors='replace')}")[1:-1]
         status = self.statuses.pop(0) if self.statuses else self.status
         if status != 200:

@@ -534,6 +534,33 @@ class Telemetry(Strict):
     """None: configured by the standard ``OTEL_*`` environment variables."""
 
 
+class FleetPolicy(Strict):
+    """How processes and replicas share each backend's capacity (``gateway/fleet/``).
+
+    Usage in a policy file (it applies when ``state.backend`` is ``redis``)::
+
+        fleet: {sync_interval_s: 0.05, lease_ttl_s: 2, timeout_ms: 200, processes_when_unknown: 4}
+
+    Every ``sync_interval_s`` (and at once when a request must wait for lack of this process's
+    part) a process tells the ledger what it uses and what waits, and learns what it may hold.
+    A process that stops syncing for ``lease_ttl_s`` is dead: its part returns to the others.
+    A sync slower than ``timeout_ms`` fails; then the process holds the smaller of its last part
+    and an equal share among the processes last seen (``processes_when_unknown`` when it has
+    never reached the ledger), until a sync succeeds again.
+    """
+
+    sync_interval_s: Annotated[float, Field(ge=0.005, le=5)] = 0.05
+    lease_ttl_s: Annotated[float, Field(gt=0, le=600)] = 2.0
+    timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 200.0
+    processes_when_unknown: Annotated[int, Field(ge=1, le=10_000)] = 4
+
+    @model_validator(mode="after")
+    def _lease_outlives_syncs(self) -> FleetPolicy:
+        if self.lease_ttl_s < 4 * self.sync_interval_s:
+            raise ValueError("lease_ttl_s must be at least 4 x sync_interval_s (leases are renewed at every sync)")
+        return self
+
+
 class StatePolicy(Strict):
     """Where tenant limits (rpm, tpm, concurrency) live (``gateway/limitstore/``).
 
@@ -596,4 +623,5 @@ class Policy(Strict):
     breaker: BreakerPolicy = BreakerPolicy()
     telemetry: Telemetry = Telemetry()
     state: StatePolicy = StatePolicy()
+    fleet: FleetPolicy = FleetPolicy()
     kind: Literal["gateway-policy"] = "gateway-policy"

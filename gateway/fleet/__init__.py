@@ -1,0 +1,1 @@
+"""Replicas and workers that behave as one gateway: shared capacity, a shared prefix view."""

@@ -1,0 +1,169 @@
+"""Keeps this process's part of every backend's capacity in step with the fleet (``ledger.py``).
+
+Three ways a process gets its parts (``quota.py`` states the rule for each):
+
+* ``FleetCoordinator``, when the policy shares state through Redis: every
+  ``fleet.sync_interval_s``, and at once when a request has to wait for lack of this process's
+  part or when this process frees room another process waits for, it reports each backend's use
+  and waiting demand to the ledger and applies what it may hold. No request ever waits on
+  Redis: dispatch reads the parts in memory. A sync that fails or is slower than
+  ``fleet.timeout_ms`` puts every backend on its fallback part until one succeeds.
+* ``partition_quotas``, for ``--workers N`` without a shared store: a fixed ``1/N`` each.
+* neither, for one process alone: the whole capacity (``quota`` None).
+
+After each change the dispatcher hands freed room to waiting requests (``on_change``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from gateway.backends import BackendPool
+from gateway.clock import Clock
+from gateway.dispatch import Dispatcher
+from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
+from gateway.fleet.quota import EMPTY, Quota, fallback, paced, partition
+from gateway.policy.snapshot import PolicySnapshot
+from gateway.telemetry import Metrics
+
+log = logging.getLogger(__name__)
+
+FAILURES = (RedisError, OSError, TimeoutError)
+
+
+def replica_id() -> str:
+    """This process's name in the ledger: host, pid and a random part (a restarted pid is another process)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def partition_quotas(pool: BackendPool, snapshot: PolicySnapshot, workers: int) -> None:
+    """``--workers N`` without a shared store: each worker takes ``1/N`` of every backend."""
+    classes = snapshot.policy.classes
+    for state in pool.all():
+        state.quota = None if workers <= 1 else partition(state.backend.capacity, classes, workers)
+
+
+class FleetCoordinator:
+    """Syncs this process with the ledger (module docstring); ``run`` is its background loop."""
+
+    def __init__(
+        self,
+        ledger: FleetLedger,
+        pool: BackendPool,
+        dispatcher: Dispatcher,
+        policy: Callable[[], PolicySnapshot],
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.ledger = ledger
+        self.pool = pool
+        self.dispatcher = dispatcher
+        self.policy = policy
+        self.clock = clock
+        self.metrics = metrics
+        self.live = 0
+        """Processes seen in the last successful sync (0: none yet)."""
+        self.up = False
+        self._down_logged = False
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Sync as soon as the loop can: a request waits for this process's part, or this process
+        freed room that another waits for."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Sync every ``fleet.sync_interval_s``, or sooner when woken (never twice within a fifth of it)."""
+        while True:
+            interval = self.policy().policy.fleet.sync_interval_s
+            started = self.clock.now()
+            await self.sync_once()
+            rest = interval / 5 - (self.clock.now() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
+            try:
+                async with asyncio.timeout(max(interval - interval / 5, 0.0)):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def sync_once(self) -> None:
+        """One sync: report, apply the grants (or the fallback parts), hand out freed room."""
+        snapshot = self.policy()
+        fleet = snapshot.policy.fleet
+        reports = self._reports(snapshot)
+        self.ledger.lease_ttl_s = fleet.lease_ttl_s
+        try:
+            async with asyncio.timeout(fleet.timeout_ms / 1000):
+                answer = await self.ledger.sync(reports)
+        except FAILURES as exc:
+            self._fall_back(snapshot, exc)
+        else:
+            self._apply(answer)
+        self.dispatcher.hand_out_all()
+
+    def _reports(self, snapshot: PolicySnapshot) -> list[BackendReport]:
+        bounds = paced(snapshot.policy.classes)
+        waiting = self.dispatcher.waiting()
+        return [
+            BackendReport(
+                name=state.name,
+                max_requests=state.backend.capacity.max_concurrent,
+                max_tokens=state.backend.capacity.max_tokens_in_flight,
+                max_prefills=bounds,
+                requests=state.in_flight,
+                tokens=state.in_flight_tokens,
+                prefilling={rank: n for rank, n in state.class_prefilling.items() if n},
+                waiting=waiting.get(state.name, EMPTY_WAITING),
+            )
+            for state in self.pool.all()
+        ]
+
+    def _apply(self, answer: Sync) -> None:
+        if not self.up:
+            log.warning("fleet: capacity shared with %d live process(es) through the ledger", answer.live)
+        self.up, self.live, self._down_logged = True, answer.live, False
+        self.metrics.child(self.metrics.fleet_syncs, "ok").inc()
+        self.metrics.fleet_processes.set(answer.live)
+        for state in self.pool.all():
+            grant = answer.grants.get(state.name)
+            if grant is None:
+                continue
+            capacity = state.backend.capacity
+            whole = grant.tokens >= capacity.max_tokens_in_flight and grant.requests >= capacity.max_concurrent
+            state.quota = Quota(grant.requests, grant.tokens, grant.prefills, whole=whole)
+            state.others_waiting = grant.others_waiting
+            state.others_prefilling = grant.others_prefilling
+
+    def _fall_back(self, snapshot: PolicySnapshot, error: BaseException) -> None:
+        """The ledger is out of reach: every backend on its fallback part (``quota.fallback``)."""
+        if self.up or not self.live:
+            log.warning(
+                "fleet: the ledger is unreachable (%s); each backend on its fallback share", type(error).__name__
+            )
+        self.up = False
+        self.metrics.child(self.metrics.fleet_syncs, "failed").inc()
+        live = self.live or snapshot.policy.fleet.processes_when_unknown
+        classes = snapshot.policy.classes
+        for state in self.pool.all():
+            state.quota = fallback(state.quota, state.backend.capacity, classes, live)
+            state.others_waiting = EMPTY
+            state.others_prefilling = EMPTY
+
+    def adopt(self, snapshot: PolicySnapshot) -> None:
+        """Backends a reload added start on their fallback part until the next sync, never on
+        the whole capacity (other processes may be using it)."""
+        live = self.live or snapshot.policy.fleet.processes_when_unknown
+        for state in self.pool.all():
+            if state.quota is None:
+                state.quota = fallback(None, state.backend.capacity, snapshot.policy.classes, live)
+
+
+EMPTY_WAITING: dict[int, tuple[int, int]] = {}

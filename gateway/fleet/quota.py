@@ -1,0 +1,68 @@
+"""What one process may hold of a backend's capacity: its quota, and the rules that size it.
+
+A backend's capacity in the policy (``max_concurrent`` requests, ``max_tokens_in_flight``
+tokens, ``max_prefilling`` prefills per paced class) is the fleet's: every process of every
+replica together must stay within it. Each process therefore dispatches against a ``Quota``,
+its part of each budget, and the quotas of all processes sum to at most the capacity:
+
+* alone (one process, no shared store): the whole capacity (``quota`` None on the backend);
+* ``--workers N`` without a shared store: ``capacity / N`` each, fixed (``partition``);
+* with Redis: what the ledger grants (``gateway/fleet/ledger.py``), moved between processes
+  by their demand every ``fleet.sync_interval_s``;
+* with Redis unreachable: the smaller of the last grant and ``capacity / live processes last
+  seen`` (``fallback``), so that the sum still holds whatever the others do meanwhile.
+
+Sizes are whole units, rounded down: a share never rounds up past the capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gateway.policy.model import Capacity, PriorityClass
+
+EMPTY: Mapping[int, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """This process's part of one backend's budgets (requests, tokens, prefills by class rank).
+
+    ``whole`` says it holds the backend's entire token budget: then, like a process alone, it
+    may send an idle backend a request larger than the budget (which could never run otherwise).
+    """
+
+    requests: int
+    tokens: int
+    prefills: Mapping[int, int] = field(default_factory=dict)
+    whole: bool = False
+
+
+def paced(classes: Mapping[str, PriorityClass]) -> dict[int, int]:
+    """The prefill bound of each paced class, by rank."""
+    return {c.rank: c.max_prefilling for c in classes.values() if c.max_prefilling is not None}
+
+
+def partition(capacity: Capacity, classes: Mapping[str, PriorityClass], parts: int) -> Quota:
+    """One of ``parts`` equal shares, rounded down (at least nothing: a share may be 0)."""
+    if parts <= 1:
+        return Quota(capacity.max_concurrent, capacity.max_tokens_in_flight, paced(classes), whole=True)
+    prefills = {rank: bound // parts for rank, bound in paced(classes).items()}
+    return Quota(capacity.max_concurrent // parts, capacity.max_tokens_in_flight // parts, prefills)
+
+
+def fallback(last: Quota | None, capacity: Capacity, classes: Mapping[str, PriorityClass], live: int) -> Quota:
+    """The quota while the ledger cannot be reached: never above the last grant (which the
+    others' grants left room for), nor above an equal share of the processes last seen."""
+    share = partition(capacity, classes, max(live, 1))
+    if last is None:
+        return share
+    prefills = {rank: min(bound, last.prefills.get(rank, 0)) for rank, bound in share.prefills.items()}
+    return Quota(
+        min(share.requests, last.requests),
+        min(share.tokens, last.tokens),
+        prefills,
+        whole=share.whole and last.whole,
+    )

@@ -1,0 +1,116 @@
+"""The capacity ledger's rule, against the real Redis: processes share each backend by demand.
+
+Each test plays several processes (``FleetLedger``s with their own ids) under a key prefix of
+its own. The rule is in ``gateway/fleet/ledger.py``: holdings never sum past the capacity, a
+process never holds less than it uses, higher classes' demand is served first, and a process
+that stops syncing gives its holdings back once its lease expires.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Mapping
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.fleet.ledger import BackendReport, FleetLedger, Grant
+from tests.limitstore.redis_server import REDIS_URL, drop_keys, eventually, unique_prefix
+
+REQUESTS, TOKENS, PREFILLS = 10, 1000, 2
+BATCH = 1
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[FleetLedger]]:
+    prefix = unique_prefix()
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        yield [FleetLedger(client, key_prefix=prefix, replica=f"p{i}", lease_ttl_s=30.0) for i in range(3)]
+    finally:
+        await client.aclose()
+        drop_keys(REDIS_URL, prefix)
+
+
+def report(
+    requests: int = 0, waiting: Mapping[int, tuple[int, int]] | None = None, prefilling: Mapping[int, int] | None = None
+) -> list[BackendReport]:
+    """One backend ``b`` with 10 requests, 1,000 tokens and 2 batch prefills of capacity."""
+    return [
+        BackendReport(
+            name="b",
+            max_requests=REQUESTS,
+            max_tokens=TOKENS,
+            max_prefills={BATCH: PREFILLS},
+            requests=requests,
+            tokens=requests * 10,
+            prefilling=prefilling or {},
+            waiting=waiting or {},
+        )
+    ]
+
+
+async def grant(process: FleetLedger, **reported: object) -> Grant:
+    return (await process.sync(report(**reported))).grants["b"]  # type: ignore[arg-type]
+
+
+async def test_a_process_alone_holds_the_whole_capacity(processes: list[FleetLedger]) -> None:
+    alone = await grant(processes[0])
+    assert (alone.requests, alone.tokens, alone.prefills) == (REQUESTS, TOKENS, {BATCH: PREFILLS})
+
+
+async def test_an_idle_fleet_splits_the_capacity_evenly_as_headroom(processes: list[FleetLedger]) -> None:
+    for process in processes:
+        await grant(process)
+    grants = [await grant(process) for process in processes]
+    assert sorted(g.requests for g in grants) == [3, 3, 4]
+    assert sum(g.tokens for g in grants) == TOKENS
+
+
+async def test_a_higher_class_waiting_elsewhere_is_served_before_a_lower_one(processes: list[FleetLedger]) -> None:
+    batchy, interactive = processes[0], processes[1]
+    await grant(batchy, waiting={BATCH: (10, 100)})
+    await grant(interactive, waiting={0: (3, 30)})
+    assert (await grant(batchy, waiting={BATCH: (10, 100)})).requests == 7, "the batch process gives 3 back"
+    granted = await grant(interactive, waiting={0: (3, 30)})
+    assert granted.requests == 3, "the interactive process takes what the batch one gave back"
+    seen = await grant(batchy, waiting={BATCH: (10, 100)})
+    assert seen.others_waiting == {0: 3}, "each process sees what the others wait for, by class"
+
+
+async def test_a_process_never_holds_less_than_it_uses(processes: list[FleetLedger]) -> None:
+    busy, other = processes[0], processes[1]
+    await grant(busy, requests=9)
+    await grant(other, waiting={0: (10, 100)})
+    assert (await grant(busy, requests=9)).requests == 9, "requests in flight are never taken back"
+    assert (await grant(other, waiting={0: (10, 100)})).requests == 1, "the other grows only into what is free"
+
+
+async def test_the_holdings_never_sum_past_the_capacity_whatever_the_order(processes: list[FleetLedger]) -> None:
+    rng = random.Random(7)
+    held: dict[int, Grant] = {}
+    for _ in range(400):
+        index = rng.randrange(len(processes))
+        before = held.get(index)
+        uses = rng.randrange(0, (before.requests if before else 0) + 1)
+        prefilling = rng.randrange(0, (before.prefills.get(BATCH, 0) if before else 0) + 1)
+        waiting = {rank: (rng.randrange(0, 6), rng.randrange(0, 300)) for rank in (0, BATCH)}
+        held[index] = await grant(processes[index], requests=uses, waiting=waiting, prefilling={BATCH: prefilling})
+        assert held[index].requests >= uses
+        assert sum(g.requests for g in held.values()) <= REQUESTS
+        assert sum(g.tokens for g in held.values()) <= TOKENS
+        assert sum(g.prefills.get(BATCH, 0) for g in held.values()) <= PREFILLS
+
+
+async def test_a_process_that_stops_syncing_gives_its_holdings_back_when_its_lease_ends(
+    processes: list[FleetLedger],
+) -> None:
+    gone, survivor = processes[0], processes[1]
+    gone.lease_ttl_s = 0.2
+    await grant(gone, requests=8)
+    assert (await grant(survivor, waiting={0: (10, 100)})).requests == 0, "the other holds all, headroom included"
+    await eventually(lambda: _holds(survivor, REQUESTS), within=10, what="the dead process's holdings back in the pool")
+
+
+async def _holds(process: FleetLedger, requests: int) -> bool:
+    return (await grant(process, waiting={0: (10, 100)})).requests == requests

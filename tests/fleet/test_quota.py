@@ -1,0 +1,51 @@
+"""The parts of a backend's capacity a process may hold when it cannot ask the ledger."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.fleet.quota import Quota, fallback, partition
+from gateway.policy.model import Capacity, PriorityClass, Slo
+
+CAPACITY = Capacity(max_concurrent=10, max_tokens_in_flight=1000)
+SLO = Slo(ttft_ms=500, itl_ms=30, e2e_ms=60000)
+CLASSES = {
+    "interactive": PriorityClass(rank=0, slo=SLO),
+    "batch": PriorityClass(rank=1, slo=SLO, max_share=0.5, max_prefilling=3),
+}
+
+
+@pytest.mark.parametrize(
+    ("parts", "expected"),
+    [
+        pytest.param(1, Quota(10, 1000, {1: 3}, whole=True), id="one process holds the whole capacity"),
+        pytest.param(2, Quota(5, 500, {1: 1}), id="two workers take half each, prefills rounded down"),
+        pytest.param(3, Quota(3, 333, {1: 1}), id="three take a third each, rounded down: the sum stays within"),
+        pytest.param(20, Quota(0, 50, {1: 0}), id="more processes than requests: a share may be nothing"),
+    ],
+)
+def test_a_partition_is_an_equal_share_rounded_down(parts: int, expected: Quota) -> None:
+    quota = partition(CAPACITY, CLASSES, parts)
+    assert quota == expected
+    assert quota.requests * parts <= CAPACITY.max_concurrent
+    assert quota.tokens * parts <= CAPACITY.max_tokens_in_flight
+
+
+@pytest.mark.parametrize(
+    ("last", "live", "expected"),
+    [
+        pytest.param(None, 4, Quota(2, 250, {1: 0}), id="never synced: a share of the processes assumed"),
+        pytest.param(Quota(8, 800, {1: 3}), 2, Quota(5, 500, {1: 1}), id="a large grant is cut to the share"),
+        pytest.param(Quota(1, 100, {1: 0}), 2, Quota(1, 100, {1: 0}), id="a small grant is kept: others hold the rest"),
+        pytest.param(
+            Quota(10, 1000, {1: 3}, whole=True),
+            1,
+            Quota(10, 1000, {1: 3}, whole=True),
+            id="a process alone keeps the whole capacity",
+        ),
+    ],
+)
+def test_the_fallback_is_never_above_the_last_grant_nor_the_share(
+    last: Quota | None, live: int, expected: Quota
+) -> None:
+    assert fallback(last, CAPACITY, CLASSES, live) == expected

@@ -1,0 +1,111 @@
+"""Two gateways in front of one backend behave as one: its capacity holds across them.
+
+Real parts: a fake backend that counts the requests it answers at once, two gateways (two
+``Gateway`` objects, each with its own dispatcher, queues and ledger process id) sharing the
+real Redis, the official SDK as clients. Without a shared store, ``workers`` partitions the
+capacity; with Redis unreachable, each gateway falls back to a share that keeps the sum.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.policy.loader import parse_policy
+from gateway.settings import Settings
+from tests.conftest import CHAT_MODEL, KEY_ACME
+from tests.fake_backend import FakeBackend
+from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
+from tests.policy_builder import build_policy, redis_state
+from tests.servers import free_port, metric, serve_gateway_in_thread, serve_in_thread, wait_until
+
+CAPACITY = 2
+
+
+def fleet_policy(backend_url: str, state: dict[str, Any] | None = None) -> str:
+    """One backend of capacity 2; requests may wait 20 s for it (the test holds them)."""
+    sections: dict[str, Any] = {
+        "backends": {"fake": {"capacity": {"max_concurrent": CAPACITY}}},
+        "classes": {"interactive": {"queue": {"max_wait_s": 20}}},
+        "fleet": {"sync_interval_s": 0.02, "lease_ttl_s": 1.0, "timeout_ms": 1000},
+        "health_checks": {"interval_s": 60, "timeout_s": 1},
+    }
+    if state is not None:
+        sections["state"] = state
+    return build_policy(backend_url, **sections)
+
+
+@contextmanager
+def gateways(text: str, count: int, **settings: Any) -> Iterator[list[str]]:
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
+        path = Path(folder) / "policy.yaml"
+        path.write_text(text)
+        urls = []
+        for _ in range(count):
+            config = Settings(policy_path=str(path), health_checks=False, port=0, admin_port=0, **settings)
+            urls.append(stack.enter_context(serve_gateway_in_thread(config, parse_policy(text, str(path)))).api_url)
+        yield urls
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeBackend, str]]:
+    backend = FakeBackend()
+    with serve_in_thread(backend) as url:
+        yield backend, url
+
+
+def stream(url: str, answers: list[int]) -> None:
+    body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    headers = {"authorization": f"Bearer {KEY_ACME}"}
+    answers.append(httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body, timeout=30).status_code)
+
+
+def test_two_gateways_never_send_a_backend_more_than_its_capacity_and_answer_everyone(
+    fake: tuple[FakeBackend, str],
+) -> None:
+    backend, backend_url = fake
+    prefix = unique_prefix()
+    gate = backend.gate = threading.Event()  # every stream holds its slot until the test opens it
+    answers: list[int] = []
+    try:
+        with gateways(fleet_policy(backend_url, redis_state(REDIS_URL, prefix)), 2) as urls:
+            senders = [threading.Thread(target=stream, args=(urls[i % 2], answers)) for i in range(6)]
+            for sender in senders:
+                sender.start()
+            queued = lambda: sum(metric(url, "gateway_queue_depth") for url in urls)  # noqa: E731
+            wait_until(lambda: backend.active == CAPACITY and queued() == 6 - CAPACITY, what="two served, four queued")
+            backend.gate = None
+            gate.set()
+            for sender in senders:
+                sender.join(30)
+    finally:
+        drop_keys(REDIS_URL, prefix)
+    assert sorted(answers) == [200] * 6, "everyone answered, in turn"
+    assert backend.most_active == CAPACITY, "the backend never held more than its capacity"
+
+
+def test_workers_without_a_shared_store_each_take_their_share(fake: tuple[FakeBackend, str]) -> None:
+    _, backend_url = fake
+    with gateways(fleet_policy(backend_url), 1, workers=2) as (url,):
+        assert metric(url, "gateway_fleet_quota_requests", backend="fake") == CAPACITY // 2
+        assert metric(url, "gateway_fleet_processes") == 2
+
+
+def test_with_the_ledger_unreachable_a_gateway_falls_back_to_a_share_that_keeps_the_sum(
+    fake: tuple[FakeBackend, str],
+) -> None:
+    _, backend_url = fake
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    text = fleet_policy(backend_url, redis_state(unreachable, unique_prefix())).replace(
+        "max_concurrent: 2", "max_concurrent: 8"
+    )
+    with gateways(text, 1) as (url,):
+        wait_until(lambda: metric(url, "gateway_fleet_syncs_total", result="failed") >= 1, what="a failed sync")
+        assert metric(url, "gateway_fleet_quota_requests", backend="fake") == 8 // 4, "a quarter: 4 processes assumed"
