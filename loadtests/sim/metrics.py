@@ -12,9 +12,11 @@ Histograms measure wall-clock seconds as a client sees them (already multiplied 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 TTFT_BUCKETS = (
     0.001,
@@ -67,6 +69,24 @@ FINISH_REASONS = ("length", "stop", "abort")
 FAULT_MODES = ("fail_503", "stall", "close_mid_stream")
 
 
+class _ByPriority(Collector):
+    """``sim:num_requests_by_priority{priority}``: requests in the engine by priority, at scrape time."""
+
+    def __init__(self, counts: dict[int, int], values: tuple[str, str]) -> None:
+        self._counts = counts
+        self._values = values
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "sim:num_requests_by_priority",
+            "Requests in the engine (running or waiting), by their priority field.",
+            labels=["model_name", "engine", "priority"],
+        )
+        for priority, count in sorted(self._counts.items()):
+            family.add_metric([*self._values, str(priority)], count)
+        yield family
+
+
 class EngineMetrics:
     """Every metric of one engine; gauges are read from the engine at scrape time."""
 
@@ -83,6 +103,10 @@ class EngineMetrics:
         names = ["model_name", "engine"]
         values = (model_name, str(engine))
         reg = self.registry
+        self.in_engine: dict[int, int] = {}
+        """Requests in the engine (running or waiting) by their ``priority`` field: what a bench
+        reads to check a class's share of an engine (the gateway sends the class rank there)."""
+        reg.register(_ByPriority(self.in_engine, values))
 
         def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
             Gauge(name, doc, names, registry=reg).labels(*values).set_function(fn)

@@ -201,6 +201,7 @@ class EngineApp:
             self.metrics.faults[fault.mode.value].inc()
         stream = engine.submit(EngineRequest(req.token_ids, req.max_tokens, req.priority, req.cache_salt, stall_at))
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
+        self.metrics.in_engine[req.priority] = self.metrics.in_engine.get(req.priority, 0) + 1
         try:
             if req.stream and endpoint is not Endpoint.EMBEDDING:
                 await self._stream(req, req_id, stream, send, close_at)
@@ -213,6 +214,7 @@ class EngineApp:
                 if stream.finish_reason is not FinishReason.ABORT:
                     await _respond(send, 200, self._unary_body(req, req_id, stream))
         finally:
+            self.metrics.in_engine[req.priority] -= 1
             watcher.cancel()
             if stream.finish_reason is None:  # cancelled from outside: do not leak the request
                 engine.abort(stream)
