@@ -18,6 +18,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ class ChildServer:
 @contextmanager
 def serve_in_process(argv: list[str], timeout: float = 30.0) -> Iterator[ChildServer]:
     """Run ``argv`` (a gateway told ``--port 0 --admin-port 0 --log-level info``) until the block
-    ends; enter once it listens, with its URLs from its log; kill it on exit if it still runs.
+    ends; enter once it answers ``/healthz``, with its URLs from its log; kill it on exit if it
+    still runs. (The URLs are logged when the sockets are bound, before the application has
+    started: connections are refused until then.)
 
     Why port 0: a port taken by the parent and handed to the child can be taken by someone else
     (any outgoing connection of a busy test run) before the child binds it; then the child
@@ -182,6 +185,10 @@ def serve_in_process(argv: list[str], timeout: float = 30.0) -> Iterator[ChildSe
             raise AssertionError(f"{exc}; its stderr:\n{child.stderr()}") from None
         if not child.url:
             raise AssertionError(f"{argv!r} exited {proc.returncode} before listening:\n{child.stderr()}")
+        try:
+            wait_until(lambda: _answers(child.url + "/healthz") or proc.poll() is not None, timeout, what="/healthz")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its stderr:\n{child.stderr()}") from None
         yield child
     finally:
         if proc.poll() is None:
@@ -189,6 +196,13 @@ def serve_in_process(argv: list[str], timeout: float = 30.0) -> Iterator[ChildSe
         proc.wait(timeout=10)
         reader.join(timeout=10)
         proc.stderr.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200  # type: ignore[no-any-return]
+    except OSError:
+        return False
 
 
 def _drain(pipe: IO[bytes], child: ChildServer) -> None:
