@@ -41,7 +41,7 @@ import aiohttp
 import numpy as np
 
 from gateway.keys import hash_api_key
-from loadtests.harness import admin_args, checkout, cpu_seconds, pin, process
+from loadtests.harness import GATEWAY, admin_args, checkout, cpu_seconds, pin, policy_file, process
 
 MODEL = "sim-instant"
 API_KEY = "overhead-bench-key"
@@ -66,8 +66,14 @@ class PhaseResult:
     late: list[float] = field(default_factory=list)
 
 
-def _policy(backend_url: str) -> str:
-    return f"""
+def _policy(backend_url: str, *, fleet: bool = False) -> str:
+    """The bench's policy; ``fleet`` shares the state (and the capacity) through the local Redis."""
+    shared = (
+        f'state: {{backend: redis, redis_url: "redis://127.0.0.1:6379/0", key_prefix: "overhead-{os.getpid()}:"}}'
+        if fleet
+        else ""
+    )
+    return f"""{shared}
 version: overhead-bench
 limits: {{max_body_bytes: 1048576}}
 classes:
@@ -178,9 +184,9 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
                 ("gateway", through, args.gateway_pid),
                 ("minimal", args.minimal, args.minimal_pid),
             ]
-            if args.previous_url:
-                results["previous"] = PhaseResult()
-                modes.append(("previous", args.previous_url, args.previous_pid))
+            for label, url, pid in args.extra_arms:
+                results[label] = PhaseResult()
+                modes.append((label, url, pid))
             for round_no in range(args.rounds):
                 for mode, url, pid in modes:
                     before = cpu_seconds(pid) if pid else 0.0
@@ -190,9 +196,9 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
             _print_rate(rate, results)
         results = {"direct": PhaseResult(), "gateway": PhaseResult()}
         stream_modes = [("direct", direct, None), ("gateway", through, args.gateway_pid)]
-        if args.previous_url:
-            results["previous"] = PhaseResult()
-            stream_modes.append(("previous", args.previous_url, args.previous_pid))
+        for label, url, pid in args.extra_arms:
+            results[label] = PhaseResult()
+            stream_modes.append((label, url, pid))
         for round_no in range(args.rounds):
             for mode, url, pid in stream_modes:
                 before = cpu_seconds(pid) if pid else 0.0
@@ -222,12 +228,13 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
         mini = results["minimal"]
         out["minimal_added_p50_ms"] = _pct(mini.latencies, 50) - _pct(d.latencies, 50)
         out["minimal_added_p99_ms"] = _pct(mini.latencies, 99) - _pct(d.latencies, 99)
-    if "previous" in results:
-        prev = results["previous"]
-        out["previous_added_p50_ms"] = _pct(prev.latencies, 50) - _pct(d.latencies, 50)
-        out["previous_added_p99_ms"] = _pct(prev.latencies, 99) - _pct(d.latencies, 99)
-        out["previous_added_ttft_p50_ms"] = _pct(prev.ttfts, 50) - _pct(d.ttfts, 50)
-        out["previous_added_itl_p99_ms"] = _pct(prev.itls, 99) - _pct(d.itls, 99)
+    for label in EXTRA_ARMS:
+        if label in results:
+            arm = results[label]
+            out[f"{label}_added_p50_ms"] = _pct(arm.latencies, 50) - _pct(d.latencies, 50)
+            out[f"{label}_added_p99_ms"] = _pct(arm.latencies, 99) - _pct(d.latencies, 99)
+            out[f"{label}_added_ttft_p50_ms"] = _pct(arm.ttfts, 50) - _pct(d.ttfts, 50)
+            out[f"{label}_added_itl_p99_ms"] = _pct(arm.itls, 99) - _pct(d.itls, 99)
     out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
     out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
     out["added_ttft_p50_ms"] = _pct(g.ttfts, 50) - _pct(d.ttfts, 50)
@@ -256,12 +263,20 @@ def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
     _print_previous(results)
 
 
+EXTRA_ARMS = {"previous": "previous revision", "fleet": "with fleet (Redis)"}
+"""Optional arms beside the gateway: an older revision (``--previous``), the same gateway with its
+capacity coordinated through Redis (``--fleet``)."""
+
+
 def _print_previous(results: dict[str, PhaseResult]) -> None:
-    if "previous" not in results:
-        return
-    d, p = results["direct"], results["previous"]
+    for label, title in EXTRA_ARMS.items():
+        if label in results:
+            _print_arm(title, results["direct"], results[label])
+
+
+def _print_arm(title: str, d: PhaseResult, p: PhaseResult) -> None:
     print(
-        f"{'':>6} previous revision        | P50 {_pct(p.latencies, 50):6.2f} P99 {_pct(p.latencies, 99):6.2f} "
+        f"{'':>6} {title:<24} | P50 {_pct(p.latencies, 50):6.2f} P99 {_pct(p.latencies, 99):6.2f} "
         f"err {p.errors:<4d}| added P50 {_pct(p.latencies, 50) - _pct(d.latencies, 50):+6.2f} ms "
         f"P99 {_pct(p.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms "
         f"| TTFT P50 added {_pct(p.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms "
@@ -302,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway-cmd", default=None, help="override the gateway command (profiling)")
     parser.add_argument("--out", default=None, help="write the figures as JSON to OUT.json")
     parser.add_argument("--previous", default=None, metavar="REF", help="also run the gateway of git revision REF")
+    parser.add_argument(
+        "--fleet", action="store_true", help="also run the gateway with its capacity coordinated through Redis"
+    )
     parser.add_argument(
         "--current", default=None, metavar="REF", help="run the gateway of git revision REF instead of this tree's"
     )
@@ -344,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         minimal_proc = stack.enter_context(process(minimal, minimal_url + "/healthz"))
         args.gateway_pid, args.minimal_pid = gateway_proc.pid, minimal_proc.pid
         args.minimal = minimal_url + "/v1/chat/completions"
-        args.previous_url = args.previous_pid = None
+        args.extra_arms = []
         if args.previous:
             previous_port = args.gateway_port + 3
             previous_url = f"http://127.0.0.1:{previous_port}"
@@ -352,7 +370,14 @@ def main(argv: list[str] | None = None) -> int:
             old = [*pin(1), *_serve_at(folder, policy.name, previous_port)]
             env = {**os.environ, "PYTHONPATH": str(folder)}
             previous_proc = stack.enter_context(process(old, previous_url + "/healthz", env=env, cwd=folder))
-            args.previous_url, args.previous_pid = previous_url + "/v1/chat/completions", previous_proc.pid
+            args.extra_arms.append(("previous", previous_url + "/v1/chat/completions", previous_proc.pid))
+        if args.fleet:
+            fleet_port = args.gateway_port + 4
+            fleet_url = f"http://127.0.0.1:{fleet_port}"
+            fleet_policy = stack.enter_context(policy_file(_policy(backend, fleet=True)))
+            serve_fleet = [*pin(1), *GATEWAY, "serve", "--policy", str(fleet_policy), "--port", str(fleet_port)]
+            fleet_proc = stack.enter_context(process([*serve_fleet, *admin_args(fleet_port)], fleet_url + "/healthz"))
+            args.extra_arms.append(("fleet", fleet_url + "/v1/chat/completions", fleet_proc.pid))
         print(
             f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
             f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating; "
