@@ -19,6 +19,9 @@ send requests of the same shape, so that capacity is one number in requests per 
   batch completing >= 80% of the capacity left over (0.8 x 0.7 C).
 * fairness: two tenants in one class, light at 0.15 C and heavy at 1.5 C. Goal: the light
   tenant gets all it asks within its SLO, the heavy one the rest; admission off for contrast.
+* ``--replicas 2``: the isolation scenario's batch flood arrives on a second gateway replica,
+  the interactive traffic on the first, the two sharing the engines' capacity through Redis
+  (``gateway/fleet/``): strict class order must hold across replicas.
 * bounds: 10 C for the phase: gateway memory flat, every refusal answered within 50 ms,
   accepted requests within their SLO, every queue and in-flight counter back to zero after.
 """
@@ -31,6 +34,7 @@ import json
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -67,8 +71,9 @@ class Knobs:
     batch_depth: int = 512
 
 
-def gateway_policy(k: float, admission: bool, knobs: Knobs) -> str:
-    """The bench policy; ``admission=False`` is a plain proxy: no caps, no queueing, no engine priority."""
+def gateway_policy(k: float, admission: bool, knobs: Knobs, shared: str | None = None) -> str:
+    """The bench policy; ``admission=False`` is a plain proxy: no caps, no queueing, no engine priority.
+    ``shared`` is a Redis key prefix: the replicas then share the capacity (``gateway/fleet/``)."""
     conc = knobs.max_concurrent if admission else 1_000_000
     share = knobs.batch_share if admission else 1.0
     waiting = 8 if admission else 100_000
@@ -104,7 +109,18 @@ tenants:
 {tenants}
 health_checks: {{interval_s: 2, timeout_s: {2 * k}}}
 scrape: {{interval_s: 0.5, timeout_s: 1}}
-"""
+{_shared_state(shared)}"""
+
+
+def _shared_state(prefix: str | None) -> str:
+    if prefix is None:
+        return ""
+    state = f'state: {{backend: redis, redis_url: "redis://127.0.0.1:6379/0", key_prefix: "{prefix}"}}'
+    return state + "\nfleet: {sync_interval_s: 0.02, lease_ttl_s: 2}\n"
+
+
+def gateway_port(replica: int) -> int:
+    return GATEWAY_PORT + 100 * replica
 
 
 def workload(name: str, tenant: str, class_name: str) -> Workload:
@@ -122,30 +138,35 @@ def workload(name: str, tenant: str, class_name: str) -> Workload:
 
 
 @contextmanager
-def system(k: float, admission: bool, knobs: Knobs) -> Iterator[int]:
-    """Engines and gateway up; yields the gateway's pid."""
+def system(k: float, admission: bool, knobs: Knobs, replicas: int = 1) -> Iterator[int]:
+    """Engines and gateways up (``replicas`` of them sharing the capacity through Redis when more
+    than one); yields the first gateway's pid."""
     sim = [*GATEWAY, "sim", "--profile", PROFILE, "--port", str(ENGINE_PORT), "--count", "2", "--time-scale", str(k)]
+    shared = f"admission-bench-{uuid.uuid4().hex[:8]}:" if replicas > 1 else None
     with ExitStack() as stack:
         stack.enter_context(process(sim, f"http://127.0.0.1:{ENGINE_PORT + 1}/health"))
-        path = stack.enter_context(policy_file(gateway_policy(k, admission, knobs)))
-        serve = [*GATEWAY, "serve", "--policy", str(path), "--port", str(GATEWAY_PORT), *admin_args(GATEWAY_PORT)]
-        gateway = stack.enter_context(process(serve, f"http://127.0.0.1:{GATEWAY_PORT}/readyz"))
-        yield gateway.pid
+        path = stack.enter_context(policy_file(gateway_policy(k, admission, knobs, shared)))
+        pids = []
+        for replica in range(replicas):
+            port = gateway_port(replica)
+            serve = [*GATEWAY, "serve", "--policy", str(path), "--port", str(port), *admin_args(port)]
+            pids.append(stack.enter_context(process(serve, f"http://127.0.0.1:{port}/readyz")).pid)
+        yield pids[0]
 
 
 @dataclass
 class Flow:
     workload: Workload
     rate: float  # simulated requests per second
+    replica: int = 0  # which gateway replica it is sent to
 
 
 async def run_flows(flows: list[Flow], phase_s: float, k: float, out: Path, seed: int = 0) -> list[RunResult]:
-    target = f"http://127.0.0.1:{GATEWAY_PORT}"
     runs = [
         run_workload(
             flow.workload,
             RunConfig(
-                target=target,
+                target=f"http://127.0.0.1:{gateway_port(flow.replica)}",
                 rate=flow.rate,
                 duration_s=phase_s,
                 out_dir=out / flow.workload.name,
@@ -203,7 +224,8 @@ def phase(
     name: str, flows: list[Flow], args: argparse.Namespace, admission: bool, knobs: Knobs, watch_memory: bool = False
 ) -> dict[str, Any]:
     out = args.out / name
-    with system(args.time_scale, admission, knobs) as pid:
+    replicas = max(flow.replica for flow in flows) + 1
+    with system(args.time_scale, admission, knobs, replicas) as pid:
         memory: list[int] = []
         stop = threading.Event()
         sampler = threading.Thread(target=_sample_rss, args=(pid, memory, stop), daemon=True)
@@ -213,6 +235,10 @@ def phase(
         results = run_sync(lambda: run_flows(flows, args.phase_s, args.time_scale, out))
         stop.set()
         settle = _wait_for_zero(admin_url(GATEWAY_PORT))
+        for replica in range(1, replicas):
+            settle = {
+                name: settle[name] + value for name, value in _wait_for_zero(admin_url(gateway_port(replica))).items()
+            }
         lag = _engine_lag()
     report: dict[str, Any] = {
         "phase": name,
@@ -284,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-share", type=float, default=Knobs().batch_share)
     parser.add_argument("--max-concurrent", type=int, default=Knobs().max_concurrent)
     parser.add_argument("--batch-prefilling", type=int, default=None, help="max_prefilling of the batch class")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="2: interactive and batch arrive on two gateway replicas sharing the capacity through Redis",
+    )
     parser.add_argument("--out", type=Path, default=Path("loadtests/results/admission"))
     args = parser.parse_args(argv)
     knobs = Knobs(
@@ -303,7 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     if "isolation" in scenarios:
         results["isolation"] = [
             phase("isolation-alone", [Flow(interactive, 0.3 * capacity)], args, True, knobs),
-            phase("isolation-flood", [Flow(interactive, 0.3 * capacity), Flow(batch, 3 * capacity)], args, True, knobs),
+            phase(
+                "isolation-flood",
+                [Flow(interactive, 0.3 * capacity), Flow(batch, 3 * capacity, replica=1 if args.replicas > 1 else 0)],
+                args,
+                True,
+                knobs,
+            ),
             phase(
                 "isolation-flood-no-admission",
                 [Flow(interactive, 0.3 * capacity), Flow(batch, 3 * capacity)],
