@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -357,6 +358,21 @@ async def _answers(url: str) -> None:
             await asyncio.sleep(0.05)
 
 
+def share_cache_salt_secret(snapshot: PolicySnapshot) -> None:
+    """Give every worker the same cache-salt secret, so that the set shares the engines' prefix
+    caches as one gateway does (``gateway/routing/isolation.py``): when the policy's variable is
+    unset, the supervisor draws one for its workers (each drawing its own would split every
+    tenant's cache N ways). Replicas still need it set, to the same value on each."""
+    name = snapshot.policy.cache_isolation.secret_env
+    if not os.environ.get(name):
+        log.warning(
+            "%s is not set: the workers share a random secret of this supervisor's; replicas will not "
+            "share engine prefix caches (set it to the same secret on every replica)",
+            name,
+        )
+        os.environ[name] = secrets.token_hex(32)
+
+
 class _OperatorServer(uvicorn.Server):
     """uvicorn for the supervisor's operator listener: the supervisor handles the signals itself,
     and learns when it listens (``listening``)."""
@@ -376,6 +392,14 @@ class _OperatorServer(uvicorn.Server):
 
 def supervise(settings: Settings, snapshot: PolicySnapshot) -> int:
     """``serve --workers N``: bind every socket, run the set until it has drained; the exit status."""
+    share_cache_salt_secret(snapshot)
+    if snapshot.policy.state.backend == "memory":
+        log.warning(
+            "state.backend is memory: each of the %d workers enforces every tenant limit on its own "
+            "(up to %d x each limit); share them through Redis (state: {backend: redis}) as replicas do",
+            settings.workers,
+            settings.workers,
+        )
     try:
         sockets = WorkerSockets(settings.host, settings.port, settings.workers)
     except OSError as exc:

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtests.harness import labelled, metrics
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer
 from tests.deploy.conftest import binary
 from tests.fake_backend import FakeBackend
@@ -39,10 +40,17 @@ START_S = 60.0
 """Two interpreters importing the gateway on a loaded 2-core machine."""
 
 
+PRICE_PER_HOUR = 2.5
+
+
 def policy(backend_server: BackendServer, **sections: Any) -> str:
-    """The session policy with an admin key; the file is not watched (SIGHUP and /admin/reload only)."""
+    """The session policy with an admin key and a priced backend; the file is not watched
+    (SIGHUP and /admin/reload only)."""
     lifecycle = {"watch_interval_s": 0, "drain_timeout_s": 20}
-    return session_policy(backend_server.url, admin=admin_keys(ADMIN_KEY), lifecycle=lifecycle, **sections)
+    backends = {"fake": {"price_per_gpu_hour": PRICE_PER_HOUR, "gpus": 1}, **sections.pop("backends", {})}
+    return session_policy(
+        backend_server.url, admin=admin_keys(ADMIN_KEY), lifecycle=lifecycle, backends=backends, **sections
+    )
 
 
 @dataclass
@@ -154,6 +162,9 @@ def test_requests_are_spread_over_both_workers_and_counted_by_worker(workers: Wo
     gained = {w: after[w] - before[w] for w in after}
     assert sum(gained.values()) == 40
     assert all(n > 0 for n in gained.values()), f"one worker served everything: {gained}"
+    salts = {r.body.get("cache_salt") for r in backend.received if r.path == "/v1/chat/completions"}
+    assert len(salts) == 1, "the workers salt one tenant's prompts alike: the set shares the engine's cache"
+    assert None not in salts
 
 
 def test_the_merged_metrics_are_one_valid_exposition_with_each_family_once(workers: Workers) -> None:
@@ -219,6 +230,14 @@ def test_sighup_and_admin_reload_apply_the_policy_file_in_every_worker(
 
 def admin_post(workers: Workers, path: str) -> httpx.Response:
     return httpx.post(workers.admin + path, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
+
+
+def test_the_set_exports_each_backends_price_once_not_once_per_worker(workers: Workers) -> None:
+    prices = {
+        dict(labels)["worker"]: value
+        for labels, value in labelled(metrics(workers.admin), "gateway_cost_backend_price_dollars_per_hour").items()
+    }
+    assert prices == {"0": PRICE_PER_HOUR / 2, "1": PRICE_PER_HOUR / 2}
 
 
 def test_the_probes_answer_for_every_worker(workers: Workers) -> None:
