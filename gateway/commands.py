@@ -127,7 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s{role} %(name)s %(message)s")
     if settings.workers > 1:
         return supervise(settings, snapshot)
-    built = build_or_report(snapshot, **listen)
+    built = build_or_report(snapshot, workers=1, **listen)
     if built is None:
         return 1
     built.run()

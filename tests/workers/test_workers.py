@@ -157,7 +157,9 @@ def workers(policy_file: Path, backend_credential: str) -> Iterator[Workers]:
 def test_requests_are_spread_over_both_workers_and_counted_by_worker(workers: Workers, backend: FakeBackend) -> None:
     before = {w: served(workers.admin, w) for w in ("0", "1")}
     for _ in range(40):
-        assert ask(workers.url).status_code == 200
+        reply = ask(workers.url)
+        assert reply.status_code == 200
+        assert not any("worker" in name or "worker" in value for name, value in reply.headers.items())
     after = {w: served(workers.admin, w) for w in ("0", "1")}
     gained = {w: after[w] - before[w] for w in after}
     assert sum(gained.values()) == 40
@@ -351,7 +353,12 @@ def test_a_set_whose_workers_cannot_start_exits_one(
 @pytest.mark.parametrize(
     ("argv", "env", "children"),
     [
-        pytest.param(["--workers", "1"], {}, 0, id="workers 1 is one process, without a supervisor"),
+        pytest.param(
+            ["--workers", "1"],
+            {"GATEWAY_WORKERS": "2"},
+            0,
+            id="workers 1 is one process, whatever GATEWAY_WORKERS says",
+        ),
         pytest.param([], {"GATEWAY_WORKERS": "2"}, 2, id="GATEWAY_WORKERS starts a supervisor and its workers"),
     ],
 )
@@ -365,6 +372,7 @@ def test_the_number_of_workers_decides_the_process_model(
         text = httpx.get(child.admin_url + "/metrics", timeout=15).text
         assert ('worker="0"' in text) == (children > 0)
         assert any("[supervisor]" in line for line in child.lines) == (children > 0)
+        assert any(" of 2 serving: API on" in line for line in child.lines) == (children > 0)
         pids = worker_pids(child.proc.pid)
         child.proc.send_signal(signal.SIGTERM)
         assert child.proc.wait(timeout=30) == 0
