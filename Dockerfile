@@ -1,4 +1,4 @@
-# The gateway image: one process per container (scale with replicas, not workers).
+# The gateway image: one gateway per container; `--workers N` (GATEWAY_WORKERS) for N cores in it (README, Workers).
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./

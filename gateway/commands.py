@@ -19,12 +19,19 @@ from gateway.policy.loader import PolicyError, load_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.server import GatewayServer, build_server
 from gateway.settings import DEFAULT_ADMIN_PORT, Settings
+from gateway.workers.supervisor import supervise
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the gateway's own sub-commands."""
     serve = subparsers.add_parser("serve", help="run the gateway")
     serve.add_argument("--policy", required=True, help="policy file (YAML)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="gateway processes serving the one API port, under a supervisor (GATEWAY_WORKERS; default 1: one process)",
+    )
     _add_listen_args(serve)
     serve.set_defaults(func=_serve)
 
@@ -88,6 +95,15 @@ def load_or_report(path: str) -> PolicySnapshot | None:
         return None
 
 
+def settings_or_report(**settings: object) -> Settings | None:
+    """``Settings`` from the environment and ``settings``; None, reported, when they are invalid."""
+    try:
+        return Settings.from_env(**settings)
+    except ValueError as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return None
+
+
 def build_or_report(snapshot: PolicySnapshot, **settings: object) -> GatewayServer | None:
     """The server from the environment and ``settings``; None, reported, on bad settings or a taken port."""
     try:
@@ -98,14 +114,20 @@ def build_or_report(snapshot: PolicySnapshot, **settings: object) -> GatewayServ
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """One gateway process, or (``--workers N``) a supervisor and N of them (``gateway/workers/``)."""
     snapshot = load_or_report(args.policy)
     if snapshot is None:
         return 1
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     listen = {name: getattr(args, name) for name in _LISTEN_SETTINGS}
-    built = build_or_report(
-        snapshot, policy_path=args.policy, host=args.host, port=args.port, log_level=args.log_level, **listen
-    )
+    listen.update(policy_path=args.policy, host=args.host, port=args.port, log_level=args.log_level)
+    settings = settings_or_report(workers=args.workers, **listen)
+    if settings is None:
+        return 1
+    role = " [supervisor]" if settings.workers > 1 else ""
+    logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s{role} %(name)s %(message)s")
+    if settings.workers > 1:
+        return supervise(settings, snapshot)
+    built = build_or_report(snapshot, workers=1, **listen)
     if built is None:
         return 1
     built.run()

@@ -38,10 +38,14 @@ from gateway.telemetry import Metrics
 class CostMeter:
     """The gateway's one ``CostAccountant``, fed per request and exported per interval."""
 
-    def __init__(self, metrics: Metrics, backends: Iterable[Priced], clock: Clock) -> None:
+    def __init__(self, metrics: Metrics, backends: Iterable[Priced], clock: Clock, *, share: float = 1.0) -> None:
+        """``share``: the part of each backend's bill this process pays. A worker of ``serve
+        --workers N`` pays 1/N (``Settings.workers``), so that the set's exported dollars and
+        prices add up to the bill once, not N times."""
         self._metrics = metrics
         self._clock = clock
-        prices = prices_per_hour(backends)
+        self._share = share
+        prices = self._prices(backends)
         self.accountant = CostAccountant(prices, now=clock.now())
         self._show_prices(prices)
 
@@ -59,11 +63,14 @@ class CostMeter:
 
     def reprice(self, backends: Iterable[Priced], now: float | None = None) -> None:
         """A reloaded policy: charge the running interval at the old prices, then follow the new ones."""
-        prices = prices_per_hour(backends)
+        prices = self._prices(backends)
         if prices == self.accountant.prices:
             return  # unchanged: keep the interval running
         self._export(self.accountant.set_prices(prices, now=self._clock.now() if now is None else now))
         self._show_prices(prices)
+
+    def _prices(self, backends: Iterable[Priced]) -> dict[str, float]:
+        return {name: per_hour * self._share for name, per_hour in prices_per_hour(backends).items()}
 
     def close_interval(self, now: float | None = None) -> dict[CostKey, CostTotal]:
         """Charge the interval ending ``now`` (the clock's by default), export it, return its deltas."""

@@ -20,6 +20,7 @@ The tree (status, ``code``):
     ├── Overloaded             429  tenant_concurrency_limited | tenant_rate_limited | tenant_token_limited
     │                          503  queue_full | queue_timeout | deadline_unmeetable | draining | starting
     │                               | model_removed | too_many_connections (gateway/connections.py)
+    │                               | worker_unavailable (operator listener of --workers N: gateway/workers/)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
     ├── UpstreamError          502  upstream_error | upstream_connect_error | upstream_protocol_error
@@ -262,6 +263,7 @@ class ErrorCode(StrEnum):
     STARTING = "starting"
     MODEL_REMOVED = "model_removed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    WORKER_UNAVAILABLE = "worker_unavailable"
     # 500 InternalError; 503 NoHealthyBackend
     INTERNAL_ERROR = "internal_error"
     NO_HEALTHY_BACKEND = "no_healthy_backend"

@@ -12,6 +12,10 @@ yet seen the pod leave gets connection errors. A drain instead:
    shutdown (the upstream client is closed there, cutting whatever still runs).
 
 A second SIGTERM or SIGINT skips the wait. The process exits 0 either way.
+
+A worker of ``serve --workers N`` (``gateway/workers/``) waits once more between 2 and 3
+(``after_drain``): until every worker of the set has drained, so that the set keeps answering
+503 ``draining`` on the whole port until its last stream ends, as one gateway does.
 """
 
 from __future__ import annotations
@@ -46,9 +50,15 @@ class Drainable:
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first SIGTERM drains (see the module docstring) before exiting."""
 
-    def __init__(self, config: uvicorn.Config, drainable: Callable[[], Drainable | None]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drainable: Callable[[], Drainable | None],
+        after_drain: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         super().__init__(config)
         self._drainable = drainable
+        self._after_drain = after_drain
         self._drain_task: asyncio.Task[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -78,6 +88,8 @@ class DrainingServer(uvicorn.Server):
             log.warning("drain timeout: %d requests still in flight are cut", left)
         else:
             log.warning("drained: no request in flight")
+        if self._after_drain is not None:
+            await self._after_drain()
         # Not super().handle_exit: uvicorn would re-raise the signal after shutdown and the
         # process would die of SIGTERM; a completed drain is a clean exit (status 0).
         self.should_exit = True

@@ -6,6 +6,10 @@ listener (``admin_host:admin_port``: ``/metrics``, ``/admin/*`` and the probes),
 one event loop. ``serve``, ``demo`` and the tests all go through it, so the tests exercise the
 production protocol (``gateway/connections.py``) and configuration.
 
+With ``--workers N`` (``gateway/workers/``) each worker is built here too, from the two sockets
+its supervisor bound for it (``sockets=``): its share of the API port and its own operator
+listener on loopback, which only the supervisor calls.
+
 The operator listener has its own small connection bound, so a flood on the API port never
 takes a scrape or an admin call's connection, and API clients never take the operator's.
 The API listener's bound is lowered, with a warning, when the process may not open that many
@@ -18,9 +22,11 @@ from __future__ import annotations
 import logging
 import resource
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from gateway.app import GatewayApp
 from gateway.connections import ConnectionLimits, GuardedHttpToolsProtocol, Listener, Listeners
@@ -56,7 +62,19 @@ class GatewayServer:
             self.close()
 
     def _announce(self) -> None:
-        """Where it listens, once (with port 0 the only way to learn the ports the kernel gave)."""
+        """Where it listens, once (with port 0 the only way to learn the ports the kernel gave).
+        A worker says it otherwise: "listening:" is the supervisor's line, with the public operator
+        listener (``tests/servers.py`` reads it)."""
+        settings = self.app.settings
+        if settings.workers > 1:
+            log.info(
+                "worker %d of %d serving: API on %s, its operator listener on %s",
+                settings.worker_index,
+                settings.workers,
+                self.api_url,
+                self.admin_url,
+            )
+            return
         log.info("listening: API on %s, operator on %s", self.api_url, self.admin_url)
 
     async def serve(self) -> None:
@@ -73,14 +91,17 @@ class GatewayServer:
         self.closed = True
 
 
-def build_server(settings: Settings, snapshot: PolicySnapshot | None = None) -> GatewayServer:
-    """Bind both listeners and build the app and its server; ``OSError`` when a port is taken."""
-    api_socket = bind_socket(settings.host, settings.port)
-    try:
-        admin_socket = bind_socket(settings.admin_host, settings.admin_port)
-    except OSError:
-        api_socket.close()
-        raise
+def build_server(
+    settings: Settings,
+    snapshot: PolicySnapshot | None = None,
+    *,
+    sockets: tuple[socket.socket, socket.socket] | None = None,
+    after_drain: Callable[[], Awaitable[None]] | None = None,
+) -> GatewayServer:
+    """Bind both listeners and build the app and its server; ``OSError`` when a port is taken.
+    A worker's (``gateway/workers/child.py``) gives ``sockets``, the API and operator sockets its
+    supervisor bound, and ``after_drain``, its wait for the other workers (``DrainingServer``)."""
+    api_socket, admin_socket = sockets if sockets is not None else bind_listeners(settings)
     limits = ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
@@ -110,10 +131,23 @@ def build_server(settings: Settings, snapshot: PolicySnapshot | None = None) -> 
         timeout_graceful_shutdown=30,
         backlog=4096,
         proxy_headers=False,  # the gateway never reads the client address; saves work per request
+        # A worker's uvicorn lines go through the root logger, so they carry its "[worker i]" too.
+        log_config=LOGGING_CONFIG if settings.workers == 1 else None,
     )
-    server = DrainingServer(config, lambda: app.gateway.drainable() if app.gateway else None)
-    sockets = [api_socket, admin_socket]
-    return GatewayServer(app, server, sockets, listeners, _url(api_socket), _url(admin_socket))
+    server = DrainingServer(config, lambda: app.gateway.drainable() if app.gateway else None, after_drain)
+    listening = [api_socket, admin_socket]
+    return GatewayServer(app, server, listening, listeners, _url(api_socket), _url(admin_socket))
+
+
+def bind_listeners(settings: Settings) -> tuple[socket.socket, socket.socket]:
+    """The API and operator sockets of ``settings``, bound; ``OSError`` (neither left open) when one cannot be."""
+    api_socket = bind_socket(settings.host, settings.port)
+    try:
+        admin_socket = bind_socket(settings.admin_host, settings.admin_port)
+    except OSError:
+        api_socket.close()
+        raise
+    return api_socket, admin_socket
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -159,6 +193,11 @@ def fit_to_file_limit(settings: Settings) -> int:
 
 def _url(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
+    return base_url(host, port)
+
+
+def base_url(host: str, port: int) -> str:
+    """``http://host:port`` to reach a listener bound to ``host`` (a wildcard: from this machine)."""
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1" if host == "0.0.0.0" else "::1"
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

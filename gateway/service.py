@@ -76,7 +76,7 @@ class Gateway:
         self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
         self.fleet = self._fleet(settings, snapshot)
         self.source = PolicySource(settings.policy_path, initial=snapshot, install=self.install)
-        self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock)
+        self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock, share=1 / settings.workers)
         trace_log = TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
         self.recorder = Recorder(
             self.metrics, self.costs, trace_log, epoch_offset=self.epoch_offset, enabled=settings.telemetry

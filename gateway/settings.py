@@ -9,6 +9,7 @@ settings like nginx's, so they live here too; ``gateway/connections.py`` enforce
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_ADMIN_PORT = 9464
@@ -57,6 +58,14 @@ class Settings:
     """Open connections on the API listener; at the bound the longest-idle one is closed, and
     when none is idle a new one is refused with 503. Lowered at start-up to fit the process's
     file descriptor limit (``gateway/server.py``)."""
+    workers: int = 1
+    """Gateway processes serving the one API port (``serve --workers N``, ``GATEWAY_WORKERS``): 1 is
+    one process and no supervisor; more is a supervisor and N workers (``gateway/workers/``).
+    Every worker sees the same number, so that what is shared per process (each backend's
+    capacity, without Redis) can be divided by it."""
+    worker_index: int = 0
+    """This process's index among the ``workers`` (0 to N-1), set by the supervisor for each
+    worker; logs carry it (``[worker 1]``), client responses never do."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -69,6 +78,7 @@ class Settings:
             "max_upstream_connections": int(env.get("GATEWAY_MAX_UPSTREAM_CONNECTIONS", "1000")),
             "trace_log_path": env.get("GATEWAY_TRACE_LOG") or None,
             "telemetry": env.get("GATEWAY_TELEMETRY", "on").lower() not in ("off", "0", "false"),
+            "workers": _integer(env, "GATEWAY_WORKERS", 1),
         }
         for name, kind in _CONNECTION_ENV.items():
             raw = env.get(f"GATEWAY_{name.upper()}")
@@ -87,8 +97,22 @@ class Settings:
         for name in ("max_header_bytes", "max_connections", "admin_max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if not 0 <= self.worker_index < self.workers:
+            raise ValueError(f"worker_index must be in 0..{self.workers - 1}, not {self.worker_index}")
         if self.admin_port == self.port and self.port != 0:
             raise ValueError(f"the admin port must differ from the API port ({self.port})")
+
+
+def _integer(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: not a valid int") from None
 
 
 _CONNECTION_ENV: dict[str, type[int] | type[float] | type[str]] = {
