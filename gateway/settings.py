@@ -50,10 +50,6 @@ class Settings:
     answers with a 502). Idle connections are also the first closed at ``max_connections``."""
     max_header_bytes: int = 65536
     """Request line plus headers; more is refused with 431 (Envoy's default is 60 KiB)."""
-    workers: int = 1
-    """Processes serving the gateway on this machine (``serve --workers N``)."""
-    worker_index: int = 0
-    """This process's place among them, from 0."""
     max_connections: int = 10000
     """Open connections on the API listener; at the bound the longest-idle one is closed, and
     when none is idle a new one is refused with 503. Lowered at start-up to fit the process's

@@ -28,7 +28,7 @@ from gateway.backends import BackendPool
 from gateway.clock import Clock
 from gateway.dispatch import Dispatcher
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
-from gateway.fleet.quota import EMPTY, Quota, fallback, paced, partition
+from gateway.fleet.quota import EMPTY, Quota, at_most, fallback, paced, partition
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.telemetry import Metrics
 
@@ -71,6 +71,8 @@ class FleetCoordinator:
         """Processes seen in the last successful sync (0: none yet)."""
         self.up = False
         self._down_logged = False
+        self._frozen: dict[str, Quota] = {}
+        self._recovering_until = 0.0
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -127,9 +129,15 @@ class FleetCoordinator:
         ]
 
     def _apply(self, answer: Sync) -> None:
+        now = self.clock.now()
         if not self.up:
             log.warning("fleet: capacity shared with %d live process(es) through the ledger", answer.live)
+            if self._frozen:  # back from an outage: grants within the frozen parts for one lease
+                self._recovering_until = now + self.policy().policy.fleet.lease_ttl_s
         self.up, self.live, self._down_logged = True, answer.live, False
+        recovering = now < self._recovering_until
+        if not recovering:
+            self._frozen = {}
         self.metrics.child(self.metrics.fleet_syncs, "ok").inc()
         self.metrics.fleet_processes.set(answer.live)
         for state in self.pool.all():
@@ -138,7 +146,9 @@ class FleetCoordinator:
                 continue
             capacity = state.backend.capacity
             whole = grant.tokens >= capacity.max_tokens_in_flight and grant.requests >= capacity.max_concurrent
-            state.quota = Quota(grant.requests, grant.tokens, grant.prefills, whole=whole)
+            quota = Quota(grant.requests, grant.tokens, grant.prefills, whole=whole)
+            frozen = self._frozen.get(state.name) if recovering else None
+            state.quota = quota if frozen is None else at_most(quota, frozen)
             state.others_waiting = grant.others_waiting
             state.others_prefilling = grant.others_prefilling
 
@@ -150,20 +160,21 @@ class FleetCoordinator:
             )
         self.up = False
         self.metrics.child(self.metrics.fleet_syncs, "failed").inc()
-        live = self.live or snapshot.policy.fleet.processes_when_unknown
+        unknown = snapshot.policy.fleet.processes_when_unknown
         classes = snapshot.policy.classes
         for state in self.pool.all():
-            state.quota = fallback(state.quota, state.backend.capacity, classes, live)
+            state.quota = fallback(state.quota, state.backend.capacity, classes, unknown)
+            self._frozen[state.name] = state.quota
             state.others_waiting = EMPTY
             state.others_prefilling = EMPTY
 
     def adopt(self, snapshot: PolicySnapshot) -> None:
         """Backends a reload added start on their fallback part until the next sync, never on
         the whole capacity (other processes may be using it)."""
-        live = self.live or snapshot.policy.fleet.processes_when_unknown
+        unknown = snapshot.policy.fleet.processes_when_unknown
         for state in self.pool.all():
             if state.quota is None:
-                state.quota = fallback(None, state.backend.capacity, snapshot.policy.classes, live)
+                state.quota = fallback(None, state.backend.capacity, snapshot.policy.classes, unknown)
 
 
 EMPTY_WAITING: dict[int, tuple[int, int]] = {}

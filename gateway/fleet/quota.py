@@ -9,8 +9,12 @@ its part of each budget, and the quotas of all processes sum to at most the capa
 * ``--workers N`` without a shared store: ``capacity / N`` each, fixed (``partition``);
 * with Redis: what the ledger grants (``gateway/fleet/ledger.py``), moved between processes
   by their demand every ``fleet.sync_interval_s``;
-* with Redis unreachable: the smaller of the last grant and ``capacity / live processes last
-  seen`` (``fallback``), so that the sum still holds whatever the others do meanwhile.
+* with Redis unreachable: its last grant, frozen (``fallback``). The last grants of all
+  processes sum to at most the capacity (the ledger's invariant), so the sum holds whatever
+  the others do meanwhile. An equal share among the processes last seen would not: a process
+  that held little could then start requests while one that held much still has its own in
+  flight. A process that never reached the ledger takes an equal share among
+  ``fleet.processes_when_unknown``.
 
 Sizes are whole units, rounded down: a share never rounds up past the capacity.
 """
@@ -53,16 +57,15 @@ def partition(capacity: Capacity, classes: Mapping[str, PriorityClass], parts: i
     return Quota(capacity.max_concurrent // parts, capacity.max_tokens_in_flight // parts, prefills)
 
 
-def fallback(last: Quota | None, capacity: Capacity, classes: Mapping[str, PriorityClass], live: int) -> Quota:
-    """The quota while the ledger cannot be reached: never above the last grant (which the
-    others' grants left room for), nor above an equal share of the processes last seen."""
-    share = partition(capacity, classes, max(live, 1))
-    if last is None:
-        return share
-    prefills = {rank: min(bound, last.prefills.get(rank, 0)) for rank, bound in share.prefills.items()}
+def fallback(last: Quota | None, capacity: Capacity, classes: Mapping[str, PriorityClass], unknown: int) -> Quota:
+    """The part to hold while the ledger cannot be reached (module docstring): the last grant,
+    else an equal share among ``unknown`` processes."""
+    return last if last is not None else partition(capacity, classes, max(unknown, 1))
+
+
+def at_most(grant: Quota, bound: Quota) -> Quota:
+    """``grant`` within ``bound``, budget by budget (a grant applied while the fleet re-forms)."""
+    prefills = {rank: min(value, bound.prefills.get(rank, 0)) for rank, value in grant.prefills.items()}
     return Quota(
-        min(share.requests, last.requests),
-        min(share.tokens, last.tokens),
-        prefills,
-        whole=share.whole and last.whole,
+        min(grant.requests, bound.requests), min(grant.tokens, bound.tokens), prefills, grant.whole and bound.whole
     )

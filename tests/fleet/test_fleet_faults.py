@@ -7,12 +7,15 @@ keep being served, and coordination resumes by itself when Redis is back.
 
 from __future__ import annotations
 
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,9 +30,10 @@ CAPACITY = 8
 LEASE_S = 1.0
 
 
-def policy(backend_url: str, redis_url: str) -> str:
+def policy(backend_url: str, redis_url: str, **sections: Any) -> str:
     return build_policy(
         backend_url,
+        **sections,
         backends={"fake": {"capacity": {"max_concurrent": CAPACITY}}},
         state=redis_state(redis_url, unique_prefix(), timeout_ms=300),
         fleet={"sync_interval_s": 0.02, "lease_ttl_s": LEASE_S, "timeout_ms": 300, "processes_when_unknown": 2},
@@ -106,12 +110,13 @@ def test_with_redis_killed_replicas_keep_serving_within_the_capacity_then_resume
 ) -> None:
     with replicas(policy(backend_url, redis_server.url), 2) as (_, children, _):
         wait_until(lambda: all(processes(c) == 2 for c in children), what="two replicas in the ledger")
+        wait_until(lambda: [quota(c) for c in children] == [CAPACITY // 2] * 2, what="the capacity split")
         redis_server.kill()
         wait_until(
             lambda: all(metric(c.admin_url, "gateway_fleet_syncs_total", result="failed") > 0 for c in children),
             what="both replicas on their fallback share",
         )
-        assert sum(quota(c) for c in children) <= CAPACITY, "the fallback shares keep the sum"
+        assert [quota(c) for c in children] == [CAPACITY // 2] * 2, "each keeps its last part: the sum holds"
         assert [ask(c) for c in children] == [200, 200], "requests are served during the outage"
         ok_before = [metric(c.admin_url, "gateway_fleet_syncs_total", result="ok") for c in children]
         redis_server.start()
@@ -124,3 +129,51 @@ def test_with_redis_killed_replicas_keep_serving_within_the_capacity_then_resume
         )
         wait_until(lambda: all(processes(c) == 2 for c in children), what="both back in the ledger")
         assert sum(quota(c) for c in children) <= CAPACITY
+
+
+def test_after_redis_lost_every_holding_no_replica_grabs_what_the_others_still_use(
+    redis_server: RedisProcess,
+) -> None:
+    backend = FakeBackend()
+    with serve_in_thread(backend) as backend_url:
+        text = policy(backend_url, redis_server.url, classes={"interactive": {"queue": {"max_wait_s": 20}}})
+        with replicas(text, 2) as (_, (first, second), _):
+            wait_until(lambda: [quota(first), quota(second)] == [CAPACITY // 2] * 2, what="the capacity split")
+            redis_server.kill()
+            wait_until(
+                lambda: (
+                    min(metric(c.admin_url, "gateway_fleet_syncs_total", result="failed") for c in (first, second)) > 0
+                ),
+                what="both replicas frozen at their parts",
+            )
+            gate = backend.gate = threading.Event()
+            held: list[threading.Thread] = []
+            held += [threading.Thread(target=ask_stream, args=(second,)) for _ in range(CAPACITY // 2)]
+            for thread in held:
+                thread.start()
+            wait_until(lambda: backend.active == CAPACITY // 2, what="the second replica's part in use")
+            second.proc.send_signal(signal.SIGSTOP)  # the first reaches the new Redis, alone, meanwhile
+            try:
+                redis_server.start()  # empty: every holding is lost
+                wait_until(lambda: processes(first) == 1, what="the first replica alone in the new ledger")
+                more = [threading.Thread(target=ask_stream, args=(first,)) for _ in range(CAPACITY)]
+                for thread in more:
+                    thread.start()
+                wait_until(
+                    lambda: backend.active + metric(first.admin_url, "gateway_queue_depth") == CAPACITY * 3 // 2,
+                    what="the first replica's requests served or waiting",
+                )
+                assert backend.most_active <= CAPACITY, "nobody was granted what another still had in flight"
+            finally:
+                second.proc.send_signal(signal.SIGCONT)
+            backend.gate = None
+            gate.set()
+            for thread in held + more:
+                thread.join(30)
+    assert backend.most_active <= CAPACITY
+
+
+def ask_stream(child: ChildServer) -> None:
+    body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    headers = {"authorization": f"Bearer {KEY_ACME}"}
+    httpx.post(f"{child.url}/v1/chat/completions", headers=headers, json=body, timeout=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fleet.quota import Quota, fallback, partition
+from gateway.fleet.quota import Quota, at_most, fallback, partition
 from gateway.policy.model import Capacity, PriorityClass, Slo
 
 CAPACITY = Capacity(max_concurrent=10, max_tokens_in_flight=1000)
@@ -32,20 +32,17 @@ def test_a_partition_is_an_equal_share_rounded_down(parts: int, expected: Quota)
 
 
 @pytest.mark.parametrize(
-    ("last", "live", "expected"),
+    ("last", "expected"),
     [
-        pytest.param(None, 4, Quota(2, 250, {1: 0}), id="never synced: a share of the processes assumed"),
-        pytest.param(Quota(8, 800, {1: 3}), 2, Quota(5, 500, {1: 1}), id="a large grant is cut to the share"),
-        pytest.param(Quota(1, 100, {1: 0}), 2, Quota(1, 100, {1: 0}), id="a small grant is kept: others hold the rest"),
-        pytest.param(
-            Quota(10, 1000, {1: 3}, whole=True),
-            1,
-            Quota(10, 1000, {1: 3}, whole=True),
-            id="a process alone keeps the whole capacity",
-        ),
+        pytest.param(None, Quota(2, 250, {1: 0}), id="never synced: a share of the processes assumed"),
+        pytest.param(Quota(8, 800, {1: 3}), Quota(8, 800, {1: 3}), id="a large grant is kept: the others hold less"),
+        pytest.param(Quota(1, 100, {1: 0}), Quota(1, 100, {1: 0}), id="a small grant is kept: it never grows"),
     ],
 )
-def test_the_fallback_is_never_above_the_last_grant_nor_the_share(
-    last: Quota | None, live: int, expected: Quota
-) -> None:
-    assert fallback(last, CAPACITY, CLASSES, live) == expected
+def test_the_fallback_is_the_last_grant_frozen(last: Quota | None, expected: Quota) -> None:
+    assert fallback(last, CAPACITY, CLASSES, unknown=4) == expected
+
+
+def test_a_grant_while_the_fleet_re_forms_stays_within_the_frozen_part() -> None:
+    grant = Quota(10, 1000, {1: 3}, whole=True)
+    assert at_most(grant, Quota(4, 900, {1: 1})) == Quota(4, 900, {1: 1})

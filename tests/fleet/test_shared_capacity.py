@@ -98,7 +98,7 @@ def test_workers_without_a_shared_store_each_take_their_share(fake: tuple[FakeBa
         assert metric(url, "gateway_fleet_processes") == 2
 
 
-def test_with_the_ledger_unreachable_a_gateway_falls_back_to_a_share_that_keeps_the_sum(
+def test_a_gateway_that_never_reached_the_ledger_takes_a_share_of_the_processes_assumed(
     fake: tuple[FakeBackend, str],
 ) -> None:
     _, backend_url = fake
