@@ -544,9 +544,9 @@ class FleetPolicy(Strict):
     Every ``sync_interval_s`` (and at once when a request must wait for lack of this process's
     part) a process tells the ledger what it uses and what waits, and learns what it may hold.
     A process that stops syncing for ``lease_ttl_s`` is dead: its part returns to the others.
-    A sync slower than ``timeout_ms`` fails; then the process holds the smaller of its last part
-    and an equal share among the processes last seen (``processes_when_unknown`` when it has
-    never reached the ledger), until a sync succeeds again.
+    A sync slower than ``timeout_ms`` fails; then the process keeps its last part, frozen (an
+    equal share among ``processes_when_unknown`` when it has never reached the ledger), until a
+    sync succeeds again (``gateway/fleet/quota.py`` says why not an equal share of the live).
     """
 
     sync_interval_s: Annotated[float, Field(ge=0.005, le=5)] = 0.05
