@@ -55,10 +55,14 @@ def has_room(state: BackendState, priority_class: PriorityClass, tokens: int, no
     if state.in_flight_tokens + tokens > max_tokens:
         return False
     if share < 1.0:
-        if state.class_in_flight.get(rank, 0) + 1 > share * max_requests:
-            return False
-        if state.class_tokens.get(rank, 0) + tokens > share * max_tokens:
-            return False
+        class_requests = state.class_in_flight.get(rank, 0) + 1
+        class_tokens = state.class_tokens.get(rank, 0) + tokens
+        part = quota.shares.get(rank) if quota is not None else None
+        if part is None:  # this process alone: the share of the whole capacity
+            if class_requests > share * max_requests or class_tokens > share * max_tokens:
+                return False
+        elif class_requests > part.requests or class_tokens > part.tokens:
+            return False  # this process's part of the class's fleet-wide share
     if now - state.scraped_at <= fresh_s and (
         state.waiting > capacity.max_waiting or state.kv_usage > capacity.max_kv_usage
     ):

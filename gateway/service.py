@@ -115,7 +115,7 @@ class Gateway:
             return None
         client = aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0)
         ledger = FleetLedger(
-            client, key_prefix=state.key_prefix, replica=replica_id(), lease_ttl_s=snapshot.policy.fleet.lease_ttl_s
+            client, key_prefix=state.key_prefix, replica=replica_id(), lease_ttl_s=snapshot.policy.fleet.entry_ttl_s
         )
         coordinator = FleetCoordinator(ledger, self.pool, self.dispatcher, self.policy, self.clock, self.metrics)
         coordinator.adopt(snapshot)  # nothing is the whole capacity before the first sync

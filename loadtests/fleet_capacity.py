@@ -84,7 +84,11 @@ def has_workers() -> bool:
     return "--workers" in done.stdout
 
 
-async def flood(urls: list[str], rate: float, seconds: float, statuses: Counter[str], seed: int) -> None:
+async def flood(
+    urls: list[str], rate: float, seconds: float, statuses: Counter[str], seed: int, by_url: Counter[str] | None = None
+) -> None:
+    """Poisson arrivals at ``rate`` for ``seconds``, each to a gateway picked from ``urls`` when it
+    is sent (a caller may change the list meanwhile, as a load balancer's endpoints change)."""
     rng = random.Random(seed)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
@@ -97,8 +101,12 @@ async def flood(urls: list[str], rate: float, seconds: float, statuses: Counter[
                 async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
                     await response.read()
                     statuses[f"{tenant} {response.status}"] += 1
+                    if by_url is not None:
+                        by_url[f"{url} {response.status}"] += 1
             except aiohttp.ClientError as exc:
                 statuses[f"{tenant} {type(exc).__name__}"] += 1
+                if by_url is not None:
+                    by_url[f"{url} {type(exc).__name__}"] += 1
 
         tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,14 @@ def admin_args(port: int) -> list[str]:
 def admin_url(port: int) -> str:
     """Where the gateway serving on ``port`` answers /metrics (see ``admin_args``)."""
     return f"http://127.0.0.1:{port + ADMIN_PORT_OFFSET}"
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def pin(cpu: int) -> list[str]:

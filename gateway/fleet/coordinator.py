@@ -28,7 +28,7 @@ from gateway.backends import BackendPool
 from gateway.clock import Clock
 from gateway.dispatch import Dispatcher
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
-from gateway.fleet.quota import EMPTY, Quota, at_most, fallback, paced, partition
+from gateway.fleet.quota import EMPTY, Quota, Share, at_most, fallback, paced, partition, shared
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.telemetry import Metrics
 
@@ -101,7 +101,7 @@ class FleetCoordinator:
         snapshot = self.policy()
         fleet = snapshot.policy.fleet
         reports = self._reports(snapshot)
-        self.ledger.lease_ttl_s = fleet.lease_ttl_s
+        self.ledger.lease_ttl_s = fleet.entry_ttl_s
         try:
             async with asyncio.timeout(fleet.timeout_ms / 1000):
                 answer = await self.ledger.sync(reports)
@@ -112,7 +112,8 @@ class FleetCoordinator:
         self.dispatcher.hand_out_all()
 
     def _reports(self, snapshot: PolicySnapshot) -> list[BackendReport]:
-        bounds = paced(snapshot.policy.classes)
+        classes = snapshot.policy.classes
+        bounds = paced(classes)
         waiting = self.dispatcher.waiting()
         return [
             BackendReport(
@@ -120,9 +121,13 @@ class FleetCoordinator:
                 max_requests=state.backend.capacity.max_concurrent,
                 max_tokens=state.backend.capacity.max_tokens_in_flight,
                 max_prefills=bounds,
+                max_shares=shared(state.backend.capacity, classes),
                 requests=state.in_flight,
                 tokens=state.in_flight_tokens,
                 prefilling={rank: n for rank, n in state.class_prefilling.items() if n},
+                class_use={
+                    rank: Share(count, state.class_tokens.get(rank, 0)) for rank, count in state.class_in_flight.items()
+                },
                 waiting=waiting.get(state.name, EMPTY_WAITING),
             )
             for state in self.pool.all()
@@ -146,7 +151,7 @@ class FleetCoordinator:
                 continue
             capacity = state.backend.capacity
             whole = grant.tokens >= capacity.max_tokens_in_flight and grant.requests >= capacity.max_concurrent
-            quota = Quota(grant.requests, grant.tokens, grant.prefills, whole=whole)
+            quota = Quota(grant.requests, grant.tokens, grant.prefills, grant.shares, whole=whole)
             frozen = self._frozen.get(state.name) if recovering else None
             state.quota = quota if frozen is None else at_most(quota, frozen)
             state.others_waiting = grant.others_waiting

@@ -5,6 +5,12 @@ backend, what it uses now (requests in flight, their tokens, prefills by class) 
 in its queues (requests and tokens by class rank). One Lua script, atomic, answers with what it
 may hold from now on. The rule, per budget (requests, tokens, each paced class's prefills):
 
+Budgets: requests (``max_concurrent``), tokens (``max_tokens_in_flight``), each paced class's
+prefills (``max_prefilling``), and each class's requests and tokens when its ``max_share`` is
+below 1 (``floor(max_share x capacity)``). The share is a budget of its own because a share
+taken of each process's part would not hold across processes: a part that shrinks keeps the
+class's requests already in flight, and the other process's part grows meanwhile.
+
 1. **Invariant**: the holdings of all live processes sum to at most the capacity. A process
    grows only into what no one holds; it never holds less than it uses (a request in flight is
    never taken back), so shrinking waits for its requests to end.
@@ -13,9 +19,9 @@ may hold from now on. The rule, per budget (requests, tokens, each paced class's
    proportion to each process's demand (rounded down, the remainder one unit each in process
    order); what is left after every class is split evenly, as headroom for new arrivals. The
    same inputs give every process the same targets, whichever syncs first.
-3. **Leases**: a process's entry expires ``fleet.lease_ttl_s`` after its last sync; the next
-   sync of anyone purges it, and its holdings return to the pool. A process that dies stops
-   holding capacity within the TTL.
+3. **Leases**: a process's entry expires ``lease_ttl_s`` (``fleet.entry_ttl_s``) after its
+   last sync; the next sync of anyone purges it, and its holdings return to the pool. A
+   process that dies stops holding capacity within ``fleet.lease_ttl_s``.
 
 The answer also says what the others wait for and prefill, by class rank, so that a process
 does not start a class while another process has a higher class waiting for the same backend,
@@ -33,6 +39,8 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+
+from gateway.fleet.quota import NO_SHARE, Share
 
 SYNC = r"""
 local me, ttl, report, prefix = ARGV[1], tonumber(ARGV[2]), cjson.decode(ARGV[3]), ARGV[4]
@@ -56,23 +64,33 @@ local live = redis.call('ZCARD', replicas)
 
 local function num(value) return tonumber(value) or 0 end
 
--- What ``state`` uses, waits for (at ``rank``) and holds of a budget ('req', 'tok' or a paced rank).
+-- A budget is 'req', 'tok', 'p<rank>' (a paced class's prefills), 's<rank>' or 'k<rank>' (a shared
+-- class's requests or tokens). What ``state`` uses, waits for (at ``rank``) and holds of it:
+local field = {p = 'pf', s = 'sh', k = 'sk'}
+local function kind_of(budget)
+  if budget == 'req' or budget == 'tok' then return budget, nil end
+  return string.sub(budget, 1, 1), string.sub(budget, 2)
+end
 local function used(state, budget)
-  if budget == 'req' or budget == 'tok' then return num(state.use[budget]) end
-  return num(state.use.pf[budget])
+  local kind, rank = kind_of(budget)
+  if rank == nil then return num(state.use[kind]) end
+  return num((state.use[field[kind]] or {})[rank])
 end
 local function wanted(state, budget, rank)
   local want = state.want[rank]
   if not want then return 0 end
-  if budget == 'req' then return num(want[1]) end
-  if budget == 'tok' then return num(want[2]) end
-  if budget == rank then return num(want[1]) end
-  return 0
+  local kind, own = kind_of(budget)
+  if kind == 'req' then return num(want[1]) end
+  if kind == 'tok' then return num(want[2]) end
+  if own ~= rank then return 0 end
+  if kind == 'k' then return num(want[2]) end
+  return num(want[1])
 end
 local function held(state, budget)
+  local kind, rank = kind_of(budget)
   local hold = state.hold
-  if budget == 'req' or budget == 'tok' then return num(hold[budget]) end
-  return num(hold.pf[budget])
+  if rank == nil then return num(hold[kind]) end
+  return num((hold[field[kind]] or {})[rank])
 end
 
 -- Targets of every process for one budget (module docstring, rule 2).
@@ -142,7 +160,7 @@ for _, entry in ipairs(report) do
       table.insert(ids, stored[i])
     end
   end
-  local hold = mine and mine.hold or {req = 0, tok = 0, pf = {}}
+  local hold = mine and mine.hold or {req = 0, tok = 0, pf = {}, sh = {}, sk = {}}
   states[me] = {use = entry.use, want = entry.want, hold = hold}
   table.insert(ids, me)
   table.sort(ids)
@@ -155,9 +173,15 @@ for _, entry in ipairs(report) do
   end
   table.sort(ranks, function(a, b) return tonumber(a) < tonumber(b) end)
   local new = {req = settle(entry.cap.req, states, ids, ranks, 'req'),
-               tok = settle(entry.cap.tok, states, ids, ranks, 'tok'), pf = {}}
+               tok = settle(entry.cap.tok, states, ids, ranks, 'tok'), pf = {}, sh = {}, sk = {}}
   for rank, bound in pairs(entry.cap.pf) do
-    new.pf[rank] = settle(bound, states, ids, ranks, rank)
+    new.pf[rank] = settle(bound, states, ids, ranks, 'p' .. rank)
+  end
+  for rank, bound in pairs(entry.cap.sh) do
+    new.sh[rank] = settle(bound, states, ids, ranks, 's' .. rank)
+  end
+  for rank, bound in pairs(entry.cap.sk) do
+    new.sk[rank] = settle(bound, states, ids, ranks, 'k' .. rank)
   end
   states[me].hold = new
   redis.call('HSET', key, me, cjson.encode(states[me]))
@@ -184,17 +208,33 @@ class BackendReport:
     max_tokens: int
     max_prefills: Mapping[int, int]
     """The prefill bound of each paced class, by rank."""
+    max_shares: Mapping[int, Share]
+    """What each class with a ``max_share`` below 1 may hold, by rank: its share of the capacity."""
     requests: int
     tokens: int
     prefilling: Mapping[int, int]
+    class_use: Mapping[int, Share]
+    """Requests and tokens in flight by class rank (for the shared classes' budgets)."""
     waiting: Mapping[int, tuple[int, int]]
     """Requests and their tokens waiting in this process's queues for this backend, by class rank."""
 
     def as_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "cap": {"req": self.max_requests, "tok": self.max_tokens, "pf": _keyed(self.max_prefills)},
-            "use": {"req": self.requests, "tok": self.tokens, "pf": _keyed(self.prefilling)},
+            "cap": {
+                "req": self.max_requests,
+                "tok": self.max_tokens,
+                "pf": _keyed(self.max_prefills),
+                "sh": _keyed({rank: share.requests for rank, share in self.max_shares.items()}),
+                "sk": _keyed({rank: share.tokens for rank, share in self.max_shares.items()}),
+            },
+            "use": {
+                "req": self.requests,
+                "tok": self.tokens,
+                "pf": _keyed(self.prefilling),
+                "sh": _keyed({rank: self.class_use.get(rank, NO_SHARE).requests for rank in self.max_shares}),
+                "sk": _keyed({rank: self.class_use.get(rank, NO_SHARE).tokens for rank in self.max_shares}),
+            },
             "want": {str(rank): [count, tokens] for rank, (count, tokens) in self.waiting.items() if count},
         }
 
@@ -206,6 +246,8 @@ class Grant:
     requests: int
     tokens: int
     prefills: Mapping[int, int]
+    shares: Mapping[int, Share]
+    """What each shared class may hold through this process, by rank."""
     others_waiting: Mapping[int, int]
     """Requests other processes have waiting for this backend, by class rank."""
     others_prefilling: Mapping[int, int]
@@ -259,6 +301,11 @@ def _grant(entry: dict[str, Any]) -> Grant:
         requests=int(hold["req"]),
         tokens=int(hold["tok"]),
         prefills=_ints(hold.get("pf")),
+        shares=_shares(_ints(hold.get("sh")), _ints(hold.get("sk"))),
         others_waiting=_ints(entry.get("waiting")),
         others_prefilling=_ints(entry.get("prefilling")),
     )
+
+
+def _shares(requests: Mapping[int, int], tokens: Mapping[int, int]) -> dict[int, Share]:
+    return {rank: Share(count, tokens.get(rank, 0)) for rank, count in requests.items()}

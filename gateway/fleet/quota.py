@@ -1,7 +1,8 @@
 """What one process may hold of a backend's capacity: its quota, and the rules that size it.
 
 A backend's capacity in the policy (``max_concurrent`` requests, ``max_tokens_in_flight``
-tokens, ``max_prefilling`` prefills per paced class) is the fleet's: every process of every
+tokens, ``max_prefilling`` prefills per paced class, ``max_share`` of both per shared class)
+is the fleet's: every process of every
 replica together must stay within it. Each process therefore dispatches against a ``Quota``,
 its part of each budget, and the quotas of all processes sum to at most the capacity:
 
@@ -24,10 +25,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from gateway.policy.model import Capacity, PriorityClass
 
 EMPTY: Mapping[int, int] = MappingProxyType({})
+
+
+class Share(NamedTuple):
+    """The requests and tokens one class may hold of a backend (``max_share`` of its capacity)."""
+
+    requests: int
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,8 @@ class Quota:
     requests: int
     tokens: int
     prefills: Mapping[int, int] = field(default_factory=dict)
+    shares: Mapping[int, Share] = field(default_factory=dict)
+    """What each class with a ``max_share`` below 1 may hold, by rank (this process's part of the share)."""
     whole: bool = False
 
 
@@ -49,12 +60,25 @@ def paced(classes: Mapping[str, PriorityClass]) -> dict[int, int]:
     return {c.rank: c.max_prefilling for c in classes.values() if c.max_prefilling is not None}
 
 
+def shared(capacity: Capacity, classes: Mapping[str, PriorityClass]) -> dict[int, Share]:
+    """What each class with a ``max_share`` below 1 may hold of the whole capacity, by rank."""
+    return {
+        c.rank: Share(int(c.max_share * capacity.max_concurrent), int(c.max_share * capacity.max_tokens_in_flight))
+        for c in classes.values()
+        if c.max_share < 1.0
+    }
+
+
 def partition(capacity: Capacity, classes: Mapping[str, PriorityClass], parts: int) -> Quota:
     """One of ``parts`` equal shares, rounded down (at least nothing: a share may be 0)."""
     if parts <= 1:
-        return Quota(capacity.max_concurrent, capacity.max_tokens_in_flight, paced(classes), whole=True)
+        whole = Quota(capacity.max_concurrent, capacity.max_tokens_in_flight, paced(classes), whole=True)
+        return Quota(whole.requests, whole.tokens, whole.prefills, shared(capacity, classes), whole=True)
     prefills = {rank: bound // parts for rank, bound in paced(classes).items()}
-    return Quota(capacity.max_concurrent // parts, capacity.max_tokens_in_flight // parts, prefills)
+    shares = {
+        rank: Share(bound.requests // parts, bound.tokens // parts) for rank, bound in shared(capacity, classes).items()
+    }
+    return Quota(capacity.max_concurrent // parts, capacity.max_tokens_in_flight // parts, prefills, shares)
 
 
 def fallback(last: Quota | None, capacity: Capacity, classes: Mapping[str, PriorityClass], unknown: int) -> Quota:
@@ -66,6 +90,18 @@ def fallback(last: Quota | None, capacity: Capacity, classes: Mapping[str, Prior
 def at_most(grant: Quota, bound: Quota) -> Quota:
     """``grant`` within ``bound``, budget by budget (a grant applied while the fleet re-forms)."""
     prefills = {rank: min(value, bound.prefills.get(rank, 0)) for rank, value in grant.prefills.items()}
+    shares = {rank: _within(value, bound.shares.get(rank, NO_SHARE)) for rank, value in grant.shares.items()}
     return Quota(
-        min(grant.requests, bound.requests), min(grant.tokens, bound.tokens), prefills, grant.whole and bound.whole
+        min(grant.requests, bound.requests),
+        min(grant.tokens, bound.tokens),
+        prefills,
+        shares,
+        grant.whole and bound.whole,
     )
+
+
+NO_SHARE = Share(0, 0)
+
+
+def _within(share: Share, bound: Share) -> Share:
+    return Share(min(share.requests, bound.requests), min(share.tokens, bound.tokens))

@@ -543,7 +543,10 @@ class FleetPolicy(Strict):
 
     Every ``sync_interval_s`` (and at once when a request must wait for lack of this process's
     part) a process tells the ledger what it uses and what waits, and learns what it may hold.
-    A process that stops syncing for ``lease_ttl_s`` is dead: its part returns to the others.
+    A process that stops syncing is dead, and its part is back with the others within
+    ``lease_ttl_s``: its entry in the ledger expires ``entry_ttl_s`` (three sync intervals less)
+    after its last sync, so that the others' next syncs, which take the part, still fall within
+    the lease.
     A sync slower than ``timeout_ms`` fails; then the process keeps its last part, frozen (an
     equal share among ``processes_when_unknown`` when it has never reached the ledger), until a
     sync succeeds again (``gateway/fleet/quota.py`` says why not an equal share of the live).
@@ -554,10 +557,15 @@ class FleetPolicy(Strict):
     timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 200.0
     processes_when_unknown: Annotated[int, Field(ge=1, le=10_000)] = 4
 
+    @property
+    def entry_ttl_s(self) -> float:
+        """How long a process's ledger entry outlives its last sync (the class docstring says why)."""
+        return self.lease_ttl_s - 3 * self.sync_interval_s
+
     @model_validator(mode="after")
     def _lease_outlives_syncs(self) -> FleetPolicy:
-        if self.lease_ttl_s < 4 * self.sync_interval_s:
-            raise ValueError("lease_ttl_s must be at least 4 x sync_interval_s (leases are renewed at every sync)")
+        if self.lease_ttl_s < 6 * self.sync_interval_s:
+            raise ValueError("lease_ttl_s must be at least 6 x sync_interval_s (leases are renewed at every sync)")
         return self
 
 

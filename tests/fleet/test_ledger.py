@@ -15,9 +15,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.fleet.ledger import BackendReport, FleetLedger, Grant
+from gateway.fleet.quota import Share
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, eventually, unique_prefix
 
 REQUESTS, TOKENS, PREFILLS = 10, 1000, 2
+SHARE = Share(5, 500)
 BATCH = 1
 
 
@@ -33,18 +35,25 @@ async def processes() -> AsyncIterator[list[FleetLedger]]:
 
 
 def report(
-    requests: int = 0, waiting: Mapping[int, tuple[int, int]] | None = None, prefilling: Mapping[int, int] | None = None
+    requests: int = 0,
+    waiting: Mapping[int, tuple[int, int]] | None = None,
+    prefilling: Mapping[int, int] | None = None,
+    batch_requests: int = 0,
 ) -> list[BackendReport]:
-    """One backend ``b`` with 10 requests, 1,000 tokens and 2 batch prefills of capacity."""
+    """One backend ``b`` with 10 requests, 1,000 tokens, 2 batch prefills and a batch share of half.
+
+    Every request in flight counts 10 tokens."""
     return [
         BackendReport(
             name="b",
             max_requests=REQUESTS,
             max_tokens=TOKENS,
             max_prefills={BATCH: PREFILLS},
+            max_shares={BATCH: SHARE},
             requests=requests,
             tokens=requests * 10,
             prefilling=prefilling or {},
+            class_use={BATCH: Share(batch_requests, batch_requests * 10)},
             waiting=waiting or {},
         )
     ]
@@ -57,6 +66,7 @@ async def grant(process: FleetLedger, **reported: object) -> Grant:
 async def test_a_process_alone_holds_the_whole_capacity(processes: list[FleetLedger]) -> None:
     alone = await grant(processes[0])
     assert (alone.requests, alone.tokens, alone.prefills) == (REQUESTS, TOKENS, {BATCH: PREFILLS})
+    assert alone.shares == {BATCH: SHARE}
 
 
 async def test_an_idle_fleet_splits_the_capacity_evenly_as_headroom(processes: list[FleetLedger]) -> None:
@@ -94,12 +104,38 @@ async def test_the_holdings_never_sum_past_the_capacity_whatever_the_order(proce
         before = held.get(index)
         uses = rng.randrange(0, (before.requests if before else 0) + 1)
         prefilling = rng.randrange(0, (before.prefills.get(BATCH, 0) if before else 0) + 1)
+        batch = rng.randrange(0, min(uses, before.shares[BATCH].requests if before else 0) + 1)
         waiting = {rank: (rng.randrange(0, 6), rng.randrange(0, 300)) for rank in (0, BATCH)}
-        held[index] = await grant(processes[index], requests=uses, waiting=waiting, prefilling={BATCH: prefilling})
+        held[index] = await grant(
+            processes[index], requests=uses, waiting=waiting, prefilling={BATCH: prefilling}, batch_requests=batch
+        )
         assert held[index].requests >= uses
+        assert held[index].shares[BATCH] >= (batch, batch * 10)
         assert sum(g.requests for g in held.values()) <= REQUESTS
         assert sum(g.tokens for g in held.values()) <= TOKENS
         assert sum(g.prefills.get(BATCH, 0) for g in held.values()) <= PREFILLS
+        assert sum(g.shares[BATCH].requests for g in held.values()) <= SHARE.requests
+        assert sum(g.shares[BATCH].tokens for g in held.values()) <= SHARE.tokens
+
+
+async def test_a_class_share_holds_across_processes_each_holding_what_it_uses(processes: list[FleetLedger]) -> None:
+    """Why the share is a budget of its own: per-process parts of ``max_share`` would not sum to it.
+
+    Two processes each running 4 batch requests on a 10-request backend with a 0.5 batch share
+    would, each reading its own part as ``0.5 x its requests``, both stay under their bound while
+    the backend runs 8 batch requests: 3 above the share the policy states.
+    """
+    first, second = processes[0], processes[1]
+    await grant(first, requests=4, batch_requests=4, waiting={BATCH: (4, 40)})
+    held = await grant(first, requests=4, batch_requests=4, waiting={BATCH: (4, 40)})
+    assert held.shares[BATCH] == SHARE, "alone, the first process may hold the whole share"
+    other = await grant(second, waiting={BATCH: (6, 60)})
+    held = await grant(first, requests=4, batch_requests=4, waiting={BATCH: (4, 40)})
+    other = await grant(second, waiting={BATCH: (6, 60)})
+    assert held.shares[BATCH] >= (4, 40), "batch requests in flight are never taken back"
+    assert held.shares[BATCH].requests + other.shares[BATCH].requests <= SHARE.requests, "together within the share"
+    assert held.shares[BATCH].tokens + other.shares[BATCH].tokens <= SHARE.tokens, "and within its tokens"
+    assert other.shares[BATCH].requests == SHARE.requests - held.shares[BATCH].requests, "it grows into what is free"
 
 
 async def test_a_process_that_stops_syncing_gives_its_holdings_back_when_its_lease_ends(

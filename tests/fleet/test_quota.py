@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fleet.quota import Quota, at_most, fallback, partition
+from gateway.fleet.quota import Quota, Share, at_most, fallback, partition
 from gateway.policy.model import Capacity, PriorityClass, Slo
 
 CAPACITY = Capacity(max_concurrent=10, max_tokens_in_flight=1000)
@@ -18,10 +18,22 @@ CLASSES = {
 @pytest.mark.parametrize(
     ("parts", "expected"),
     [
-        pytest.param(1, Quota(10, 1000, {1: 3}, whole=True), id="one process holds the whole capacity"),
-        pytest.param(2, Quota(5, 500, {1: 1}), id="two workers take half each, prefills rounded down"),
-        pytest.param(3, Quota(3, 333, {1: 1}), id="three take a third each, rounded down: the sum stays within"),
-        pytest.param(20, Quota(0, 50, {1: 0}), id="more processes than requests: a share may be nothing"),
+        pytest.param(
+            1, Quota(10, 1000, {1: 3}, {1: Share(5, 500)}, whole=True), id="one process holds the whole capacity"
+        ),
+        pytest.param(
+            2,
+            Quota(5, 500, {1: 1}, {1: Share(2, 250)}),
+            id="two workers take half each, prefills and shares rounded down",
+        ),
+        pytest.param(
+            3,
+            Quota(3, 333, {1: 1}, {1: Share(1, 166)}),
+            id="three take a third each, rounded down: the sum stays within",
+        ),
+        pytest.param(
+            20, Quota(0, 50, {1: 0}, {1: Share(0, 25)}), id="more processes than requests: a share may be nothing"
+        ),
     ],
 )
 def test_a_partition_is_an_equal_share_rounded_down(parts: int, expected: Quota) -> None:
@@ -29,12 +41,16 @@ def test_a_partition_is_an_equal_share_rounded_down(parts: int, expected: Quota)
     assert quota == expected
     assert quota.requests * parts <= CAPACITY.max_concurrent
     assert quota.tokens * parts <= CAPACITY.max_tokens_in_flight
+    assert quota.shares[1].requests * parts <= 5, "the batch share (0.5 x 10 requests) holds across the parts"
+    assert quota.shares[1].tokens * parts <= 500, "and so does its token share"
 
 
 @pytest.mark.parametrize(
     ("last", "expected"),
     [
-        pytest.param(None, Quota(2, 250, {1: 0}), id="never synced: a share of the processes assumed"),
+        pytest.param(
+            None, Quota(2, 250, {1: 0}, {1: Share(1, 125)}), id="never synced: a share of the processes assumed"
+        ),
         pytest.param(Quota(8, 800, {1: 3}), Quota(8, 800, {1: 3}), id="a large grant is kept: the others hold less"),
         pytest.param(Quota(1, 100, {1: 0}), Quota(1, 100, {1: 0}), id="a small grant is kept: it never grows"),
     ],
@@ -44,5 +60,6 @@ def test_the_fallback_is_the_last_grant_frozen(last: Quota | None, expected: Quo
 
 
 def test_a_grant_while_the_fleet_re_forms_stays_within_the_frozen_part() -> None:
-    grant = Quota(10, 1000, {1: 3}, whole=True)
-    assert at_most(grant, Quota(4, 900, {1: 1})) == Quota(4, 900, {1: 1})
+    grant = Quota(10, 1000, {1: 3}, {1: Share(5, 500)}, whole=True)
+    frozen = Quota(4, 900, {1: 1}, {1: Share(2, 600)})
+    assert at_most(grant, frozen) == Quota(4, 900, {1: 1}, {1: Share(2, 500)})
