@@ -45,12 +45,14 @@ class BackendState:
         "class_in_flight",
         "class_prefilling",
         "class_tokens",
+        "dispatched",
         "healthy",
         "in_flight",
         "in_flight_tokens",
         "kv_usage",
         "name",
         "others_prefilling",
+        "others_rate",
         "others_waiting",
         "quota",
         "scraped_at",
@@ -76,8 +78,14 @@ class BackendState:
         """Requests other processes have waiting for this backend, by class rank (``gateway/fleet/``)."""
         self.others_prefilling: Mapping[int, int] = EMPTY
         """Prefills other processes have running on this backend, by class rank."""
+        self.dispatched = 0
+        """Requests this process has sent here since it started (the fleet reports its rate)."""
+        self.others_rate = 0.0
+        """Requests per second the other processes send here: with this process's own rate, how
+        fast a queue for this backend drains fleet-wide (``Dispatcher`` estimates waits with it)."""
 
     def reserve(self, rank: int, tokens: int) -> None:
+        self.dispatched += 1
         self.in_flight += 1
         self.in_flight_tokens += tokens
         self.class_in_flight[rank] = self.class_in_flight.get(rank, 0) + 1

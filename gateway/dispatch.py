@@ -285,7 +285,7 @@ class Dispatcher:
     ) -> Grant:
         queue = mq.queue(class_name, priority_class)
         limit = priority_class.queue
-        rate = mq.meter.rate(now)
+        rate = self._drain_rate(mq, now)
         ahead = mq.waiting_above(priority_class.rank) + queue.ahead_of(tenant.name)
         estimate = (ahead + 1) / rate if rate else 0.0
         if queue.depth >= limit.max_depth:
@@ -322,6 +322,17 @@ class Dispatcher:
             raise
         granted_at = self.clock.now()
         return Grant(decision, priority_class.rank, tokens, granted_at - now, granted_at, lane=mq.key)
+
+    def _drain_rate(self, mq: ModelQueues, now: float) -> float | None:
+        """Requests per second leaving this queue's lane: this process's dispatches, plus the other
+        processes' to the same backends (a slot freed anywhere serves the highest class waiting
+        anywhere: ``gateway/fleet/``). None while too few to say."""
+        own = mq.meter.rate(now)
+        states = mq.lane if mq.lane is not None else self.pool.for_model(mq.model)
+        others = sum(state.others_rate for state in states)
+        if own is None:
+            return others or None
+        return own + others
 
     def _make_room(
         self,

@@ -178,6 +178,36 @@ async def test_an_unmeetable_deadline_is_refused_before_queuing(
     assert state(dispatcher) == (0, 0, 0)
 
 
+async def test_the_drain_estimate_counts_what_other_processes_send_to_the_same_backends(
+    dispatcher: Dispatcher, snapshot: PolicySnapshot
+) -> None:
+    """With a fleet, a slot freed by any process serves the highest class waiting anywhere: the
+    same waiter as above, with the other processes sending 10 requests/s to ``b1`` (what the
+    ledger reports), expects ~0.2 s and is queued, not refused."""
+    clock = dispatcher.clock
+    assert isinstance(clock, FakeClock)
+    meter = dispatcher.queues()["m"].meter
+    for i in range(4):
+        meter.count(clock.now() - 8 + 2 * i)
+    next(iter(dispatcher.pool.all())).others_rate = 10.0
+    grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
+    waiter = asyncio.create_task(acquire(dispatcher, snapshot, "interactive"))
+    await asyncio.sleep(0)
+    tenant, priority_class = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    queued = asyncio.create_task(
+        dispatcher.acquire(request(), tenant, "interactive", priority_class, deadline=clock.now() + 1.0)
+    )
+    await asyncio.sleep(0)
+    assert not queued.done(), "queued: the fleet drains the queue fast enough"
+    assert state(dispatcher)[2] == 2
+    for grant in grants:
+        dispatcher.give_back("m", grant)
+    served = [await waiter, await queued]
+    for grant in served:
+        dispatcher.give_back("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
 async def test_a_wait_past_its_limit_ends_in_queue_timeout(dispatcher: Dispatcher, snapshot: PolicySnapshot) -> None:
     grants = [await acquire(dispatcher, snapshot, "interactive") for _ in range(2)]
     tenant, priority_class = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]

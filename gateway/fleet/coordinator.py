@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import Callable
 
 from redis.exceptions import RedisError
@@ -35,6 +36,8 @@ from gateway.telemetry import Metrics
 log = logging.getLogger(__name__)
 
 FAILURES = (RedisError, OSError, TimeoutError)
+RATE_WINDOW_S = 10.0
+"""The window of the dispatch rate each process reports (the same as a queue's ``DrainMeter``)."""
 
 
 def replica_id() -> str:
@@ -74,6 +77,8 @@ class FleetCoordinator:
         self._frozen: dict[str, Quota] = {}
         self._recovering_until = 0.0
         self._wake = asyncio.Event()
+        self._sent: dict[str, deque[tuple[float, int]]] = {}
+        """Each backend's ``dispatched`` count at recent syncs, for this process's rate."""
 
     def wake(self) -> None:
         """Sync as soon as the loop can: a request waits for this process's part, or this process
@@ -115,6 +120,7 @@ class FleetCoordinator:
         classes = snapshot.policy.classes
         bounds = paced(classes)
         waiting = self.dispatcher.waiting()
+        now = self.clock.now()
         return [
             BackendReport(
                 name=state.name,
@@ -129,6 +135,7 @@ class FleetCoordinator:
                     rank: Share(count, state.class_tokens.get(rank, 0)) for rank, count in state.class_in_flight.items()
                 },
                 waiting=waiting.get(state.name, EMPTY_WAITING),
+                rate=self._rate(state.name, state.dispatched, now),
             )
             for state in self.pool.all()
         ]
@@ -156,6 +163,7 @@ class FleetCoordinator:
             state.quota = quota if frozen is None else at_most(quota, frozen)
             state.others_waiting = grant.others_waiting
             state.others_prefilling = grant.others_prefilling
+            state.others_rate = grant.others_rate
 
     def _fall_back(self, snapshot: PolicySnapshot, error: BaseException) -> None:
         """The ledger is out of reach: every backend on its fallback part (``quota.fallback``)."""
@@ -172,6 +180,16 @@ class FleetCoordinator:
             self._frozen[state.name] = state.quota
             state.others_waiting = EMPTY
             state.others_prefilling = EMPTY
+            state.others_rate = 0.0
+
+    def _rate(self, backend: str, dispatched: int, now: float) -> float:
+        """Requests per second this process sent to ``backend`` over the last ``RATE_WINDOW_S``."""
+        samples = self._sent.setdefault(backend, deque())
+        samples.append((now, dispatched))
+        while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW_S:
+            samples.popleft()
+        first_at, first = samples[0]
+        return (dispatched - first) / (now - first_at) if now > first_at else 0.0
 
     def adopt(self, snapshot: PolicySnapshot) -> None:
         """Backends a reload added start on their fallback part until the next sync, never on

@@ -26,7 +26,10 @@ class's requests already in flight, and the other process's part grows meanwhile
 The answer also says what the others wait for and prefill, by class rank, so that a process
 does not start a class while another process has a higher class waiting for the same backend,
 nor a paced class's prefill while a higher class prefills there (strict class order across
-processes, as stale as one sync interval).
+processes, as stale as one sync interval); and how many requests per second the others send
+there, so that a process estimates how fast its queue drains from the fleet's rate, not its
+own part's (a process with a small part would otherwise refuse as ``deadline_unmeetable`` a
+request that the next slot freed anywhere would serve).
 
 All keys carry the ``{fleet}`` hash tag, so that a Redis Cluster keeps them on one slot.
 """
@@ -186,14 +189,15 @@ for _, entry in ipairs(report) do
   states[me].hold = new
   redis.call('HSET', key, me, cjson.encode(states[me]))
   redis.call('PEXPIRE', key, keep_ms)
-  local waiting, prefilling = {}, {}
+  local waiting, prefilling, rate = {}, {}, 0
   for _, id in ipairs(ids) do
     if id ~= me then
+      rate = rate + num(states[id].use.rate)
       for rank, want in pairs(states[id].want) do waiting[rank] = (waiting[rank] or 0) + num(want[1]) end
       for rank, count in pairs(states[id].use.pf) do prefilling[rank] = (prefilling[rank] or 0) + num(count) end
     end
   end
-  answer.backends[entry.name] = {hold = new, waiting = waiting, prefilling = prefilling}
+  answer.backends[entry.name] = {hold = new, waiting = waiting, prefilling = prefilling, rate = rate}
 end
 return cjson.encode(answer)
 """
@@ -217,6 +221,8 @@ class BackendReport:
     """Requests and tokens in flight by class rank (for the shared classes' budgets)."""
     waiting: Mapping[int, tuple[int, int]]
     """Requests and their tokens waiting in this process's queues for this backend, by class rank."""
+    rate: float = 0.0
+    """Requests per second this process has sent to this backend lately."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -234,6 +240,7 @@ class BackendReport:
                 "pf": _keyed(self.prefilling),
                 "sh": _keyed({rank: self.class_use.get(rank, NO_SHARE).requests for rank in self.max_shares}),
                 "sk": _keyed({rank: self.class_use.get(rank, NO_SHARE).tokens for rank in self.max_shares}),
+                "rate": round(self.rate, 3),
             },
             "want": {str(rank): [count, tokens] for rank, (count, tokens) in self.waiting.items() if count},
         }
@@ -251,6 +258,8 @@ class Grant:
     others_waiting: Mapping[int, int]
     """Requests other processes have waiting for this backend, by class rank."""
     others_prefilling: Mapping[int, int]
+    others_rate: float = 0.0
+    """Requests per second the other processes send to this backend."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +313,7 @@ def _grant(entry: dict[str, Any]) -> Grant:
         shares=_shares(_ints(hold.get("sh")), _ints(hold.get("sk"))),
         others_waiting=_ints(entry.get("waiting")),
         others_prefilling=_ints(entry.get("prefilling")),
+        others_rate=float(entry.get("rate") or 0.0),
     )
 
 

@@ -39,6 +39,7 @@ def report(
     waiting: Mapping[int, tuple[int, int]] | None = None,
     prefilling: Mapping[int, int] | None = None,
     batch_requests: int = 0,
+    rate: float = 0.0,
 ) -> list[BackendReport]:
     """One backend ``b`` with 10 requests, 1,000 tokens, 2 batch prefills and a batch share of half.
 
@@ -55,6 +56,7 @@ def report(
             prefilling=prefilling or {},
             class_use={BATCH: Share(batch_requests, batch_requests * 10)},
             waiting=waiting or {},
+            rate=rate,
         )
     ]
 
@@ -86,6 +88,15 @@ async def test_a_higher_class_waiting_elsewhere_is_served_before_a_lower_one(pro
     assert granted.requests == 3, "the interactive process takes what the batch one gave back"
     seen = await grant(batchy, waiting={BATCH: (10, 100)})
     assert seen.others_waiting == {0: 3}, "each process sees what the others wait for, by class"
+
+
+async def test_each_process_learns_how_fast_the_others_send_to_the_backend(processes: list[FleetLedger]) -> None:
+    """What a process's drain estimate adds to its own rate (``Dispatcher._drain_rate``)."""
+    first, second, third = processes
+    await first.sync(report(rate=5.0))
+    await second.sync(report(rate=2.5))
+    assert (await third.sync(report(rate=1.0))).grants["b"].others_rate == 7.5
+    assert (await first.sync(report(rate=5.0))).grants["b"].others_rate == 3.5, "its own rate is not counted"
 
 
 async def test_a_process_never_holds_less_than_it_uses(processes: list[FleetLedger]) -> None:
