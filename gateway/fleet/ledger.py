@@ -15,7 +15,10 @@ class's requests already in flight, and the other process's part grows meanwhile
    grows only into what no one holds; it never holds less than it uses (a request in flight is
    never taken back), so shrinking waits for its requests to end.
 2. **Target**: what each process should hold. Everyone keeps what it uses; the rest is given
-   by class rank, highest class first: all of a rank's waiting demand when it fits, else in
+   by class rank, highest class first (a class with a ``max_share`` counts its waiting requests
+   only up to what its share leaves free fleet-wide: demand it could not use is no demand, and
+   would take the headroom an arrival of a higher class elsewhere needs): all of a rank's
+   waiting demand when it fits, else in
    proportion to each process's demand (rounded down, the remainder one unit each in process
    order); what is left after every class is split evenly, as headroom for new arrivals. The
    same inputs give every process the same targets, whichever syncs first.
@@ -80,9 +83,9 @@ local function used(state, budget)
   return num((state.use[field[kind]] or {})[rank])
 end
 local function wanted(state, budget, rank)
-  local want = state.want[rank]
-  if not want then return 0 end
   local kind, own = kind_of(budget)
+  local want = (own == nil and state.usable or state.want)[rank]
+  if not want then return 0 end
   if kind == 'req' then return num(want[1]) end
   if kind == 'tok' then return num(want[2]) end
   if own ~= rank then return 0 end
@@ -94,6 +97,41 @@ local function held(state, budget)
   local hold = state.hold
   if rank == nil then return num(hold[kind]) end
   return num((hold[field[kind]] or {})[rank])
+end
+
+-- What each process waits for that its class can use: a shared class's waiting requests count
+-- only up to what its share leaves free fleet-wide, split in proportion. Batch queued past its
+-- share would otherwise take, as demand, the headroom an interactive arrival elsewhere needs.
+local function usable(states, ids, cap)
+  for _, id in ipairs(ids) do states[id].usable = states[id].want end
+  for rank, bound in pairs(cap.sh or {}) do
+    local used_req, used_tok, want_req, want_tok = 0, 0, 0, 0
+    for _, id in ipairs(ids) do
+      local state = states[id]
+      used_req = used_req + num((state.use.sh or {})[rank])
+      used_tok = used_tok + num((state.use.sk or {})[rank])
+      local want = state.want[rank]
+      if want then
+        want_req = want_req + num(want[1])
+        want_tok = want_tok + num(want[2])
+      end
+    end
+    local room_req = math.max(bound - used_req, 0)
+    local room_tok = math.max(num((cap.sk or {})[rank]) - used_tok, 0)
+    if want_req > room_req or want_tok > room_tok then
+      local part_req = want_req > 0 and math.min(room_req / want_req, 1) or 0
+      local part_tok = want_tok > 0 and math.min(room_tok / want_tok, 1) or 0
+      for _, id in ipairs(ids) do
+        local want = states[id].want[rank]
+        if want then
+          local copy = {}
+          for other, value in pairs(states[id].usable) do copy[other] = value end
+          copy[rank] = {math.floor(num(want[1]) * part_req), math.floor(num(want[2]) * part_tok)}
+          states[id].usable = copy
+        end
+      end
+    end
+  end
 end
 
 -- Targets of every process for one budget (module docstring, rule 2).
@@ -175,6 +213,7 @@ for _, entry in ipairs(report) do
     end
   end
   table.sort(ranks, function(a, b) return tonumber(a) < tonumber(b) end)
+  usable(states, ids, entry.cap)
   local new = {req = settle(entry.cap.req, states, ids, ranks, 'req'),
                tok = settle(entry.cap.tok, states, ids, ranks, 'tok'), pf = {}, sh = {}, sk = {}}
   for rank, bound in pairs(entry.cap.pf) do
@@ -187,6 +226,7 @@ for _, entry in ipairs(report) do
     new.sk[rank] = settle(bound, states, ids, ranks, 'k' .. rank)
   end
   states[me].hold = new
+  states[me].usable = nil
   redis.call('HSET', key, me, cjson.encode(states[me]))
   redis.call('PEXPIRE', key, keep_ms)
   local waiting, prefilling, rate = {}, {}, 0

@@ -83,9 +83,11 @@ async def test_a_higher_class_waiting_elsewhere_is_served_before_a_lower_one(pro
     batchy, interactive = processes[0], processes[1]
     await grant(batchy, waiting={BATCH: (10, 100)})
     await grant(interactive, waiting={0: (3, 30)})
-    assert (await grant(batchy, waiting={BATCH: (10, 100)})).requests == 7, "the batch process gives 3 back"
+    # Of 10 slots: 3 for the interactive requests, 5 for batch (its share: the rest of its demand
+    # could not run), the 2 left as headroom, one each.
+    assert (await grant(batchy, waiting={BATCH: (10, 100)})).requests == 6, "the batch process gives 4 back"
     granted = await grant(interactive, waiting={0: (3, 30)})
-    assert granted.requests == 3, "the interactive process takes what the batch one gave back"
+    assert granted.requests == 4, "the interactive process takes what the batch one gave back"
     seen = await grant(batchy, waiting={BATCH: (10, 100)})
     assert seen.others_waiting == {0: 3}, "each process sees what the others wait for, by class"
 
@@ -147,6 +149,19 @@ async def test_a_class_share_holds_across_processes_each_holding_what_it_uses(pr
     assert held.shares[BATCH].requests + other.shares[BATCH].requests <= SHARE.requests, "together within the share"
     assert held.shares[BATCH].tokens + other.shares[BATCH].tokens <= SHARE.tokens, "and within its tokens"
     assert other.shares[BATCH].requests == SHARE.requests - held.shares[BATCH].requests, "it grows into what is free"
+
+
+async def test_waiting_demand_past_a_class_share_is_no_demand(processes: list[FleetLedger]) -> None:
+    """Batch queued past its share could not run: it must not take the headroom an interactive
+    arrival on another process needs, without a round trip to the ledger."""
+    batchy, interactive = processes[0], processes[1]
+    flood = {BATCH: (100, 1000)}
+    await grant(batchy, requests=5, batch_requests=5, waiting=flood)
+    await grant(interactive)
+    held = await grant(batchy, requests=5, batch_requests=5, waiting=flood)
+    free = await grant(interactive)
+    assert held.requests + free.requests == REQUESTS
+    assert free.requests >= (REQUESTS - 5) // 2, "the idle process keeps half the free slots as headroom"
 
 
 async def test_a_process_that_stops_syncing_gives_its_holdings_back_when_its_lease_ends(
