@@ -221,6 +221,9 @@ class BackendPool:
     def all(self) -> Iterable[BackendState]:
         return self._states.values()
 
+    def named(self, name: str) -> BackendState | None:
+        return self._states.get(name)
+
     def usable(self, state: BackendState) -> bool:
         """Healthy, and its breaker (if any) lets requests through."""
         return state.healthy and (state.breaker is None or state.breaker.allow())

@@ -174,6 +174,9 @@ class Dispatcher:
         self.on_pressure: Callable[[], None] | None = None
         """Called when a request must wait, and when a backend frees room that another process
         waits for: the fleet syncs sooner (``gateway/fleet/coordinator.py``)."""
+        self.on_routed: Callable[[InferenceRequest, RoutingDecision], None] | None = None
+        """Called with each decision acted on: the fleet's prefix view publishes it
+        (``gateway/fleet/prefix_sync.py``)."""
         self._queues: dict[str, ModelQueues] = {}
         self._lanes: dict[str, list[ModelQueues]] = {}
         self._classes: dict[str, PriorityClass] = {}
@@ -399,6 +402,8 @@ class Dispatcher:
     ) -> None:
         decision.state.reserve(rank, tokens)
         self.router_for(request.model).on_dispatch(request, tenant, decision)
+        if self.on_routed is not None:
+            self.on_routed(request, decision)
 
     def first_token(self, model: str, grant: Grant) -> None:
         """The request's prefill is done: a class paced by ``max_prefilling`` may start another."""

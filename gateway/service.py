@@ -31,6 +31,7 @@ from gateway.dispatch import Dispatcher
 from gateway.exposition import expose
 from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replica_id
 from gateway.fleet.ledger import FleetLedger
+from gateway.fleet.prefix_sync import PrefixSync
 from gateway.lifecycle import Drainable
 from gateway.limitstore.factory import build_limit_store
 from gateway.limitstore.memory import MemoryLimitStore
@@ -75,6 +76,7 @@ class Gateway:
         self.limiter = TenantLimiter(self.limit_store, self.clock)
         self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
         self.fleet = self._fleet(settings, snapshot)
+        self.prefix_view = self._prefix_view(snapshot)
         self.source = PolicySource(settings.policy_path, initial=snapshot, install=self.install)
         self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock, share=1 / settings.workers)
         trace_log = TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
@@ -121,6 +123,35 @@ class Gateway:
         coordinator.adopt(snapshot)  # nothing is the whole capacity before the first sync
         self.dispatcher.on_pressure = coordinator.wake
         return coordinator
+
+    def _prefix_view(self, snapshot: PolicySnapshot) -> PrefixSync | None:
+        """The fleet's prefix view (``gateway/fleet/prefix_sync.py``), when capacity is shared."""
+        if self.fleet is None or not snapshot.policy.fleet.prefix_view:
+            return None
+        salter = self.runtime.salter
+        if not salter.shared:
+            log.warning(
+                "fleet prefix view off: the cache-salt secret is this process's own, so no other replica's "
+                "engine cache entries are this one's (set %s to the same secret on every replica)",
+                snapshot.policy.cache_isolation.secret_env,
+            )
+            return None
+        url = snapshot.policy.state.resolved_url()
+        assert url is not None  # the fleet runs on it
+        view = PrefixSync(
+            aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0),
+            # Replicas share a view only when they share the secret: with another secret, the same
+            # tenant's blocks are another cache entry in the engines (another ``cache_salt``).
+            key=f"{snapshot.policy.state.key_prefix}fleet:prefix-view:{salter.salt('fleet-prefix-view')[:12]}",
+            origin=self.fleet.ledger.replica,
+            routers=lambda: self.runtime.routers,
+            pool=self.pool,
+            policy=self.policy,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+        self.dispatcher.on_routed = view.publish
+        return view
 
     def pipeline_deps(self) -> PipelineDeps:
         """The request path's collaborators (``gateway/proxy.py``)."""
@@ -215,6 +246,10 @@ class Gateway:
         if self.fleet is not None:
             await self.fleet.sync_once()  # its part of each backend before the first request
             self._spawn(self.fleet.run())
+        if self.prefix_view is not None:
+            await self.prefix_view.catch_up()  # the fleet's recent decisions before the first request
+            self._spawn(self.prefix_view.run_publisher())
+            self._spawn(self.prefix_view.run_reader())
         self._spawn(self.costs.run(lambda: self.policy().policy.telemetry.cost_interval_s))
         if policy.lifecycle.watch_interval_s > 0:
             self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))
@@ -257,6 +292,8 @@ class Gateway:
         await self.limit_store.aclose()
         if self.fleet is not None:
             await self.fleet.ledger.client.aclose()
+        if self.prefix_view is not None:
+            await self.prefix_view.client.aclose()
         if self.recorder.trace_log is not None:
             await asyncio.to_thread(self.recorder.trace_log.close)
         await asyncio.to_thread(self.runtime.tracing.shutdown)

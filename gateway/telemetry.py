@@ -431,6 +431,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.fleet_prefix_decisions = Counter(
+            "gateway_fleet_prefix_decisions",
+            "Routing decisions in the fleet's prefix view: published by this process, received "
+            "(folded into its index) from the others, or dropped (Redis unreachable, backlog full).",
+            ["result"],
+            registry=r,
+        )
 
     def _declare_connection_metrics(self, r: CollectorRegistry) -> None:
         """Client connections and what their guards closed (``gateway/connections.py``)."""

@@ -3,7 +3,8 @@
 Usage::
 
     python -m loadtests.routing_bench [--strategies round_robin,least_load,prefix_affinity,oracle]
-                                      [--time-scale 4] [--phase-s 300] [--hot] [--out loadtests/results/routing]
+                                      [--time-scale 4] [--phase-s 300] [--hot] [--fleet N]
+                                      [--out loadtests/results/routing]
 
 Four simulated Llama-3.1-8B H100 engines (``inference-gateway sim --count 4``, one process) sit
 behind the gateway (another process), both restarted for every phase so that each strategy
@@ -58,6 +59,13 @@ gateway's loop for about a millisecond per candidate, which only the oracle pays
 runs it through ``python -m loadtests.routing_bench --serve-oracle``, which registers the
 strategy and then runs ``inference-gateway serve``.
 
+* fleet (``--fleet N``, issue 13): the same load under ``prefix_affinity`` on N gateway
+  replicas (separate processes) sharing Redis, each request sent to one of them at random (a
+  Kubernetes Service without session affinity; ``RunConfig.spread_to``), with the fleet's
+  prefix view (``gateway/fleet/prefix_sync.py``) and without it, against one replica in the
+  same run (the ``prefix_affinity`` phase when it ran, else one of its own). Goal: hit rate and
+  goodput with the view at least 0.95 x one replica's.
+
 Goals (issue 5): hit rate >= 0.9 x the oracle's and >= 2 x round-robin's; mean TTFT at least 2 x
 better than round-robin's; P99 TTFT no worse than least_load's; goodput >= 1.5 x round-robin's.
 """
@@ -74,11 +82,13 @@ import time
 import unittest.mock
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
+import redis
 
 from gateway.keys import hash_api_key
 from gateway.policy.model import Tenant
@@ -197,7 +207,18 @@ def serve_oracle_gateway(policy: str, port: int) -> int:
 # -- the system under test ---------------------------------------------------------------------
 
 
-def gateway_policy(k: float, strategy: str) -> str:
+GATEWAY_PORTS = tuple(GATEWAY_PORT + 10 * i for i in range(8))
+"""Replica i of a ``--fleet`` phase serves on ``GATEWAY_PORTS[i]`` (the engines are at 18711-18714)."""
+
+
+def fleet_sections(redis_url: str, key_prefix: str, view: bool) -> str:
+    """The policy sections of replicas that share Redis: capacity always, the prefix view or not."""
+    return f"""state: {{backend: redis, redis_url: "{redis_url}", key_prefix: "{key_prefix}"}}
+fleet: {{prefix_view: {"true" if view else "false"}}}
+"""
+
+
+def gateway_policy(k: float, strategy: str, shared: str = "") -> str:
     backends = "\n".join(
         f"""  - {{name: engine-{i}, url: "http://127.0.0.1:{ENGINE_PORT + i}", kind: sim, models: [{MODEL}],
       engine_priority: true, timeouts: {{first_byte_s: {600 * k}, between_chunks_s: {600 * k}}},
@@ -233,23 +254,55 @@ tenants:
 breaker: {{consecutive_failures: null, failure_ratio: null}}
 health_checks: {{interval_s: 2, timeout_s: 2}}
 scrape: {{interval_s: 0.5, timeout_s: 1}}
-"""
+{shared}"""
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The gateways of a phase: one, or ``replicas`` sharing Redis (with the prefix view or not)."""
+
+    replicas: int = 1
+    view: bool = True
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return GATEWAY_PORTS[: self.replicas]
 
 
 @contextmanager
-def system(k: float, strategy: str) -> Iterator[None]:
-    """Fresh engines (cold caches) and a gateway routing with ``strategy``."""
+def system(k: float, strategy: str, fleet: Fleet = Fleet()) -> Iterator[None]:
+    """Fresh engines (cold caches) and the gateway(s) routing with ``strategy``; replicas of a
+    fleet share Redis under a key prefix of their own, deleted at the end."""
     sim = [*GATEWAY, "sim", "--profile", PROFILE, "--port", str(ENGINE_PORT), "--count", str(ENGINES)]
     sim += ["--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION)]
     with ExitStack() as stack:
         stack.enter_context(process([*sim, "--time-scale", str(k)], f"http://127.0.0.1:{ENGINE_PORT + 3}/health"))
-        path = stack.enter_context(policy_file(gateway_policy(k, strategy)))
-        if strategy == "oracle":
-            serve = [sys.executable, "-m", "loadtests.routing_bench", "--serve-oracle", str(path)]
-        else:
-            serve = [*GATEWAY, "serve", "--policy", str(path), *admin_args(GATEWAY_PORT)]
-        stack.enter_context(process([*serve, "--port", str(GATEWAY_PORT)], f"http://127.0.0.1:{GATEWAY_PORT}/readyz"))
+        shared = ""
+        if fleet.replicas > 1:
+            key_prefix = f"routing-bench-{os.getpid()}-{time.time_ns()}:"
+            stack.callback(drop_keys, fleet.redis_url, key_prefix)
+            shared = fleet_sections(fleet.redis_url, key_prefix, fleet.view)
+        path = stack.enter_context(policy_file(gateway_policy(k, strategy, shared)))
+        for port in fleet.ports:
+            if strategy == "oracle":
+                serve = [sys.executable, "-m", "loadtests.routing_bench", "--serve-oracle", str(path)]
+            else:
+                serve = [*GATEWAY, "serve", "--policy", str(path)]
+            argv = [*serve, *admin_args(port), "--port", str(port)]
+            stack.enter_context(process(argv, f"http://127.0.0.1:{port}/readyz"))
         yield
+
+
+def drop_keys(redis_url: str, key_prefix: str) -> None:
+    """Delete a phase's keys (its ledger and its prefix-view stream)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        names = list(client.scan_iter(match=f"{key_prefix}*"))
+        if names:
+            client.delete(*names)
+    finally:
+        client.close()
 
 
 def engine_counters() -> list[dict[str, float]]:
@@ -269,17 +322,24 @@ def engine_counters() -> list[dict[str, float]]:
     return out
 
 
-def gateway_routing() -> dict[str, Any]:
-    samples = metrics(admin_url(GATEWAY_PORT))
-    count = metric_sum(samples, "gateway_routing_pick_seconds_count")
-    reasons = {
-        dict(labels)["reason"]: value
-        for (name, labels), value in samples.items()
-        if name == "gateway_routing_decisions_total"
-    }
+def gateway_routing(ports: Sequence[int] = (GATEWAY_PORT,)) -> dict[str, Any]:
+    """Routing figures summed over the gateways on ``ports``."""
+    count = picked_s = 0.0
+    reasons: dict[str, float] = {}
+    view: dict[str, float] = {}
+    for port in ports:
+        samples = metrics(admin_url(port))
+        count += metric_sum(samples, "gateway_routing_pick_seconds_count")
+        picked_s += metric_sum(samples, "gateway_routing_pick_seconds_sum")
+        for (name, labels), value in samples.items():
+            if name == "gateway_routing_decisions_total":
+                reasons[dict(labels)["reason"]] = reasons.get(dict(labels)["reason"], 0.0) + value
+            elif name == "gateway_fleet_prefix_decisions_total":
+                view[dict(labels)["result"]] = view.get(dict(labels)["result"], 0.0) + value
     return {
-        "pick_us_mean": 1e6 * metric_sum(samples, "gateway_routing_pick_seconds_sum") / count if count else None,
+        "pick_us_mean": 1e6 * picked_s / count if count else None,
         "decisions_by_reason": reasons,
+        "prefix_view": view,
     }
 
 
@@ -321,6 +381,7 @@ def run_phase(
     warmup: float,
     *,
     flood: bool = False,
+    fleet: Fleet = Fleet(),
 ) -> dict[str, Any]:
     """One phase: fresh system, the load for ``--phase-s`` wall seconds, figures over the window.
 
@@ -330,7 +391,7 @@ def run_phase(
     A ``flood`` is cut 5 simulated seconds after the load: only its engines' completions count.
     """
     k, phase_s = args.time_scale, args.flood_s if flood else args.phase_s
-    with system(k, strategy):
+    with system(k, strategy, fleet):
         start_epoch = time.time()
         marks: dict[str, list[dict[str, float]]] = {"start": engine_counters()}
         timers = [
@@ -340,7 +401,8 @@ def run_phase(
         for timer in timers:
             timer.start()
         config = RunConfig(
-            target=f"http://127.0.0.1:{GATEWAY_PORT}",
+            target=f"http://127.0.0.1:{fleet.ports[0]}",
+            spread_to=tuple(f"http://127.0.0.1:{port}" for port in fleet.ports[1:]),
             rate=rate,
             duration_s=phase_s,
             out_dir=args.out / name,
@@ -354,7 +416,7 @@ def run_phase(
         for timer in timers:
             timer.join()
         marks["drained"] = engine_counters()
-        routing = gateway_routing()
+        routing = gateway_routing(fleet.ports)
     window_start = start_epoch + warmup * phase_s
     window = [r for r in result.records if r.t_send >= window_start]
     window_s = (1 - warmup) * phase_s / k
@@ -362,6 +424,8 @@ def run_phase(
     report = {
         "phase": name,
         "strategy": strategy,
+        "replicas": fleet.replicas,
+        "prefix_view": fleet.view if fleet.replicas > 1 else None,
         "rate_per_s": rate,
         "time_scale": k,
         "window_simulated_s": window_s,
@@ -445,6 +509,34 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def fleet_phases(
+    workload: Workload, rate: float, args: argparse.Namespace, one: dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
+    """One replica (unless the strategies' ``prefix_affinity`` phase ran), then ``--fleet`` N
+    replicas with the prefix view and without it; the same load, spread at random over them."""
+    n = args.fleet
+    phases = {"one-replica": one or run_phase("fleet-1", "prefix_affinity", workload, rate, args, args.warmup)}
+    for view in (True, False):
+        name = f"fleet-{n}-{'view' if view else 'no-view'}"
+        fleet = Fleet(replicas=n, view=view, redis_url=args.redis_url)
+        phases[name] = run_phase(name, "prefix_affinity", workload, rate, args, args.warmup, fleet=fleet)
+    return phases
+
+
+def fleet_goals(phases: dict[str, dict[str, Any]], n: int) -> dict[str, Any]:
+    """Proof 3 of issue 13: N replicas with the view keep >= 0.95 x one replica's hit rate and goodput."""
+    one, many = phases["one-replica"], phases[f"fleet-{n}-view"]
+    out = {}
+    for figure in ("hit_rate", "goodput_per_s"):
+        value = many[figure] / one[figure] if many[figure] is not None and one[figure] else None
+        out[f"fleet_{n}_{figure}_vs_one_replica"] = {
+            "value": value,
+            "goal": ">= 0.95",
+            "met": value is not None and value >= 0.95,
+        }
+    return out
+
+
 def summary(report: dict[str, Any]) -> str:
     """The report as a text table: one row per phase, then the goals."""
 
@@ -458,6 +550,7 @@ def summary(report: dict[str, Any]) -> str:
         f"{'eng/s':>7} {'pick us':>8} {'late steps':>10}  share per engine",
     ]
     phases = [*report.get("capacity_phases", {}).values(), *report["strategies"].values()]
+    phases += [ph for ph in report.get("fleet", {}).values() if ph not in phases]
     if "hot_prompt" in report:
         phases += [report["hot_capacity_phase"], report["hot_prompt"]]
     for ph in phases:
@@ -500,6 +593,15 @@ def main(argv: list[str] | None = None) -> int:
         help="K of the hot-prompt phases: short cached requests stream ~4x the tokens per second",
     )
     parser.add_argument("--hot-flood-rate", type=float, default=400.0, help="simulated req/s of the hot flood")
+    parser.add_argument(
+        "--fleet",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run prefix_affinity on N replicas sharing Redis, requests spread at random, with and "
+        "without the prefix view, against one replica in the same run (issue 13, proof 3)",
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="the fleet's Redis")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("loadtests/results/routing"))
     args = parser.parse_args(argv)
@@ -524,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     report["strategies"] = results
     report["goals"] = goals(results)
+    if args.fleet > 1:
+        report["fleet"] = fleet_phases(workload, args.load * capacity, args, results.get("prefix_affinity"))
+        report["goals"].update(fleet_goals(report["fleet"], args.fleet))
     if args.hot:
         hot = load_workload(WORKLOADS / "routing-hot.yaml")
         hot_args = argparse.Namespace(**{**vars(args), "time_scale": args.hot_time_scale})

@@ -539,7 +539,8 @@ class FleetPolicy(Strict):
 
     Usage in a policy file (it applies when ``state.backend`` is ``redis``)::
 
-        fleet: {sync_interval_s: 0.05, lease_ttl_s: 2, timeout_ms: 200, processes_when_unknown: 4}
+        fleet: {sync_interval_s: 0.05, lease_ttl_s: 2, timeout_ms: 200, processes_when_unknown: 4,
+                prefix_view: true, prefix_flush_s: 0.02, prefix_history: 50000}
 
     Every ``sync_interval_s`` (and at once when a request must wait for lack of this process's
     part) a process tells the ledger what it uses and what waits, and learns what it may hold.
@@ -550,12 +551,23 @@ class FleetPolicy(Strict):
     A sync slower than ``timeout_ms`` fails; then the process keeps its last part, frozen (an
     equal share among ``processes_when_unknown`` when it has never reached the ledger), until a
     sync succeeds again (``gateway/fleet/quota.py`` says why not an equal share of the live).
+
+    With ``prefix_view`` (read at start-up), every process also publishes its routing decisions
+    every ``prefix_flush_s`` and folds in the others', so that prefix-affinity routing on one
+    replica sees what the others sent where (``gateway/fleet/prefix_sync.py``).
     """
 
     sync_interval_s: Annotated[float, Field(ge=0.005, le=5)] = 0.05
     lease_ttl_s: Annotated[float, Field(gt=0, le=600)] = 2.0
     timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 200.0
     processes_when_unknown: Annotated[int, Field(ge=1, le=10_000)] = 4
+    prefix_view: bool = True
+    """Share routing decisions (tenant-scoped block hashes and the backend chosen) so that every
+    process's prefix index sees where the fleet sent each prefix (``gateway/fleet/prefix_sync.py``)."""
+    prefix_flush_s: Annotated[float, Field(ge=0.001, le=5)] = 0.02
+    """How often a process publishes its batch of decisions (one stream entry each time)."""
+    prefix_history: Annotated[int, Field(ge=100, le=10_000_000)] = 50_000
+    """Stream entries kept, about (a new process catches up on those of the last index TTL)."""
 
     @property
     def entry_ttl_s(self) -> float:

@@ -89,6 +89,15 @@ class Router(Protocol):
 
 
 @runtime_checkable
+class PrefixLearner(Protocol):
+    """A router whose index other processes' decisions can feed (``gateway/fleet/prefix_sync.py``)."""
+
+    def learn(self, state: BackendState, blocks: Sequence[int], at: float) -> None:
+        """``state``'s backend was sent a prompt of these tenant-scoped ``blocks`` at time ``at``."""
+        ...
+
+
+@runtime_checkable
 class LoadBounded(Protocol):
     """A router that never chooses a candidate the bounded-load rule (``framework.py``) excludes."""
 

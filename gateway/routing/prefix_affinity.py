@@ -24,7 +24,9 @@ match was over the bound), ``load_over_prefix`` (a longer match lost on load), `
 (no candidate holds any block: chosen on load).
 
 Learning happens in ``on_dispatch`` only: the request's chain goes into the chosen backend's
-index. ``forget_backend`` drops a backend's index when it restarts or leaves.
+index. With several processes, ``learn`` folds the other processes' decisions into the same
+index (``gateway/fleet/prefix_sync.py``), so every replica scores what the fleet sent where.
+``forget_backend`` drops a backend's index when it restarts or leaves.
 """
 
 from __future__ import annotations
@@ -111,8 +113,13 @@ class PrefixAffinityRouter:
         keys = request.prefix_keys
         if keys is None or not keys.blocks:
             return
-        state = decision.state
-        self._indexes.insert(state.name, self.index_blocks(state), keys.blocks, self._clock.now())
+        self.learn(decision.state, keys.blocks, self._clock.now())
+
+    def learn(self, state: BackendState, blocks: Sequence[int], at: float) -> None:
+        """Index ``blocks`` as served by ``state``'s backend at ``at``: this process's dispatch, or
+        another process's (``gateway/fleet/prefix_sync.py``), which scores the same from then on."""
+        if blocks:
+            self._indexes.insert(state.name, self.index_blocks(state), blocks, at)
 
     def forget_backend(self, backend: str) -> None:
         self._indexes.forget(backend)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -82,6 +83,9 @@ class RunConfig:
     time_scale: float = 1.0
     drain_timeout_s: float = 60.0
     connection_limit: int = 10_000
+    spread_to: tuple[str, ...] = ()
+    """More targets: each request goes to one of ``target`` and these at random (seeded), as a
+    Kubernetes Service without session affinity spreads requests over replicas."""
 
 
 class ProgressSink(Protocol):
@@ -101,13 +105,15 @@ class _Run:
     """The state of one run: counters, in-flight tasks, the open records file."""
 
     def __init__(self, workload: Workload, config: RunConfig, records_file: IO[bytes]) -> None:
-        check_target(config.target)
+        for target in (config.target, *config.spread_to):
+            check_target(target)
         self.workload = workload
         self.config = config
         self.factory = RequestFactory(
             workload, seed=config.seed, run_id=uuid.uuid4().hex[:8], time_scale=config.time_scale
         )
-        self.url = config.target.rstrip("/") + self.factory.path
+        self.urls = [target.rstrip("/") + self.factory.path for target in (config.target, *config.spread_to)]
+        self.spread = random.Random(config.seed)
         self.slos = {name: scaled_slo(c.slo, config.time_scale) for name, c in workload.classes.items()}
         self.file = records_file
         self.records: list[RequestRecord] = []
@@ -147,7 +153,8 @@ class _Run:
             self.sent += 1
 
     async def _one(self, session: aiohttp.ClientSession, planned: PlannedRequest, due: float) -> None:
-        exchange = await send_request(session, self.url, planned.body, planned.headers, stream=self.workload.stream)
+        url = self.urls[0] if len(self.urls) == 1 else self.spread.choice(self.urls)
+        exchange = await send_request(session, url, planned.body, planned.headers, stream=self.workload.stream)
         self._finish(self._record(planned, exchange, due))
 
     def _forget(self, task: asyncio.Task[None]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -116,6 +117,25 @@ async def test_sending_never_waits_for_responses(tmp_path: Path) -> None:
     first_token = min(r.t_send + (r.ttft_s or 0) for r in result.records)
     assert len(result.records) >= 10
     assert max(r.t_send for r in result.records) < first_token
+
+
+async def test_spread_targets_each_get_part_of_the_requests_and_every_record_comes_back(tmp_path: Path) -> None:
+    """Like a Service without session affinity: each request to one of the targets, at random."""
+    fakes = [FakeBackend(), FakeBackend(), FakeBackend()]
+    with serve_in_thread(fakes[0]) as a, serve_in_thread(fakes[1]) as b, serve_in_thread(fakes[2]) as c:
+        config = RunConfig(target=a, spread_to=(b, c), rate=200, duration_s=0.5, out_dir=tmp_path, seed=1)
+        result = await run_workload(parse_workload(VALID, source="x"), config, base_dir=tmp_path)
+    counts = [len(fake.bodies) for fake in fakes]
+    assert sum(counts) == len(result.records) >= 60
+    assert all(r.ok for r in result.records)
+    assert min(counts) >= len(result.records) / 6, f"each target gets a fair part: {counts}"
+
+
+def test_a_spread_target_off_loopback_is_refused(tmp_path: Path) -> None:
+    config = RunConfig(target="http://127.0.0.1:1", spread_to=("http://192.0.2.1:80",), rate=1, duration_s=1,
+                       out_dir=tmp_path)  # fmt: skip
+    with pytest.raises(TargetRefused):
+        asyncio.run(run_workload(parse_workload(VALID, source="x"), config, base_dir=tmp_path))
 
 
 async def test_stragglers_are_cancelled_and_recorded_after_the_drain_timeout(tmp_path: Path) -> None:

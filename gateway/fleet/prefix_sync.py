@@ -1,0 +1,215 @@
+"""The fleet's prefix view: each process's routing decisions folded into every other's index.
+
+Prefix-affinity routing scores a backend by the prompt blocks it served lately
+(``gateway/routing/prefix_index.py``). With several processes, each one alone sees only the
+requests it routed: spread at random over three replicas, a conversation's next turn lands
+on a replica that never saw its previous turns and goes wherever load says, and the cached
+prefix is recomputed elsewhere. So every process publishes its decisions and folds in the
+others':
+
+* **Publish** (hot path, no I/O): ``publish`` appends ``(model, backend, blocks)`` to an
+  in-memory batch; at most ``MAX_PENDING`` wait (past it the oldest are dropped and counted:
+  a lost decision only costs a cache hit). Every ``fleet.prefix_flush_s`` the batch goes to
+  one Redis stream as one entry (``prefix_wire.py``), trimmed to about ``fleet.prefix_history``
+  entries.
+* **Fold** (background): a blocking ``XREAD`` wakes as soon as another process's entry
+  arrives; each decision goes into this process's index of that backend through the model's
+  router (``PrefixLearner``), stamped with the time it was made (the entry id's milliseconds,
+  on Redis's clock), so that the TTL and LRU order match the publisher's. Decisions about a
+  backend this process has marked down, or of a model it does not route by prefix, are
+  skipped.
+* **Catch up** (start-up): a new process reads the entries of the last ``routing.index.ttl_s``
+  before it serves, so a replica added under load starts with the fleet's view.
+
+No request ever waits on Redis: routing reads the in-memory index, which is at most one flush
+plus one round trip behind the fleet (about 20 ms by default). When Redis is unreachable,
+each process routes on what it has seen (its own decisions keep going in) and the loops
+retry every second; nothing else depends on it.
+
+Tenant isolation is untouched: the hashes are those of ``prefix_keys``, seeded with the
+tenant's cache scope, so a decision can only ever match a request of the same scope. Only
+processes with the same cache-salt secret share a stream (its key carries a digest of the
+secret): with another secret, a tenant's blocks are another entry in the engines' caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.backends import BackendPool
+from gateway.clock import Clock
+from gateway.fleet.prefix_wire import Decision, MalformedEntry, decode, encode, origin_of
+from gateway.policy.snapshot import PolicySnapshot
+from gateway.routing.base import PrefixLearner, Router, RoutingDecision
+from gateway.telemetry import Metrics
+from gateway.types import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+FAILURES = (RedisError, OSError, TimeoutError)
+MAX_PENDING = 20_000
+"""Decisions waiting for the next flush, at most (about 0.2 s at 100,000 requests/s)."""
+READ_COUNT = 512
+READ_BLOCK_MS = 1_000
+RETRY_S = 1.0
+CATCH_UP_S = 2.0
+"""What start-up waits for the catch-up at most; the reader goes on from where it stopped."""
+
+
+class PrefixSync:
+    """Publishes this process's routing decisions and folds in the others' (module docstring)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        key: str,
+        origin: str,
+        routers: Callable[[], Mapping[str, Router]],
+        pool: BackendPool,
+        policy: Callable[[], PolicySnapshot],
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.origin = origin
+        self.routers = routers
+        self.pool = pool
+        self.policy = policy
+        self.clock = clock
+        self.metrics = metrics
+        self._pending: deque[Decision] = deque()
+        self._cursor: str | None = None
+        """The last entry read; None until the first read places it (``_start_cursor``)."""
+        self._redis_ahead_ms = 0.0
+        """Redis's clock minus this process's wall clock, in ms (entry ids are Redis's ms)."""
+        self._last_stamp = float("-inf")
+        self._down = False
+        self._published = metrics.child(metrics.fleet_prefix_decisions, "published")
+        self._received = metrics.child(metrics.fleet_prefix_decisions, "received")
+        self._dropped = metrics.child(metrics.fleet_prefix_decisions, "dropped")
+
+    def publish(self, request: InferenceRequest, decision: RoutingDecision) -> None:
+        """Queue a decision for the next flush (the dispatcher calls this once per dispatch)."""
+        keys = request.prefix_keys
+        if keys is None or not keys.blocks:
+            return
+        pending = self._pending
+        pending.append(Decision(request.model, decision.state.name, keys.blocks))
+        if len(pending) > MAX_PENDING:
+            pending.popleft()
+            self._dropped.inc()
+
+    async def catch_up(self) -> None:
+        """Fold the decisions of the last index TTL (start-up, before serving), for ``CATCH_UP_S``
+        at most; the reader goes on from where this stopped, or starts it if Redis is away."""
+        try:
+            async with asyncio.timeout(CATCH_UP_S):
+                while await self._read_once(block_ms=None) == READ_COUNT:
+                    pass
+        except TimeoutError:
+            log.warning("fleet prefix view: catch-up unfinished after %.0f s; the reader goes on", CATCH_UP_S)
+        except FAILURES as exc:
+            self._note_down(exc)
+
+    async def run_publisher(self) -> None:
+        """Flush the pending decisions every ``fleet.prefix_flush_s``."""
+        while True:
+            await asyncio.sleep(self.policy().policy.fleet.prefix_flush_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        batch = list(self._pending)
+        self._pending.clear()
+        fleet = self.policy().policy.fleet
+        fields: dict[Any, Any] = encode(self.origin, batch)
+        try:
+            async with asyncio.timeout(fleet.timeout_ms / 1000):
+                await self.client.xadd(self.key, fields, maxlen=fleet.prefix_history, approximate=True)
+        except FAILURES as exc:
+            self._dropped.inc(len(batch))
+            self._note_down(exc)
+        else:
+            self._published.inc(len(batch))
+            self._note_up()
+
+    async def run_reader(self) -> None:
+        """Fold the others' decisions as they arrive; retry every ``RETRY_S`` while Redis is away."""
+        while True:
+            try:
+                await self._read_once(block_ms=READ_BLOCK_MS)
+            except FAILURES as exc:
+                self._note_down(exc)
+                await asyncio.sleep(RETRY_S)
+            else:
+                self._note_up()
+
+    async def _read_once(self, block_ms: int | None) -> int:
+        """Read and fold one batch of entries after the cursor; how many entries there were."""
+        if self._cursor is None:
+            await self._start_cursor()
+        answer: Any = await self.client.xread({self.key: self._cursor or "$"}, count=READ_COUNT, block=block_ms)
+        if not answer:
+            return 0
+        entries = answer[0][1]
+        for entry_id, fields in entries:
+            self._cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            if origin_of(fields) != self.origin:
+                self._fold(self._cursor, fields)
+        return len(entries)
+
+    async def _start_cursor(self) -> None:
+        """Start at the entries of the last index TTL, on Redis's clock (entry ids are its ms)."""
+        seconds, micros = await self.client.time()
+        now_ms = seconds * 1000 + micros / 1000
+        self._redis_ahead_ms = now_ms - time.time() * 1000
+        self._cursor = f"{int(now_ms - max(self._ttl_s(), 1.0) * 1000)}-0"
+
+    def _fold(self, entry_id: str, fields: Mapping[bytes, bytes]) -> None:
+        try:
+            decisions = decode(fields)
+        except MalformedEntry as exc:
+            log.warning("fleet prefix view: skipped entry %s: %s", entry_id, exc)
+            return
+        routers = self.routers()
+        at = self._stamp(entry_id)
+        for decision in decisions:
+            router = routers.get(decision.model)
+            state = self.pool.named(decision.backend)
+            if isinstance(router, PrefixLearner) and state is not None and state.healthy:
+                router.learn(state, decision.blocks, at)
+                self._received.inc()
+
+    def _stamp(self, entry_id: str) -> float:
+        """When the entry was written, on this process's clock (never earlier than the last stamp,
+        so that the index's LRU order stays the order of its times)."""
+        made_ms = float(entry_id.partition("-")[0])
+        age_s = max(0.0, (time.time() * 1000 + self._redis_ahead_ms - made_ms) / 1000)
+        stamp = min(self.clock.now(), max(self.clock.now() - age_s, self._last_stamp))
+        self._last_stamp = stamp
+        return stamp
+
+    def _ttl_s(self) -> float:
+        snapshot = self.policy()
+        return max((model.routing.index.ttl_s for model in snapshot.models.values()), default=0.0)
+
+    def _note_down(self, error: BaseException) -> None:
+        if not self._down:
+            log.warning("fleet prefix view: Redis unreachable (%s); routing on this process's view", error)
+        self._down = True
+
+    def _note_up(self) -> None:
+        if self._down:
+            log.warning("fleet prefix view: Redis reachable again; folding the fleet's decisions")
+        self._down = False

@@ -1,0 +1,88 @@
+"""The bytes of the fleet's prefix view: a batch of routing decisions as one Redis stream entry.
+
+A decision is ``(model, backend, blocks)``: the prompt's chained block hashes under its
+tenant's scope (``gateway/routing/prefix_keys.py``) and the backend it was sent to. No text
+and no tenant name travel: a hash says nothing about the prompt, and two tenants' hashes
+never collide because each chain is seeded with its tenant's scope.
+
+One entry holds every decision a process made since its last flush, in three fields:
+
+* ``o``: the publishing process's id (a process skips its own entries);
+* ``h``: JSON ``[[model, backend, block_count], ...]``;
+* ``k``: every decision's blocks end to end, as little-endian unsigned 64-bit integers
+  (8 bytes a block, packed and unpacked in C by ``array``; JSON would take about 20).
+
+``decode`` refuses an entry whose header does not match its blocks (``MalformedEntry``): a
+reader skips it rather than fold a wrong chain into its index.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import orjson
+
+ORIGIN, HEADER, BLOCKS = b"o", b"h", b"k"
+
+
+class Decision(NamedTuple):
+    """One routing decision as the other processes learn it."""
+
+    model: str
+    backend: str
+    blocks: Sequence[int]
+
+
+class MalformedEntry(ValueError):
+    """A stream entry that is not a batch of decisions (another writer, a truncated entry)."""
+
+
+def encode(origin: str, decisions: Sequence[Decision]) -> dict[bytes, bytes]:
+    """The stream entry's fields for ``decisions`` (see the module docstring)."""
+    header = [[d.model, d.backend, len(d.blocks)] for d in decisions]
+    packed = array("Q")
+    for decision in decisions:
+        packed.extend(decision.blocks)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return {ORIGIN: origin.encode(), HEADER: orjson.dumps(header), BLOCKS: packed.tobytes()}
+
+
+def origin_of(fields: Mapping[bytes, bytes]) -> str:
+    return fields.get(ORIGIN, b"").decode(errors="replace")
+
+
+def decode(fields: Mapping[bytes, bytes]) -> list[Decision]:
+    """The decisions of one entry; ``MalformedEntry`` when its parts disagree."""
+    try:
+        header = orjson.loads(fields[HEADER])
+        raw = fields[BLOCKS]
+    except (KeyError, orjson.JSONDecodeError) as exc:
+        raise MalformedEntry(f"not a prefix-view entry: {exc}") from exc
+    if len(raw) % 8:
+        raise MalformedEntry("blocks are not a whole number of 64-bit hashes")
+    packed = array("Q")
+    packed.frombytes(raw)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    decisions, at = [], 0
+    if not isinstance(header, list):
+        raise MalformedEntry("the header is not a list")
+    for item in header:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], str)
+            and isinstance(item[1], str)
+            and isinstance(item[2], int)
+            and item[2] >= 0
+        ):
+            raise MalformedEntry(f"a header item is not [model, backend, count]: {item!r:.80}")
+        decisions.append(Decision(item[0], item[1], packed[at : at + item[2]]))
+        at += item[2]
+    if at != len(packed):
+        raise MalformedEntry(f"the header counts {at} blocks, the entry holds {len(packed)}")
+    return decisions

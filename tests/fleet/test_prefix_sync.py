@@ -1,0 +1,230 @@
+"""Gateways sharing Redis share their prefix view: one's decision is another's prefix match.
+
+Real parts: two fake backends, gateways (each its own ``Gateway``, dispatcher, router and
+Redis clients, with its own process id in the fleet) on loopback ports, the real Redis, the
+official SDK as client. A conversation's first turn goes through one gateway; its next turn,
+through another, must find the prefix there (``prefix_match``) and go to the same backend.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gateway.policy.loader import parse_policy
+from gateway.settings import Settings
+from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX
+from tests.fake_backend import FakeBackend
+from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, unique_prefix
+from tests.policy_builder import backend, build_policy, model, redis_state
+from tests.servers import free_port, metric, serve_gateway_in_thread, serve_in_process, serve_in_thread, wait_until
+
+TURNS = 6
+
+
+def view_policy(urls: dict[str, str], state: dict[str, Any], **fleet: Any) -> str:
+    """Two backends, prefix-affinity routing on 16-token blocks, the fleet's view on."""
+    return build_policy(
+        "http://unused",
+        backends=[backend(name, url, [CHAT_MODEL]) for name, url in urls.items()],
+        models=[model(CHAT_MODEL, max_prompt_tokens=4096, max_output_tokens=32, routing={"block_tokens": 16})],
+        state=state,
+        fleet={"sync_interval_s": 0.02, "lease_ttl_s": 1.0, "timeout_ms": 1000, **fleet},
+        health_checks={"interval_s": 60, "timeout_s": 1},
+    )
+
+
+@contextmanager
+def started(text: str, count: int) -> Iterator[list[str]]:
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
+        path = Path(folder) / "policy.yaml"
+        path.write_text(text)
+        urls = []
+        for _ in range(count):
+            config = Settings(policy_path=str(path), health_checks=False, port=0, admin_port=0)
+            urls.append(stack.enter_context(serve_gateway_in_thread(config, parse_policy(text, str(path)))).api_url)
+        yield urls
+
+
+@pytest.fixture(autouse=True)
+def one_salt_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicas share the engines' caches, hence a prefix view, only with one secret (README)."""
+    monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", "prefix-view-test-secret")
+
+
+@pytest.fixture
+def backends() -> Iterator[tuple[dict[str, FakeBackend], dict[str, str]]]:
+    fakes = {"a": FakeBackend(), "b": FakeBackend()}
+    with serve_in_thread(fakes["a"]) as url_a, serve_in_thread(fakes["b"]) as url_b:
+        yield fakes, {"a": url_a, "b": url_b}
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    name = unique_prefix()
+    yield name
+    drop_keys(REDIS_URL, name)
+
+
+def conversation(topic: int) -> list[dict[str, str]]:
+    """A first turn long enough for a dozen full blocks, distinct per topic."""
+    return [{"role": "user", "content": f"topic {topic}: " + " ".join(f"w{topic}x{i}" for i in range(200))}]
+
+
+def next_turn(topic: int) -> list[dict[str, str]]:
+    return [*conversation(topic), {"role": "assistant", "content": "ok"}, {"role": "user", "content": "?"}]
+
+
+def ask(url: str, messages: list[dict[str, str]], key: str = KEY_ACME) -> None:
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=10) as sdk:
+        sdk.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=4)  # type: ignore[arg-type]
+
+
+def served_by(fakes: dict[str, FakeBackend], marker: str) -> list[str]:
+    return [name for name, fake in fakes.items() for r in fake.received if marker in str(r.body.get("messages"))]
+
+
+def decisions(url: str, reason: str) -> float:
+    return metric(url, "gateway_routing_decisions_total", reason=reason)
+
+
+def test_a_next_turn_on_another_gateway_finds_its_prefix_where_the_first_went(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]], prefix: str
+) -> None:
+    fakes, urls = backends
+    with started(view_policy(urls, redis_state(REDIS_URL, prefix)), 2) as (first, second):
+        for topic in range(TURNS):
+            ask(first, conversation(topic))
+        wait_until(
+            lambda: metric(second, "gateway_fleet_prefix_decisions_total", result="received") >= TURNS,
+            what="the second gateway folded the first one's decisions",
+        )
+        for topic in range(TURNS):
+            ask(second, next_turn(topic))
+        assert decisions(second, "prefix_match") == TURNS, "every next turn matched the prefix the first gateway sent"
+        assert decisions(second, "no_prefix") == 0
+        for topic in range(TURNS):
+            first_backend, next_backend = served_by(fakes, f"topic {topic}:")
+            assert first_backend == next_backend, f"topic {topic}: both turns on one backend"
+        assert metric(first, "gateway_fleet_prefix_decisions_total", result="published") == TURNS
+
+
+def test_another_tenant_never_matches_a_prefix_another_gateway_learnt(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]], prefix: str
+) -> None:
+    _, urls = backends
+    with started(view_policy(urls, redis_state(REDIS_URL, prefix)), 2) as (first, second):
+        ask(first, conversation(0))
+        wait_until(
+            lambda: metric(second, "gateway_fleet_prefix_decisions_total", result="received") >= 1,
+            what="the second gateway folded the decision",
+        )
+        ask(second, conversation(0), key=KEY_GLOBEX)
+        assert decisions(second, "no_prefix") == 1, "globex's hashes are seeded with its own scope"
+        assert decisions(second, "prefix_match") == 0
+        ask(second, conversation(0))
+        assert decisions(second, "prefix_match") == 1, "while acme's own prompt matches there"
+
+
+def test_a_gateway_started_later_catches_up_on_the_fleets_recent_decisions(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]], prefix: str
+) -> None:
+    _, urls = backends
+    text = view_policy(urls, redis_state(REDIS_URL, prefix))
+    with started(text, 1) as (first,):
+        for topic in range(TURNS):
+            ask(first, conversation(topic))
+        wait_until(
+            lambda: metric(first, "gateway_fleet_prefix_decisions_total", result="published") == TURNS,
+            what="the decisions published",
+        )
+        with started(text, 1) as (late,):
+            assert metric(late, "gateway_fleet_prefix_decisions_total", result="received") == TURNS
+            ask(late, conversation(3))
+            assert decisions(late, "prefix_match") == 1
+
+
+def test_without_the_view_each_gateway_routes_on_what_it_saw_alone(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]], prefix: str
+) -> None:
+    _, urls = backends
+    with started(view_policy(urls, redis_state(REDIS_URL, prefix), prefix_view=False), 2) as (first, second):
+        ask(first, conversation(0))
+        ask(second, conversation(0))
+        assert decisions(second, "no_prefix") == 1
+        assert metric(first, "gateway_fleet_prefix_decisions_total", result="published") == 0
+
+
+def test_replicas_with_different_salt_secrets_share_no_view(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]], prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another secret salts the same tenant's blocks into other engine cache entries: nothing to share."""
+    _, urls = backends
+    text = view_policy(urls, redis_state(REDIS_URL, prefix))
+    with started(text, 1) as (first,):
+        monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", "another-secret")
+        with started(text, 1) as (second,):
+            ask(first, conversation(0))
+            wait_until(
+                lambda: metric(first, "gateway_fleet_prefix_decisions_total", result="published") == 1,
+                what="the decision published",
+            )
+            ask(second, next_turn(0))
+            assert decisions(second, "no_prefix") == 1
+            assert metric(second, "gateway_fleet_prefix_decisions_total", result="received") == 0
+
+
+def test_with_redis_unreachable_requests_are_answered_and_decisions_dropped(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]],
+) -> None:
+    fakes, urls = backends
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    with started(view_policy(urls, redis_state(unreachable, unique_prefix())), 1) as (only,):
+        for topic in range(3):
+            ask(only, conversation(topic))
+        ask(only, conversation(0))
+        assert decisions(only, "prefix_match") == 1, "its own decisions still go into its index"
+        wait_until(
+            lambda: metric(only, "gateway_fleet_prefix_decisions_total", result="dropped") == 4,
+            what="the flushes that failed counted",
+        )
+    assert sum(len(fake.received) for fake in fakes.values()) == 4
+
+
+def test_after_a_redis_outage_the_view_resumes_by_itself_in_real_processes(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]],
+) -> None:
+    """Two replica processes; Redis killed while one routes (its decisions are dropped, both keep
+    serving), then restarted: the next decisions reach the other replica again."""
+    _, urls = backends
+    server = RedisProcess()
+    server.start()
+    try:
+        text = view_policy(urls, redis_state(server.url, unique_prefix(), timeout_ms=300))
+        with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
+            path = Path(folder) / "policy.yaml"
+            path.write_text(text)
+            argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", "0", "--admin-port", "0"]
+            argv += ["--log-level", "info"]
+            first, second = (stack.enter_context(serve_in_process(argv)) for _ in range(2))
+            view = lambda child, result: metric(child.admin_url, "gateway_fleet_prefix_decisions_total", result=result)  # noqa: E731
+            parts = lambda child: metric(child.admin_url, "gateway_fleet_quota_requests")  # noqa: E731
+            wait_until(lambda: parts(first) > 0 and parts(second) > 0, what="the capacity split between the two")
+            server.kill()
+            ask(first.url, conversation(0))
+            wait_until(lambda: view(first, "dropped") == 1, what="the decision made during the outage dropped")
+            ask(second.url, conversation(1))
+            server.start()
+            ask(first.url, conversation(2))
+            wait_until(lambda: view(second, "received") >= 1, timeout=15, what="the view resumed")
+            ask(second.url, next_turn(2))
+            assert metric(second.admin_url, "gateway_routing_decisions_total", reason="prefix_match") == 1
+    finally:
+        server.stop()
