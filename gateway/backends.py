@@ -51,6 +51,8 @@ class BackendState:
         "in_flight_tokens",
         "kv_usage",
         "name",
+        "others_in_flight",
+        "others_in_flight_tokens",
         "others_prefilling",
         "others_rate",
         "others_waiting",
@@ -83,6 +85,19 @@ class BackendState:
         self.others_rate = 0.0
         """Requests per second the other processes send here: with this process's own rate, how
         fast a queue for this backend drains fleet-wide (``Dispatcher`` estimates waits with it)."""
+        self.others_in_flight = 0
+        self.others_in_flight_tokens = 0
+        """Requests and tokens other processes have in flight here, as of the last sync: routing
+        weighs the fleet's load (``fleet_in_flight``), not this process's part of it."""
+
+    @property
+    def fleet_in_flight(self) -> int:
+        """Requests in flight here from every process (the others' as of the last sync)."""
+        return self.in_flight + self.others_in_flight
+
+    @property
+    def fleet_in_flight_tokens(self) -> int:
+        return self.in_flight_tokens + self.others_in_flight_tokens
 
     def reserve(self, rank: int, tokens: int) -> None:
         self.dispatched += 1

@@ -141,6 +141,9 @@ async def _phase(
 ) -> None:
     """Open-loop Poisson arrivals at ``rate`` for ``seconds``; never waits for a response to send."""
     body = dict(CHAT_BODY)
+    if PROMPT_CHARS[0]:
+        words = " ".join(f"latency{i}" for i in range(PROMPT_CHARS[0] // 9 + 1))[: PROMPT_CHARS[0]]
+        body["messages"] = [{"role": "user", "content": words}]
     if stream:
         body = {**body, "stream": True, "max_tokens": STREAM_TOKENS[0]}
     payload = json.dumps(body).encode()
@@ -165,6 +168,8 @@ async def _phase(
 
 
 STREAM_TOKENS = [64]
+PROMPT_CHARS = [0]
+"""Set from ``--prompt-chars`` (0: the short ``CHAT_BODY`` prompt)."""
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -235,6 +240,16 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
             out[f"{label}_added_p99_ms"] = _pct(arm.latencies, 99) - _pct(d.latencies, 99)
             out[f"{label}_added_ttft_p50_ms"] = _pct(arm.ttfts, 50) - _pct(d.ttfts, 50)
             out[f"{label}_added_itl_p99_ms"] = _pct(arm.itls, 99) - _pct(d.itls, 99)
+    if "fleet" in results and results["fleet"].sent and g.sent and g.cpu_s:
+        f = results["fleet"]
+        ratio = (f.cpu_s / f.sent) / (g.cpu_s / g.sent)
+        extra = _pct(f.latencies or f.ttfts, 50) - _pct(g.latencies or g.ttfts, 50)
+        out["fleet_goal"] = {  # issue 13, proof 4: the cost of coordination
+            "cpu_per_request_vs_gateway": ratio,
+            "added_p50_ms_vs_gateway": extra,
+            "goal": "CPU per request <= 1.15 x, P50 <= +0.3 ms",
+            "met": ratio <= 1.15 and extra <= 0.3,
+        }
     out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
     out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
     out["added_ttft_p50_ms"] = _pct(g.ttfts, 50) - _pct(d.ttfts, 50)
@@ -272,6 +287,13 @@ def _print_previous(results: dict[str, PhaseResult]) -> None:
     for label, title in EXTRA_ARMS.items():
         if label in results:
             _print_arm(title, results["direct"], results[label])
+    goal = _compare(results).get("fleet_goal")
+    if isinstance(goal, dict):
+        print(
+            f"{'':>6} fleet vs gateway: CPU per request x{goal['cpu_per_request_vs_gateway']:.3f}, "
+            f"P50 {goal['added_p50_ms_vs_gateway']:+.2f} ms ({goal['goal']}: {'met' if goal['met'] else 'MISSED'})",
+            flush=True,
+        )
 
 
 def _print_arm(title: str, d: PhaseResult, p: PhaseResult) -> None:
@@ -312,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--stream-rate", type=float, default=100.0)
     parser.add_argument("--stream-tokens", type=int, default=64)
+    parser.add_argument(
+        "--prompt-chars",
+        type=int,
+        default=0,
+        help="a prompt of this many characters instead of the short one (~4 per token): with 256 or more, "
+        "prefix routing hashes full blocks and the fleet arm publishes every decision to its prefix view",
+    )
     parser.add_argument("--backend-port", type=int, default=18501)
     parser.add_argument("--gateway-port", type=int, default=18500)
     parser.add_argument("--gateway-cmd", default=None, help="override the gateway command (profiling)")
@@ -326,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
     STREAM_TOKENS[0] = args.stream_tokens
+    PROMPT_CHARS[0] = args.prompt_chars
+    # One cache-salt secret for every gateway of the run, as replicas must have (the fleet arm's
+    # prefix view is off without one: README, "One prefix view for the fleet").
+    os.environ.setdefault("GATEWAY_CACHE_SALT_SECRET", "overhead-bench-secret")
     backend = f"http://127.0.0.1:{args.backend_port}"
     gateway = f"http://127.0.0.1:{args.gateway_port}"
     exe = [sys.executable, "-m", "gateway"]

@@ -164,6 +164,8 @@ class FleetCoordinator:
             state.others_waiting = grant.others_waiting
             state.others_prefilling = grant.others_prefilling
             state.others_rate = grant.others_rate
+            state.others_in_flight = grant.others_requests
+            state.others_in_flight_tokens = grant.others_tokens
 
     def _fall_back(self, snapshot: PolicySnapshot, error: BaseException) -> None:
         """The ledger is out of reach: every backend on its fallback part (``quota.fallback``)."""
@@ -181,6 +183,7 @@ class FleetCoordinator:
             state.others_waiting = EMPTY
             state.others_prefilling = EMPTY
             state.others_rate = 0.0
+            state.others_in_flight = state.others_in_flight_tokens = 0
 
     def _rate(self, backend: str, dispatched: int, now: float) -> float:
         """Requests per second this process sent to ``backend`` over the last ``RATE_WINDOW_S``."""

@@ -32,7 +32,10 @@ nor a paced class's prefill while a higher class prefills there (strict class or
 processes, as stale as one sync interval); and how many requests per second the others send
 there, so that a process estimates how fast its queue drains from the fleet's rate, not its
 own part's (a process with a small part would otherwise refuse as ``deadline_unmeetable`` a
-request that the next slot freed anywhere would serve).
+request that the next slot freed anywhere would serve); and the requests and tokens the others
+have in flight there, so that routing weighs the fleet's load on each backend (its bounded-load
+rule rounds up to whole requests: on one replica's part alone it would exclude a backend that
+holds a single request).
 
 All keys carry the ``{fleet}`` hash tag, so that a Redis Cluster keeps them on one slot.
 """
@@ -229,15 +232,18 @@ for _, entry in ipairs(report) do
   states[me].usable = nil
   redis.call('HSET', key, me, cjson.encode(states[me]))
   redis.call('PEXPIRE', key, keep_ms)
-  local waiting, prefilling, rate = {}, {}, 0
+  local waiting, prefilling, rate, req, tok = {}, {}, 0, 0, 0
   for _, id in ipairs(ids) do
     if id ~= me then
       rate = rate + num(states[id].use.rate)
+      req = req + num(states[id].use.req)
+      tok = tok + num(states[id].use.tok)
       for rank, want in pairs(states[id].want) do waiting[rank] = (waiting[rank] or 0) + num(want[1]) end
       for rank, count in pairs(states[id].use.pf) do prefilling[rank] = (prefilling[rank] or 0) + num(count) end
     end
   end
-  answer.backends[entry.name] = {hold = new, waiting = waiting, prefilling = prefilling, rate = rate}
+  answer.backends[entry.name] = {hold = new, waiting = waiting, prefilling = prefilling, rate = rate,
+                                 req = req, tok = tok}
 end
 return cjson.encode(answer)
 """
@@ -300,6 +306,9 @@ class Grant:
     others_prefilling: Mapping[int, int]
     others_rate: float = 0.0
     """Requests per second the other processes send to this backend."""
+    others_requests: int = 0
+    others_tokens: int = 0
+    """Requests and tokens the other processes have in flight on this backend (routing weighs them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +363,8 @@ def _grant(entry: dict[str, Any]) -> Grant:
         others_waiting=_ints(entry.get("waiting")),
         others_prefilling=_ints(entry.get("prefilling")),
         others_rate=float(entry.get("rate") or 0.0),
+        others_requests=int(entry.get("req") or 0),
+        others_tokens=int(entry.get("tok") or 0),
     )
 
 

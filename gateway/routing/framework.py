@@ -10,7 +10,10 @@ Bounded load (consistent hashing with bounded loads, Mirrokni et al. 2018): with
 candidates holding ``L`` requests in flight in all, no candidate may take the request if it
 would then hold more than ``ceil((1 + epsilon) × (L + 1) / n)``. The least loaded candidate
 always passes, so the rule only ever removes candidates, and affinity can never pile more than
-(1 + epsilon) times the average load onto one backend.
+(1 + epsilon) times the average load onto one backend. Loads are the fleet's
+(``BackendState.fleet_in_flight``: this process's requests, plus the other processes' as of
+the last sync): with each replica's own small part alone, the bound's rounding would exclude
+a backend holding a single request.
 """
 
 from __future__ import annotations
@@ -118,12 +121,12 @@ def scraped_signal(state: BackendState, value: float, cycle: Cycle, ceiling: flo
 
 def load_bound(candidates: Sequence[BackendState], epsilon: float) -> int:
     """``ceil((1 + epsilon) × (L + 1) / n)``: the most requests a candidate may hold after this one."""
-    total = sum(state.in_flight for state in candidates)
+    total = sum(state.fleet_in_flight for state in candidates)
     return math.ceil((1.0 + epsilon) * (total + 1) / len(candidates))
 
 
 def within_bound(state: BackendState, bound: int) -> bool:
-    return state.in_flight + 1 <= bound
+    return state.fleet_in_flight + 1 <= bound
 
 
 def rendezvous(seed: int, backend: str) -> int:

@@ -25,7 +25,7 @@ def least_loaded(candidates: Sequence[BackendState]) -> list[BackendState]:
     best: list[BackendState] = []
     best_load = (0, 0)
     for state in candidates:
-        load = (state.in_flight, state.in_flight_tokens)
+        load = (state.fleet_in_flight, state.fleet_in_flight_tokens)
         if not best or load < best_load:
             best, best_load = [state], load
         elif load == best_load:

@@ -78,7 +78,7 @@ class PrefixAffinityRouter:
         scored = self.profile.run(request, candidates, cycle)
         bound = load_bound(candidates, self.routing.epsilon)
         totals = scored.totals
-        eligible = [i for i, state in enumerate(candidates) if state.in_flight + 1 <= bound]
+        eligible = [i for i, state in enumerate(candidates) if state.fleet_in_flight + 1 <= bound]
         top = max(totals[i] for i in eligible)
         tied = [i for i in eligible if totals[i] == top]
         best = tied[0] if len(tied) == 1 else max(tied, key=lambda i: rendezvous(keys.root, candidates[i].name))
@@ -143,5 +143,5 @@ def _reason(candidates: Sequence[BackendState], matched: Sequence[int], best: in
         return "no_prefix"
     if matched[best] == top:
         return "prefix_match"
-    over = any(m == top and s.in_flight + 1 > bound for s, m in zip(candidates, matched, strict=True))
+    over = any(m == top and s.fleet_in_flight + 1 > bound for s, m in zip(candidates, matched, strict=True))
     return "load_bound" if over else "load_over_prefix"

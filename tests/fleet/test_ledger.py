@@ -101,6 +101,19 @@ async def test_each_process_learns_how_fast_the_others_send_to_the_backend(proce
     assert (await first.sync(report(rate=5.0))).grants["b"].others_rate == 3.5, "its own rate is not counted"
 
 
+async def test_each_process_learns_what_the_others_have_in_flight_on_the_backend(
+    processes: list[FleetLedger],
+) -> None:
+    """What routing adds to this process's own load (``BackendState.fleet_in_flight``)."""
+    first, second, third = processes
+    await first.sync(report(requests=3))
+    await second.sync(report(requests=2))
+    seen = (await third.sync(report(requests=1))).grants["b"]
+    assert (seen.others_requests, seen.others_tokens) == (5, 50)
+    seen = (await first.sync(report(requests=3))).grants["b"]
+    assert (seen.others_requests, seen.others_tokens) == (3, 30), "its own requests are not counted"
+
+
 async def test_a_process_never_holds_less_than_it_uses(processes: list[FleetLedger]) -> None:
     busy, other = processes[0], processes[1]
     await grant(busy, requests=9)

@@ -102,6 +102,23 @@ def test_prefix_affinity_reports_a_spill_as_load_bound() -> None:
     assert decision.reason == "load_bound"
 
 
+def test_the_load_weighed_is_the_fleets_the_other_processes_requests_included() -> None:
+    """Each replica holds a small part of the load: the bound and the scores read the fleet's
+    (``BackendState.fleet_in_flight``, the others' from the last sync), as one process would."""
+    snapshot = strategy("prefix_affinity", epsilon=0.0)
+    router, candidates = router_for(snapshot), states(snapshot)
+    home = dispatch(router, snapshot, "acme", candidates, "Hot question")
+    busy = next(s for s in candidates if s.name == home)
+    busy.others_in_flight, busy.others_in_flight_tokens = 5, 500  # nothing of this process's own
+    assert load_bound(candidates, 0.0) == 2
+    decision = router.pick(chat_request(snapshot, "Hot question"), tenant(snapshot, "acme"), candidates)
+    assert decision.state.name != home
+    assert decision.reason == "load_bound"
+    busy.others_in_flight, busy.others_in_flight_tokens = 0, 0
+    decision = router.pick(chat_request(snapshot, "Hot question"), tenant(snapshot, "acme"), candidates)
+    assert (decision.state.name, decision.reason) == (home, "prefix_match")
+
+
 def test_prefix_affinity_spreads_first_requests_of_tenants_over_an_idle_pool() -> None:
     snapshot = strategy("prefix_affinity")
     router, candidates = router_for(snapshot), states(snapshot)

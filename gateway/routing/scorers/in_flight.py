@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 class InFlightScorer:
     """``1 − t_b / (max_c t_c + r)``: ``t`` the tokens (prompt plus ``max_tokens``) in flight on
-    a backend, ``r`` this request's. 1 for an idle backend; the busiest gets ``r / (t_max + r)``,
-    so a difference of one request matters at low load and little at high load."""
+    a backend from the whole fleet (``BackendState.fleet_in_flight_tokens``), ``r`` this
+    request's. 1 for an idle backend; the busiest gets ``r / (t_max + r)``, so a difference of
+    one request matters at low load and little at high load."""
 
     __slots__ = ("name",)
 
@@ -23,5 +24,6 @@ class InFlightScorer:
         self.name = name
 
     def score(self, request: InferenceRequest, candidates: Sequence[BackendState], cycle: Cycle) -> list[float]:
-        scale = max(s.in_flight_tokens for s in candidates) + max(1, cycle.request_tokens)
-        return [1.0 - s.in_flight_tokens / scale for s in candidates]
+        tokens = [s.fleet_in_flight_tokens for s in candidates]
+        scale = max(tokens) + max(1, cycle.request_tokens)
+        return [1.0 - t / scale for t in tokens]
