@@ -537,6 +537,10 @@ def fleet_goals(phases: dict[str, dict[str, Any]], n: int) -> dict[str, Any]:
     return out
 
 
+def _loads(values: list[float] | None) -> str:
+    return " ".join(f"{v:.2f}" for v in values) if values else "-"
+
+
 def summary(report: dict[str, Any]) -> str:
     """The report as a text table: one row per phase, then the goals."""
 
@@ -545,7 +549,9 @@ def summary(report: dict[str, Any]) -> str:
 
     lines = [
         f"C = {report['C']:.2f} simulated req/s (flood under {report.get('capacity_strategy', '-')}); "
-        f"K = {report['time_scale']:g}; phase {report['phase_s']:g} wall s, warmup {report['warmup']:g}",
+        f"K = {report['time_scale']:g}; phase {report['phase_s']:g} wall s, warmup {report['warmup']:g}; "
+        f"load average {_loads(report.get('load_average_start'))} at the start, "
+        f"{_loads(report.get('load_average_end'))} at the end",
         f"{'phase':26} {'req/s':>6} {'hit':>6} {'TTFT mean':>10} {'TTFT p99':>9} {'goodput':>8} "
         f"{'eng/s':>7} {'pick us':>8} {'late steps':>10}  share per engine",
     ]
@@ -609,7 +615,12 @@ def main(argv: list[str] | None = None) -> int:
         return serve_oracle_gateway(args.serve_oracle, args.port)
     os.environ.setdefault(SECRET_ENV, BENCH_SECRET)
     workload = load_workload(WORKLOADS / "routing.yaml")
-    report: dict[str, Any] = {"time_scale": args.time_scale, "phase_s": args.phase_s, "warmup": args.warmup}
+    report: dict[str, Any] = {
+        "time_scale": args.time_scale,
+        "phase_s": args.phase_s,
+        "warmup": args.warmup,
+        "load_average_start": list(os.getloadavg()),
+    }
     capacity = args.capacity
     if capacity is None:
         floods = {
@@ -639,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         # offered twice one engine's capacity, an engine serving more than half of it would be overloaded
         top = max(report["hot_prompt"]["request_share_per_engine"])
         report["goals"]["hot_prompt_top_engine_share"] = {"value": top, "goal": "<= 0.5", "met": top <= 0.5}
+    report["load_average_end"] = list(os.getloadavg())
     print(json.dumps({"C": capacity, "goals": report["goals"]}, indent=1), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "routing.json").write_text(json.dumps(report, indent=1))
