@@ -248,8 +248,7 @@ class Gateway:
             self._spawn(self.fleet.run())
         if self.prefix_view is not None:
             await self.prefix_view.catch_up()  # the fleet's recent decisions before the first request
-            self._spawn(self.prefix_view.run_publisher())
-            self._spawn(self.prefix_view.run_reader())
+            self._spawn(self.prefix_view.run())
         self._spawn(self.costs.run(lambda: self.policy().policy.telemetry.cost_interval_s))
         if policy.lifecycle.watch_interval_s > 0:
             self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))

@@ -9,22 +9,25 @@ others':
 
 * **Publish** (hot path, no I/O): ``publish`` appends ``(model, backend, blocks)`` to an
   in-memory batch; at most ``MAX_PENDING`` wait (past it the oldest are dropped and counted:
-  a lost decision only costs a cache hit). Every ``fleet.prefix_flush_s`` the batch goes to
-  one Redis stream as one entry (``prefix_wire.py``), trimmed to about ``fleet.prefix_history``
-  entries.
-* **Fold** (background): a blocking ``XREAD`` wakes as soon as another process's entry
-  arrives; each decision goes into this process's index of that backend through the model's
-  router (``PrefixLearner``), stamped with the time it was made (the entry id's milliseconds,
-  on Redis's clock), so that the TTL and LRU order match the publisher's. Decisions about a
-  backend this process has marked down, or of a model it does not route by prefix, are
-  skipped.
-* **Catch up** (start-up): a new process reads the entries of the last ``routing.index.ttl_s``
-  before it serves, so a replica added under load starts with the fleet's view.
+  a lost decision only costs a cache hit).
+* **Exchange** (background, every ``fleet.prefix_flush_s``, 50 ms by default): one pipelined
+  round trip writes the batch to one Redis stream as one entry (``prefix_wire.py``), trimmed
+  to about ``fleet.prefix_history`` entries, and reads the entries written since the last
+  read; each of the others' decisions goes into this process's index of that backend through
+  the model's router (``PrefixLearner``), stamped with the time it was made (the entry id's
+  milliseconds, on Redis's clock), so that the TTL and LRU order match the publisher's.
+  Decisions about a backend this process has marked down, or of a model it does not route
+  by prefix, are skipped. Polling rather than a blocking read: a blocking reader would wake
+  for every flush of every replica, its own included; polling costs one round trip per
+  interval whatever the fleet's size. The stream expires one index TTL after the last flush.
+* **Catch up** (start-up): a new process reads what the stream holds of the last
+  ``routing.index.ttl_s`` before it serves, so a replica added under load starts with the
+  fleet's view.
 
-No request ever waits on Redis: routing reads the in-memory index, which is at most one flush
-plus one round trip behind the fleet (about 20 ms by default). When Redis is unreachable,
-each process routes on what it has seen (its own decisions keep going in) and the loops
-retry every second; nothing else depends on it.
+No request ever waits on Redis: routing reads the in-memory index, which is at most two
+intervals behind the fleet. When Redis is unreachable, each process routes on what it has
+seen (its own decisions keep going in), drops its batches (counted) and tries again every
+second; nothing else depends on it.
 
 Tenant isolation is untouched: the hashes are those of ``prefix_keys``, seeded with the
 tenant's cache scope, so a decision can only ever match a request of the same scope. Only
@@ -58,7 +61,6 @@ FAILURES = (RedisError, OSError, TimeoutError)
 MAX_PENDING = 20_000
 """Decisions waiting for the next flush, at most (about 0.2 s at 100,000 requests/s)."""
 READ_COUNT = 512
-READ_BLOCK_MS = 1_000
 RETRY_S = 1.0
 CATCH_UP_S = 2.0
 """What start-up waits for the catch-up at most; the reader goes on from where it stopped."""
@@ -94,6 +96,7 @@ class PrefixSync:
         """Redis's clock minus this process's wall clock, in ms (entry ids are Redis's ms)."""
         self._last_stamp = float("-inf")
         self._down = False
+        self._expire_due = float("-inf")
         self._published = metrics.child(metrics.fleet_prefix_decisions, "published")
         self._received = metrics.child(metrics.fleet_prefix_decisions, "received")
         self._dropped = metrics.child(metrics.fleet_prefix_decisions, "dropped")
@@ -114,52 +117,61 @@ class PrefixSync:
         at most; the reader goes on from where this stopped, or starts it if Redis is away."""
         try:
             async with asyncio.timeout(CATCH_UP_S):
-                while await self._read_once(block_ms=None) == READ_COUNT:
+                while await self._read_once() == READ_COUNT:
                     pass
         except TimeoutError:
             log.warning("fleet prefix view: catch-up unfinished after %.0f s; the reader goes on", CATCH_UP_S)
         except FAILURES as exc:
             self._note_down(exc)
 
-    async def run_publisher(self) -> None:
-        """Flush the pending decisions every ``fleet.prefix_flush_s``."""
+    async def run(self) -> None:
+        """Every ``fleet.prefix_flush_s``: publish the pending decisions and fold the others' in one
+        round trip (``exchange``); every ``RETRY_S`` while Redis is away."""
         while True:
-            await asyncio.sleep(self.policy().policy.fleet.prefix_flush_s)
-            await self.flush()
+            await asyncio.sleep(RETRY_S if self._down else self.policy().policy.fleet.prefix_flush_s)
+            await self.exchange()
 
-    async def flush(self) -> None:
-        if not self._pending:
-            return
+    async def exchange(self) -> None:
+        """One round trip: the batch of decisions out (with the stream's expiry, now and then),
+        the entries after the cursor in; more reads while a read comes back full."""
         batch = list(self._pending)
         self._pending.clear()
         fleet = self.policy().policy.fleet
-        fields: dict[Any, Any] = encode(self.origin, batch)
         try:
             async with asyncio.timeout(fleet.timeout_ms / 1000):
-                await self.client.xadd(self.key, fields, maxlen=fleet.prefix_history, approximate=True)
+                if self._cursor is None:
+                    await self._start_cursor()
+                async with self.client.pipeline(transaction=False) as pipe:
+                    if batch:
+                        fields: dict[Any, Any] = encode(self.origin, batch)
+                        pipe.xadd(self.key, fields, maxlen=fleet.prefix_history, approximate=True)
+                        now = self.clock.now()
+                        if now >= self._expire_due:  # the stream is gone an index TTL after the fleet
+                            ttl_s = max(self._ttl_s(), 1.0)
+                            pipe.pexpire(self.key, int(ttl_s * 1000))
+                            self._expire_due = now + ttl_s / 10
+                    pipe.xread({self.key: self._cursor or "$"}, count=READ_COUNT)
+                    answers = await pipe.execute()
         except FAILURES as exc:
             self._dropped.inc(len(batch))
             self._note_down(exc)
-        else:
-            self._published.inc(len(batch))
-            self._note_up()
+            return
+        self._published.inc(len(batch))
+        self._note_up()
+        read = self._fold_answer(answers[-1])
+        try:
+            while read == READ_COUNT:
+                read = await self._read_once()
+        except FAILURES as exc:
+            self._note_down(exc)
 
-    async def run_reader(self) -> None:
-        """Fold the others' decisions as they arrive; retry every ``RETRY_S`` while Redis is away."""
-        while True:
-            try:
-                await self._read_once(block_ms=READ_BLOCK_MS)
-            except FAILURES as exc:
-                self._note_down(exc)
-                await asyncio.sleep(RETRY_S)
-            else:
-                self._note_up()
-
-    async def _read_once(self, block_ms: int | None) -> int:
+    async def _read_once(self) -> int:
         """Read and fold one batch of entries after the cursor; how many entries there were."""
         if self._cursor is None:
             await self._start_cursor()
-        answer: Any = await self.client.xread({self.key: self._cursor or "$"}, count=READ_COUNT, block=block_ms)
+        return self._fold_answer(await self.client.xread({self.key: self._cursor or "$"}, count=READ_COUNT))
+
+    def _fold_answer(self, answer: Any) -> int:
         if not answer:
             return 0
         entries = answer[0][1]

@@ -22,7 +22,7 @@ from gateway.policy.loader import parse_policy
 from gateway.settings import Settings
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX
 from tests.fake_backend import FakeBackend
-from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, unique_prefix
+from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, shared_client, unique_prefix
 from tests.policy_builder import backend, build_policy, model, redis_state
 from tests.servers import free_port, metric, serve_gateway_in_thread, serve_in_process, serve_in_thread, wait_until
 
@@ -114,6 +114,9 @@ def test_a_next_turn_on_another_gateway_finds_its_prefix_where_the_first_went(
             first_backend, next_backend = served_by(fakes, f"topic {topic}:")
             assert first_backend == next_backend, f"topic {topic}: both turns on one backend"
         assert metric(first, "gateway_fleet_prefix_decisions_total", result="published") == TURNS
+    with shared_client() as client:
+        (stream,) = client.scan_iter(match=f"{prefix}fleet:prefix-view:*")
+        assert 0 < client.pttl(stream) <= 600_000, "the stream expires one index TTL after the last flush"
 
 
 def test_another_tenant_never_matches_a_prefix_another_gateway_learnt(
