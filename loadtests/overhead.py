@@ -3,8 +3,8 @@
 Usage::
 
     python -m loadtests.overhead [--rates 100,250,500,1000] [--phase-s 4] [--rounds 2]
-                                 [--stream-rate 100] [--stream-tokens 64] [--out loadtests/results/overhead]
-                                 [--previous REF]
+                                 [--stream-rates 100,400] [--stream-tokens 64] [--router] [--fleet]
+                                 [--out loadtests/results/overhead] [--previous REF]
 
 It starts a zero-delay simulated engine (profile ``instant``) and the gateway in front of it,
 each as its own process, the gateway pinned alone to one core (the backend and this load
@@ -15,6 +15,12 @@ two in the same run: added latency at P50 and P99 per rate, errors, and for stre
 added TTFT and inter-token latency. Goals of the foundation issue: at 500 req/s added P50
 <= 1 ms and P99 <= 5 ms with no errors; 1,000 req/s without errors; at 100 streams/s of 64
 tokens, added TTFT P50 <= 1 ms and added inter-token P99 <= 1 ms.
+
+``--router`` adds vLLM's Rust router (``pip install vllm-router``; cache-aware policy, pinned
+to the gateway's core) in front of the same backend: its added latency and CPU per request
+beside the gateway's, and the ratio of their CPU per request (issue 14: at most 1.5x).
+``--stream-rates 100,400`` measures streams at each rate, with CPU per relayed chunk. The
+bench tenant has limits far above the load, so the limiter runs on every request.
 
 ``--previous REF`` adds a fourth mode: the gateway as it was at git revision ``REF`` (checked
 out into a temporary folder and run from there, on the same core, with the same policy),
@@ -30,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -88,6 +95,8 @@ tenants:
     key_hashes: ["{hash_api_key(API_KEY)}"]
     models: ["*"]
     default_class: interactive
+    # Limits far above the bench's load: the limiter runs on every request (every feature on).
+    limits: {{rpm: 100000000, tpm: 100000000000, max_concurrent: 1000000}}
 health_checks: {{interval_s: 30, timeout_s: 2}}
 """
 
@@ -178,7 +187,7 @@ def _pct(values: list[float], q: float) -> float:
 
 async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str, object]:
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    report: dict[str, object] = {"rates": {}, "stream": {}}
+    report: dict[str, object] = {"rates": {}, "stream": {}, "streams": {}}
     async with aiohttp.ClientSession(connector=connector) as session:
         await _phase(session, direct, 50, 1.0, False, PhaseResult(), 0)  # warm both paths
         await _phase(session, through, 50, 1.0, False, PhaseResult(), 0)
@@ -199,18 +208,25 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
                     results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
             report["rates"][rate] = _compare(results)  # type: ignore[index]
             _print_rate(rate, results)
-        results = {"direct": PhaseResult(), "gateway": PhaseResult()}
-        stream_modes = [("direct", direct, None), ("gateway", through, args.gateway_pid)]
-        for label, url, pid in args.extra_arms:
-            results[label] = PhaseResult()
-            stream_modes.append((label, url, pid))
-        for round_no in range(args.rounds):
-            for mode, url, pid in stream_modes:
-                before = cpu_seconds(pid) if pid else 0.0
-                await _phase(session, url, args.stream_rate, args.phase_s, True, results[mode], seed=round_no)
-                results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
-        report["stream"] = _compare(results)
-        _print_stream(args.stream_rate, results)
+        for stream_rate in args.stream_rates:
+            results = {"direct": PhaseResult(), "gateway": PhaseResult()}
+            stream_modes = [("direct", direct, None), ("gateway", through, args.gateway_pid)]
+            for label, url, pid in args.extra_arms:
+                results[label] = PhaseResult()
+                stream_modes.append((label, url, pid))
+            for round_no in range(args.rounds):
+                for mode, url, pid in stream_modes:
+                    before = cpu_seconds(pid) if pid else 0.0
+                    await _phase(session, url, stream_rate, args.phase_s, True, results[mode], seed=round_no)
+                    results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
+            compared = _compare(results)
+            for figures in compared.values():  # per relayed chunk: what a stream costs per token
+                if isinstance(figures, dict) and figures.get("gateway_cpu_ms_per_request") is not None:
+                    figures["cpu_us_per_chunk"] = 1000 * figures["gateway_cpu_ms_per_request"] / STREAM_TOKENS[0]
+            report["streams"][stream_rate] = compared  # type: ignore[index]
+            if stream_rate == args.stream_rates[0]:
+                report["stream"] = compared  # the first rate, where earlier reports kept it
+            _print_stream(stream_rate, results)
     return report
 
 
@@ -250,6 +266,12 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
             "goal": "CPU per request <= 1.15 x, P50 <= +0.3 ms",
             "met": ratio <= 1.15 and extra <= 0.3,
         }
+    if "router" in results and results["router"].sent and g.sent and results["router"].cpu_s:
+        r = results["router"]
+        out["vs_router"] = {  # issue 14: this gateway's CPU per request against vLLM's Rust router's
+            "cpu_per_request_ratio": (g.cpu_s / g.sent) / (r.cpu_s / r.sent),
+            "goal": "<= 1.5",
+        }
     out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
     out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
     out["added_ttft_p50_ms"] = _pct(g.ttfts, 50) - _pct(d.ttfts, 50)
@@ -278,15 +300,23 @@ def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
     _print_previous(results)
 
 
-EXTRA_ARMS = {"previous": "previous revision", "fleet": "with fleet (Redis)"}
+EXTRA_ARMS = {"previous": "previous revision", "fleet": "with fleet (Redis)", "router": "vLLM's Rust router"}
 """Optional arms beside the gateway: an older revision (``--previous``), the same gateway with its
-capacity coordinated through Redis (``--fleet``)."""
+capacity coordinated through Redis (``--fleet``), vLLM's Rust router (``--router``, the
+``vllm-router`` wheel from PyPI, cache-aware policy, pinned to the gateway's core)."""
 
 
 def _print_previous(results: dict[str, PhaseResult]) -> None:
     for label, title in EXTRA_ARMS.items():
         if label in results:
             _print_arm(title, results["direct"], results[label])
+    versus = _compare(results).get("vs_router")
+    if isinstance(versus, dict):
+        print(
+            f"{'':>6} gateway vs vLLM's Rust router: CPU per request x{versus['cpu_per_request_ratio']:.2f} "
+            f"(goal {versus['goal']})",
+            flush=True,
+        )
     goal = _compare(results).get("fleet_goal")
     if isinstance(goal, dict):
         print(
@@ -315,10 +345,20 @@ def _print_stream(rate: float, results: dict[str, PhaseResult]) -> None:
         f"ITL P99 direct {_pct(d.itls, 99):.3f} gateway {_pct(g.itls, 99):.3f} "
         f"added {_pct(g.itls, 99) - _pct(d.itls, 99):+.3f} ms | errors {d.errors}/{g.errors} "
         f"| gateway CPU {g.cpu_s * 1000 / max(g.sent, 1):.2f} ms/stream "
+        f"({g.cpu_s * 1e6 / max(g.sent, 1) / STREAM_TOKENS[0]:.1f} us/chunk) "
         f"{dict(d.error_reasons + g.error_reasons) or ''}",
         flush=True,
     )
     _print_previous(results)
+
+
+def _router_executable() -> str:
+    """``vllm-router`` beside this interpreter (the venv's), else on the PATH."""
+    beside = Path(sys.executable).with_name("vllm-router")
+    found = str(beside) if beside.exists() else shutil.which("vllm-router")
+    if found is None:
+        raise SystemExit("--router needs vLLM's router: pip install vllm-router (into this environment)")
+    return found
 
 
 def _serve_at(tree: Path, policy: str, port: int) -> list[str]:
@@ -332,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="100,250,500,1000")
     parser.add_argument("--phase-s", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--stream-rate", type=float, default=100.0)
+    parser.add_argument("--stream-rates", default="100", help="streams per second, comma-separated (e.g. 100,400)")
     parser.add_argument("--stream-tokens", type=int, default=64)
     parser.add_argument(
         "--prompt-chars",
@@ -347,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the figures as JSON to OUT.json")
     parser.add_argument("--previous", default=None, metavar="REF", help="also run the gateway of git revision REF")
     parser.add_argument(
+        "--router",
+        action="store_true",
+        help="also run vLLM's Rust router (pip install vllm-router) in front of the same backend, pinned alike",
+    )
+    parser.add_argument(
         "--fleet", action="store_true", help="also run the gateway with its capacity coordinated through Redis"
     )
     parser.add_argument(
@@ -354,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
+    args.stream_rates = [float(r) for r in args.stream_rates.split(",")]
     STREAM_TOKENS[0] = args.stream_tokens
     PROMPT_CHARS[0] = args.prompt_chars
     # One cache-salt secret for every gateway of the run, as replicas must have (the fleet arm's
@@ -411,6 +457,13 @@ def main(argv: list[str] | None = None) -> int:
             serve_fleet = [*pin(1), *GATEWAY, "serve", "--policy", str(fleet_policy), "--port", str(fleet_port)]
             fleet_proc = stack.enter_context(process([*serve_fleet, *admin_args(fleet_port)], fleet_url + "/healthz"))
             args.extra_arms.append(("fleet", fleet_url + "/v1/chat/completions", fleet_proc.pid))
+        if args.router:
+            router_port = args.gateway_port + 5
+            router_url = f"http://127.0.0.1:{router_port}"
+            router = [*pin(1), _router_executable(), "--worker-urls", backend, "--port", str(router_port)]
+            router += ["--policy", "cache_aware", "--log-level", "warning"]
+            router_proc = stack.enter_context(process(router, router_url + "/health"))
+            args.extra_arms.append(("router", router_url + "/v1/chat/completions", router_proc.pid))
         print(
             f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
             f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating; "
