@@ -19,8 +19,12 @@ tokens, added TTFT P50 <= 1 ms and added inter-token P99 <= 1 ms.
 ``--router`` adds vLLM's Rust router (``pip install vllm-router``; cache-aware policy, pinned
 to the gateway's core) in front of the same backend: its added latency and CPU per request
 beside the gateway's, and the ratio of their CPU per request (issue 14: at most 1.5x).
-``--stream-rates 100,400`` measures streams at each rate, with CPU per relayed chunk. The
-bench tenant has limits far above the load, so the limiter runs on every request.
+``--stream-rates 100,400`` measures streams at each rate, with CPU per relayed chunk;
+``--stream-itl-ms 10`` sends them to a second engine (the ``fixed`` profile, model
+``sim-paced``) that emits one token every 10 ms, so that each token is a chunk of its own as
+from a real engine (the instant engine's tokens arrive together and are relayed in a few
+writes); the router gets a second instance for it. The bench tenant has limits far above the
+load, so the limiter runs on every request.
 
 ``--previous REF`` adds a fourth mode: the gateway as it was at git revision ``REF`` (checked
 out into a temporary folder and run from there, on the same core, with the same policy),
@@ -73,7 +77,11 @@ class PhaseResult:
     late: list[float] = field(default_factory=list)
 
 
-def _policy(backend_url: str, *, fleet: bool = False) -> str:
+PACED_MODEL = "sim-paced"
+"""The model of the paced engine (``--stream-itl-ms``): tokens one at a time, as a real engine sends them."""
+
+
+def _policy(backend_url: str, *, fleet: bool = False, paced_url: str | None = None) -> str:
     """The bench's policy; ``fleet`` shares the state (and the capacity) through the local Redis."""
     shared = (
         f'state: {{backend: redis, redis_url: "redis://127.0.0.1:6379/0", key_prefix: "overhead-{os.getpid()}:"}}'
@@ -87,8 +95,11 @@ classes:
   interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
 models:
   - {{name: {MODEL}, max_prompt_tokens: 8192, max_output_tokens: 4096}}
+  - {{name: {PACED_MODEL}, max_prompt_tokens: 8192, max_output_tokens: 4096}}
 backends:
   - {{name: instant, url: "{backend_url}", kind: sim, models: [{MODEL}],
+      capacity: {{max_concurrent: 100000, max_tokens_in_flight: 100000000}}}}
+  - {{name: paced, url: "{paced_url or backend_url}", kind: sim, models: [{PACED_MODEL}],
       capacity: {{max_concurrent: 100000, max_tokens_in_flight: 100000000}}}}
 tenants:
   - name: bench
@@ -155,6 +166,8 @@ async def _phase(
         body["messages"] = [{"role": "user", "content": words}]
     if stream:
         body = {**body, "stream": True, "max_tokens": STREAM_TOKENS[0]}
+        if PACED[0]:
+            body["model"] = PACED_MODEL
     payload = json.dumps(body).encode()
     headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
     rng = random.Random(seed)
@@ -178,6 +191,8 @@ async def _phase(
 
 STREAM_TOKENS = [64]
 PROMPT_CHARS = [0]
+PACED = [False]
+"""Set by ``--stream-itl-ms``: streams go to the paced engine's model."""
 """Set from ``--prompt-chars`` (0: the short ``CHAT_BODY`` prompt)."""
 
 
@@ -210,8 +225,10 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
             _print_rate(rate, results)
         for stream_rate in args.stream_rates:
             results = {"direct": PhaseResult(), "gateway": PhaseResult()}
-            stream_modes = [("direct", direct, None), ("gateway", through, args.gateway_pid)]
+            stream_direct = args.paced_direct or direct
+            stream_modes = [("direct", stream_direct, None), ("gateway", through, args.gateway_pid)]
             for label, url, pid in args.extra_arms:
+                url, pid = args.stream_urls.get(label, (url, pid))
                 results[label] = PhaseResult()
                 stream_modes.append((label, url, pid))
             for round_no in range(args.rounds):
@@ -375,6 +392,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-rates", default="100", help="streams per second, comma-separated (e.g. 100,400)")
     parser.add_argument("--stream-tokens", type=int, default=64)
     parser.add_argument(
+        "--stream-itl-ms",
+        type=float,
+        default=0.0,
+        help="streams from a second engine that sends one token every this many ms (the fixed profile), "
+        "so that every token is a chunk of its own as from a real engine (0: the instant engine, whose "
+        "tokens arrive together)",
+    )
+    parser.add_argument(
         "--prompt-chars",
         type=int,
         default=0,
@@ -402,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     args.stream_rates = [float(r) for r in args.stream_rates.split(",")]
     STREAM_TOKENS[0] = args.stream_tokens
     PROMPT_CHARS[0] = args.prompt_chars
+    PACED[0] = args.stream_itl_ms > 0
+    paced = f"http://127.0.0.1:{args.backend_port + 10}" if PACED[0] else None
+    args.paced_direct = paced + "/v1/chat/completions" if paced else None
+    args.stream_urls = {}
     # One cache-salt secret for every gateway of the run, as replicas must have (the fleet arm's
     # prefix view is off without one: README, "One prefix view for the fleet").
     os.environ.setdefault("GATEWAY_CACHE_SALT_SECRET", "overhead-bench-secret")
@@ -409,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     gateway = f"http://127.0.0.1:{args.gateway_port}"
     exe = [sys.executable, "-m", "gateway"]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as policy:
-        policy.write(_policy(backend))
+        policy.write(_policy(backend, paced_url=paced))
     sim = [*pin(0), *exe, "sim", "--profile", "instant", "--model", MODEL, "--port", str(args.backend_port)]
     serve = [*pin(1), *exe, "serve", "--policy", policy.name, "--port", str(args.gateway_port)]
     if args.gateway_cmd:
@@ -431,6 +460,10 @@ def main(argv: list[str] | None = None) -> int:
     minimal_url = f"http://127.0.0.1:{minimal_port}"
     with contextlib.ExitStack() as stack:
         stack.enter_context(process(sim, backend + "/health"))
+        if paced:
+            paced_sim = [*pin(0), *exe, "sim", "--profile", "fixed", "--model", PACED_MODEL, "--ttft-ms", "0"]
+            paced_sim += ["--itl-ms", str(args.stream_itl_ms), "--port", str(args.backend_port + 10)]
+            stack.enter_context(process(paced_sim, paced + "/health"))
         if args.current:
             current = stack.enter_context(checkout(args.current))
             serve = [*pin(1), *_serve_at(current, policy.name, args.gateway_port)]
@@ -461,9 +494,16 @@ def main(argv: list[str] | None = None) -> int:
             router_port = args.gateway_port + 5
             router_url = f"http://127.0.0.1:{router_port}"
             router = [*pin(1), _router_executable(), "--worker-urls", backend, "--port", str(router_port)]
-            router += ["--policy", "cache_aware", "--log-level", "warning"]
+            router += ["--policy", "cache_aware", "--log-level", "warning", "--prometheus-port", str(router_port + 10)]
             router_proc = stack.enter_context(process(router, router_url + "/health"))
             args.extra_arms.append(("router", router_url + "/v1/chat/completions", router_proc.pid))
+            if paced:  # the router serves one pool: a second one, pinned alike, for the paced engine
+                paced_port = args.gateway_port + 6
+                paced_router = [*pin(1), _router_executable(), "--worker-urls", paced, "--port", str(paced_port)]
+                paced_router += ["--policy", "cache_aware", "--log-level", "warning"]
+                paced_router += ["--prometheus-port", str(paced_port + 10)]
+                paced_proc = stack.enter_context(process(paced_router, f"http://127.0.0.1:{paced_port}/health"))
+                args.stream_urls["router"] = (f"http://127.0.0.1:{paced_port}/v1/chat/completions", paced_proc.pid)
         print(
             f"overhead benchmark: backend {backend} (instant), gateway {gateway}; "
             f"phases of {args.phase_s}s x {args.rounds} rounds per mode, alternating; "
