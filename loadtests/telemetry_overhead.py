@@ -13,6 +13,8 @@ gateways share core 1 and are loaded in turn, never together:
 
 * ``off``: ``GATEWAY_TELEMETRY=off``: no request metrics, no cost accounting, no spans;
 * ``metrics``: metrics and cost accounting on, tracing off (to tell the two costs apart);
+* ``sampled``: everything on, tracing at ``sampling_ratio: 0.01`` (the production setting the
+  hot-path issue asks to cost nothing measurable);
 * ``on``: everything on, ``telemetry.tracing`` with ``sampling_ratio: 1.0`` exporting every span
   to the receiver over OTLP/HTTP protobuf from the export thread, as in production.
 
@@ -43,7 +45,7 @@ from loadtests.harness import admin_args, cpu_seconds, pin, process
 from loadtests.overhead import API_KEY, CHAT_BODY, STREAM_TOKENS, PhaseResult, _pct, _phase, _policy
 
 SPANS_PER_REQUEST = 3
-MODES = ("off", "metrics", "on")
+MODES = ("off", "metrics", "sampled", "on")
 
 
 @dataclass
@@ -177,6 +179,21 @@ def _report(runs: dict[str, ModeRun], spans_received: int) -> dict[str, object]:
         f"(x{f_on.throughput / max(f_off.throughput, 1e-9):.3f}) | CPU/req off {cpu['off']:.3f} metrics "
         f"{cpu['metrics']:.3f} on {cpu['on']:.3f} ms | errors {f_off.errors}/{f_metrics.errors}/{f_on.errors}"
     )
+    sampled = runs["sampled"]
+    report["sampled"] = {}
+    for rate, r_sampled in sampled.rates.items():
+        r_off = off.rates[rate]
+        ratio = (r_off.cpu_s / r_off.sent) / (r_sampled.cpu_s / r_sampled.sent)
+        added = _pct(r_sampled.latencies, 50) - _pct(r_off.latencies, 50)
+        report["sampled"][rate] = {"added_p50_ms": added, "cpu_throughput_ratio": ratio}  # type: ignore[index]
+        lines.append(
+            f"{rate:>5.0f} req/s tracing at 1% | P50 added {added:+.2f} ms | CPU/req "
+            f"{r_sampled.cpu_s * 1000 / r_sampled.sent:.3f} ms (throughput on one core x{ratio:.3f} of off)"
+        )
+    f_sampled = sampled.flood
+    flood_ratio = f_sampled.throughput / max(f_off.throughput, 1e-9)
+    report["sampled_flood_throughput_ratio"] = flood_ratio
+    lines.append(f"flood tracing at 1% | {f_sampled.throughput:.0f} req/s (x{flood_ratio:.3f} of off)")
     for rate, r_metrics in metrics_only.rates.items():
         added = _pct(r_metrics.latencies, 50) - _pct(off.rates[rate].latencies, 50)
         cpu_per_request = r_metrics.cpu_s * 1000 / r_metrics.sent
@@ -206,13 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood-clients", type=int, default=64)
     parser.add_argument("--phase-s", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--port", type=int, default=18600, help="first of five consecutive ports")
+    parser.add_argument("--port", type=int, default=18600, help="first of six consecutive ports")
     parser.add_argument("--out", default=None, help="write the figures as JSON to OUT.json and text to OUT.txt")
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
     STREAM_TOKENS[0] = args.stream_tokens
     ports = {"backend": args.port, "sink": args.port + 1, "off": args.port + 2, "on": args.port + 3}
     ports["metrics"] = args.port + 4
+    ports["sampled"] = args.port + 5
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     exe = [sys.executable, "-m", "gateway"]
     base = _policy(url["backend"])
@@ -224,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     paths["off"].write_text(base)
     paths["metrics"].write_text(base)
     paths["on"].write_text(traced)
+    paths["sampled"] = Path(folder, "sampled.yaml")
+    paths["sampled"].write_text(traced.replace("sampling_ratio: 1.0", "sampling_ratio: 0.01"))
     sim = [*pin(0), *exe, "sim", "--profile", "instant", "--model", "sim-instant", "--port", str(ports["backend"])]
     sink = [*pin(0), sys.executable, "-m", "loadtests.otlp_sink", "--port", str(ports["sink"])]
 
@@ -240,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         process(serve("off"), url["off"] + "/healthz", env=env_off) as gw_off,
         process(serve("metrics"), url["metrics"] + "/healthz") as gw_metrics,
         process(serve("on"), url["on"] + "/healthz") as gw_on,
+        process(serve("sampled"), url["sampled"] + "/healthz") as gw_sampled,
     ):
         print(
             f"telemetry overhead: off {url['off']} vs on {url['on']} (tracing 100% to {url['sink']}); "
@@ -248,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         paths_ = {mode: url[mode] + "/v1/chat/completions" for mode in MODES}
         t0 = time.perf_counter()
-        runs = asyncio.run(_run(args, paths_, {"off": gw_off.pid, "metrics": gw_metrics.pid, "on": gw_on.pid}))
+        pids = {"off": gw_off.pid, "metrics": gw_metrics.pid, "sampled": gw_sampled.pid, "on": gw_on.pid}
+        runs = asyncio.run(_run(args, paths_, pids))
         print(f"load done in {time.perf_counter() - t0:.0f}s; waiting for the last span batches", flush=True)
         gw_on.terminate()  # SIGTERM: the gateway drains and flushes its span processor before exiting
         gw_on.wait(timeout=30)
