@@ -174,6 +174,8 @@ class Dispatcher:
         self.on_pressure: Callable[[], None] | None = None
         """Called when a request must wait, and when a backend frees room that another process
         waits for: the fleet syncs sooner (``gateway/fleet/coordinator.py``)."""
+        self.fleet_rebalances = False
+        """True when a fleet ledger moves parts of each backend by demand (``gateway/fleet/``)."""
         self.on_routed: Callable[[InferenceRequest, RoutingDecision], None] | None = None
         """Called with each decision acted on: the fleet's prefix view publishes it
         (``gateway/fleet/prefix_sync.py``)."""
@@ -291,6 +293,8 @@ class Dispatcher:
         rate = self._drain_rate(mq, now)
         ahead = mq.waiting_above(priority_class.rank) + queue.ahead_of(tenant.name)
         estimate = (ahead + 1) / rate if rate else 0.0
+        if ahead == 0 and self._held_elsewhere(mq, priority_class.rank, tokens):
+            estimate = 0.0  # room comes with the next sync (woken below), not with a request's end
         if queue.depth >= limit.max_depth:
             self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
         budget = min(mq.wait_budget(priority_class), deadline - now)
@@ -325,6 +329,26 @@ class Dispatcher:
             raise
         granted_at = self.clock.now()
         return Grant(decision, priority_class.rank, tokens, granted_at - now, granted_at, lane=mq.key)
+
+    def _held_elsewhere(self, mq: ModelQueues, rank: int, tokens: int) -> bool:
+        """Whether a backend of the lane has room fleet-wide that only this process's part lacks:
+        other processes hold it unused (after a ledger reset, or a replica's arrival), and the
+        ledger moves it here at the next sync. Not for a class with a ``max_share`` (its budget
+        is the fleet's, and what the others use of it is not known here), nor with fixed parts
+        (``--workers`` without a shared store: nothing moves)."""
+        if not self.fleet_rebalances:
+            return False
+        states = mq.lane if mq.lane is not None else self.pool.for_model(mq.model)
+        for state in states:
+            quota, capacity = state.quota, state.backend.capacity
+            if quota is None or rank in quota.shares or not self.pool.usable(state):
+                continue
+            if (
+                state.fleet_in_flight < capacity.max_concurrent
+                and state.fleet_in_flight_tokens + tokens <= capacity.max_tokens_in_flight
+            ):
+                return True
+        return False
 
     def _drain_rate(self, mq: ModelQueues, now: float) -> float | None:
         """Requests per second leaving this queue's lane: this process's dispatches, plus the other

@@ -122,6 +122,7 @@ class Gateway:
         coordinator = FleetCoordinator(ledger, self.pool, self.dispatcher, self.policy, self.clock, self.metrics)
         coordinator.adopt(snapshot)  # nothing is the whole capacity before the first sync
         self.dispatcher.on_pressure = coordinator.wake
+        self.dispatcher.fleet_rebalances = True
         return coordinator
 
     def _prefix_view(self, snapshot: PolicySnapshot) -> PrefixSync | None:

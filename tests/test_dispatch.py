@@ -11,6 +11,7 @@ from gateway.backends import BackendPool
 from gateway.dialects.chat import CHAT
 from gateway.dispatch import Dispatcher, Grant
 from gateway.errors import NoHealthyBackend, Overloaded
+from gateway.fleet.quota import Quota
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.least_load import LeastLoadRouter
@@ -205,6 +206,40 @@ async def test_the_drain_estimate_counts_what_other_processes_send_to_the_same_b
     served = [await waiter, await queued]
     for grant in served:
         dispatcher.give_back("m", grant)
+    assert state(dispatcher) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("rebalanced", [True, False], ids=["parts moved by a ledger", "fixed parts"])
+async def test_room_held_unused_by_other_processes_is_waited_for_not_refused(
+    snapshot: PolicySnapshot, rebalanced: bool
+) -> None:
+    """This process's part of ``b1`` is empty (a ledger just reset, or a replica just arrived) while
+    the backend is idle fleet-wide: the ledger moves room here at the next sync, so the request
+    waits for it instead of being refused on a slow drain estimate. With fixed parts (``--workers``
+    without a store) nothing moves: the estimate stands."""
+    dispatcher = make_dispatcher(snapshot)
+    dispatcher.fleet_rebalances = rebalanced
+    clock = dispatcher.clock
+    assert isinstance(clock, FakeClock)
+    meter = dispatcher.queues()["m"].meter
+    for i in range(4):  # 0.5 requests/s: one request's wait estimated at 2 s
+        meter.count(clock.now() - 8 + 2 * i)
+    b1 = next(iter(dispatcher.pool.all()))
+    b1.quota = Quota(0, 0)
+    tenant, priority_class = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    waiting = asyncio.create_task(
+        dispatcher.acquire(request(), tenant, "interactive", priority_class, deadline=clock.now() + 1.0)
+    )
+    await asyncio.sleep(0)
+    if not rebalanced:
+        with pytest.raises(Overloaded) as refused:
+            await waiting
+        assert refused.value.code == "deadline_unmeetable"
+        return
+    assert not waiting.done(), "queued for the room the next sync brings"
+    b1.quota = Quota(2, 1_000_000)  # the sync's grant
+    dispatcher.hand_out_all()
+    dispatcher.give_back("m", await waiting)
     assert state(dispatcher) == (0, 0, 0)
 
 
