@@ -191,13 +191,29 @@ async def _phase(
 
 STREAM_TOKENS = [64]
 PROMPT_CHARS = [0]
+"""Set from ``--prompt-chars`` (0: the short ``CHAT_BODY`` prompt)."""
 PACED = [False]
 """Set by ``--stream-itl-ms``: streams go to the paced engine's model."""
-"""Set from ``--prompt-chars`` (0: the short ``CHAT_BODY`` prompt)."""
 
 
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000 if values else float("nan")
+
+
+async def _alternate(
+    session: aiohttp.ClientSession,
+    modes: list[tuple[str, str, int | None]],
+    rate: float,
+    stream: bool,
+    results: dict[str, PhaseResult],
+    args: argparse.Namespace,
+) -> None:
+    """``--rounds`` rounds of one phase per mode in turn, each mode's process CPU counted over its phases."""
+    for round_no in range(args.rounds):
+        for mode, url, pid in modes:
+            before = cpu_seconds(pid) if pid else 0.0
+            await _phase(session, url, rate, args.phase_s, stream, results[mode], seed=round_no)
+            results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
 
 
 async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str, object]:
@@ -216,11 +232,7 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
             for label, url, pid in args.extra_arms:
                 results[label] = PhaseResult()
                 modes.append((label, url, pid))
-            for round_no in range(args.rounds):
-                for mode, url, pid in modes:
-                    before = cpu_seconds(pid) if pid else 0.0
-                    await _phase(session, url, rate, args.phase_s, False, results[mode], seed=round_no)
-                    results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
+            await _alternate(session, modes, rate, False, results, args)
             report["rates"][rate] = _compare(results)  # type: ignore[index]
             _print_rate(rate, results)
         for stream_rate in args.stream_rates:
@@ -231,11 +243,7 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
                 url, pid = args.stream_urls.get(label, (url, pid))
                 results[label] = PhaseResult()
                 stream_modes.append((label, url, pid))
-            for round_no in range(args.rounds):
-                for mode, url, pid in stream_modes:
-                    before = cpu_seconds(pid) if pid else 0.0
-                    await _phase(session, url, stream_rate, args.phase_s, True, results[mode], seed=round_no)
-                    results[mode].cpu_s += cpu_seconds(pid) - before if pid else 0.0
+            await _alternate(session, stream_modes, stream_rate, True, results, args)
             compared = _compare(results)
             for figures in compared.values():  # per relayed chunk: what a stream costs per token
                 if isinstance(figures, dict) and figures.get("gateway_cpu_ms_per_request") is not None:
