@@ -26,8 +26,6 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import httpx
-
 from gateway.backends import BackendPool, BackendState
 from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock
@@ -44,7 +42,7 @@ from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import Metrics
 from gateway.tracing import AttemptSpan, RequestSpan
 from gateway.types import InferenceRequest
-from gateway.upstream import UpstreamClient, map_upstream_errors, new_engine_request_id
+from gateway.upstream import UpstreamClient, UpstreamResponse, map_upstream_errors, new_engine_request_id
 from gateway.upstream_body import attempt_body
 from gateway.upstream_errors import FaultLog
 
@@ -245,7 +243,7 @@ class Attempts:
             if breaker is not None:
                 _report_verdict(breaker, verdict)
 
-    async def _pass_through(self, state: BackendState, response: httpx.Response, report: FaultLog) -> None:
+    async def _pass_through(self, state: BackendState, response: UpstreamResponse, report: FaultLog) -> None:
         body = await self.deps.upstream.read_all(state.backend, response)
         request = self.ctx.request
         document = self.deps.upstream.answer(body, report, request.api)  # raises unless an answer of its API
@@ -255,7 +253,7 @@ class Attempts:
         await self.response.respond(200, body, [(b"content-type", b"application/json")])
 
     async def _relay(
-        self, request: InferenceRequest, grant: Grant, response: httpx.Response, track: bool, report: FaultLog
+        self, request: InferenceRequest, grant: Grant, response: UpstreamResponse, track: bool, report: FaultLog
     ) -> ErrorCode | None:
         """Relay the stream (or its continuation): None when it completed, else the code it ended
         with (after its error event); raise ``StreamBroken`` when it could go on elsewhere."""
@@ -304,21 +302,15 @@ def _report_verdict(breaker: CircuitBreaker, verdict: bool | None) -> None:
         breaker.on_failure()
 
 
-async def _raw_chunks(response: httpx.Response, backend: str, stall_s: float) -> AsyncIterator[bytes]:
-    """The upstream body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504 error.
-
-    One ``asyncio.timeout`` per stream, moved forward at each chunk (cheaper than one per read).
-    """
-    loop = asyncio.get_running_loop()
-    chunks = response.aiter_raw()
+async def _raw_chunks(response: UpstreamResponse, backend: str, stall_s: float) -> AsyncIterator[bytes]:
+    """The upstream body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504 error
+    (the client reading slowly is no gap: ``UpstreamResponse.bound_gaps``)."""
+    response.bound_gaps(stall_s)
     try:
-        async with asyncio.timeout_at(loop.time() + stall_s) as stall:
-            with map_upstream_errors(backend):  # inside the timeout: TimeoutError is an OSError
-                async for chunk in chunks:
-                    stall.reschedule(None)
-                    yield chunk
-                    stall.reschedule(loop.time() + stall_s)
-    except TimeoutError:
+        with map_upstream_errors(backend):
+            async for chunk in response.chunks():
+                yield chunk
+    except UpstreamTimeout:
         raise UpstreamTimeout(
             f"Backend '{backend}' sent nothing for {stall_s:g}s in the middle of the stream.",
             code="upstream_stalled",

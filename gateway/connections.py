@@ -37,7 +37,10 @@ pipelined request's guard only closes). Every close is counted by listener and r
 at warning level at most once per ``LOG_INTERVAL_S`` per listener and reason.
 
 The operator listener's connections carry the ASGI scope extension ``OPERATOR_EXTENSION``, which
-is how the application tells its two listeners apart (``is_operator_request``).
+is how the application tells its two listeners apart (``is_operator_request``). Every request
+carries ``DISCONNECT_EXTENSION``, a ``DisconnectSignal``: the application learns that its client
+left from a callback, instead of a task per request waiting on ``receive()`` for
+``http.disconnect`` (``disconnect_signal``).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ log = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 10.0
 OPERATOR_EXTENSION = "gateway.operator_listener"
+DISCONNECT_EXTENSION = "gateway.disconnect"
 REFUSAL_RETRY_AFTER_S = 1.0
 
 
@@ -93,6 +97,48 @@ def is_operator_request(scope: Scope) -> bool:
     """Whether the request came in on the operator listener (``/metrics``, ``/admin/*``)."""
     extensions = scope.get("extensions")
     return extensions is not None and OPERATOR_EXTENSION in extensions
+
+
+class DisconnectSignal:
+    """Calls its listener once, when the client's connection is lost before the response completed.
+
+    Why not ``receive()``: waiting for ``http.disconnect`` takes a task per request, created,
+    woken and cancelled (a twentieth of a short request's CPU); a callback set on this object
+    costs an attribute. ``listen`` also resumes reading the socket, as ``receive()`` does, so
+    that the peer's close is seen even when uvicorn paused reading after a large body."""
+
+    __slots__ = ("_listener", "_resume_reading", "cycle", "fired")
+
+    def __init__(self, cycle: Any, resume_reading: Callable[[], None]) -> None:
+        self.cycle = cycle
+        self._resume_reading = resume_reading
+        self._listener: Callable[[], None] | None = None
+        self.fired = False
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` when the client leaves (at once if it already has)."""
+        if self.fired:
+            listener()
+            return
+        self._listener = listener
+        self._resume_reading()
+
+    def clear(self) -> None:
+        self._listener = None
+
+    def fire(self) -> None:
+        if self.fired:
+            return
+        self.fired = True
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener()
+
+
+def disconnect_signal(scope: Scope) -> DisconnectSignal | None:
+    """The request's ``DisconnectSignal``; None under another server (then wait on ``receive()``)."""
+    extensions = scope.get("extensions")
+    return extensions.get(DISCONNECT_EXTENSION) if extensions is not None else None
 
 
 class Guarded(Protocol):
@@ -287,6 +333,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_budget = 0
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_kind = _NO_DEADLINE
+        self._signals: list[DisconnectSignal] = []  # of the requests whose response is not complete
 
     # Connection events
 
@@ -305,6 +352,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         self._disarm()
         self.listener.left(self)
+        self._fire_signals()
+
+    def _fire_signals(self) -> None:
+        signals, self._signals = self._signals, []
+        for signal in signals:
+            if not signal.cycle.response_complete:
+                signal.fire()
 
     def data_received(self, data: bytes) -> None:
         if not self._reading_body:
@@ -345,8 +399,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._request_begun = True
-        if self.listener.operator:
-            self.scope["extensions"] = {OPERATOR_EXTENSION: {}}
+        self.scope["extensions"] = {OPERATOR_EXTENSION: {}} if self.listener.operator else {}
 
     def on_headers_complete(self) -> None:
         self._reading_body = True
@@ -354,6 +407,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._heads += 1
         self.listener.busy(self)
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not an upgrade uvicorn answered itself
+            signal = DisconnectSignal(cycle, self.flow.resume_reading)
+            self._signals.append(signal)
+            extensions: dict[str, Any] = self.scope["extensions"]  # uvicorn types its values narrowly
+            extensions[DISCONNECT_EXTENSION] = signal
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -362,6 +421,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._signals = [s for s in self._signals if not s.cycle.response_complete]
         if self.transport.is_closing():
             return
         if not self._busy():
@@ -434,6 +494,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         answer = not cycle.response_started
         cycle.disconnected = True  # the app's receive() now returns http.disconnect; its sends are dropped
         cycle.message_event.set()
+        self._fire_signals()
         if answer:
             seconds = self.listener.limits.body_timeout_s
             self._write_error(RequestTimeout(f"The request body did not arrive within {seconds:g}s."))

@@ -6,19 +6,17 @@ full-jitter backoff, never past the request's deadline, and only while the retry
 
 What says "nothing was processed" (``is_retryable``):
 
-* the connection was refused, reset or closed before the response headers: through the
-  httpx-aiohttp transport, ``map_upstream_errors`` turns each into ``UpstreamError`` with code
-  ``upstream_connect_error`` (``httpx.ConnectTimeout`` caused by aiohttp's
-  ``ClientConnectorError`` / ``ClientOSError`` / ``ServerDisconnectedError``; the transport maps
-  every ``ClientConnectionError`` to ``ConnectTimeout``, even a refusal). A real connect timeout
-  (``UpstreamTimeout`` caused by ``httpx.ConnectTimeout``) never sent the request: retryable.
+* the connection was refused, reset or closed before the response headers:
+  ``map_upstream_errors`` turns each into ``UpstreamError`` with code ``upstream_connect_error``
+  (caused by ``wire.ConnectionFailed``). A connect timeout (``UpstreamTimeout`` caused by
+  ``wire.ConnectTimeout``) never sent the request: retryable.
 * the backend answered 502 or 503 (``retryable_statuses``), or 429 *with* ``Retry-After``.
 
 Never retried: any 4xx but such a 429; 500 and 504 (the backend may have done the work);
 any failure after the response headers (the same ``upstream_connect_error`` code comes out of
 a body read cut mid-stream, so the caller says which phase failed); any failure once a byte
 reached the client. A read timeout before the headers (``UpstreamTimeout`` caused by
-``httpx.ReadTimeout``) is **not** retried: the backend accepted the request and may still be
+``wire.ReadTimeout``) is **not** retried: the backend accepted the request and may still be
 generating it, so a retry would double the load on a backend that is already too slow.
 
 Backoff is tenacity's ``wait_random_exponential`` (AWS "full jitter"): the delay before the
@@ -38,13 +36,13 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-import httpx
 from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
 from gateway.clock import Clock
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.policy.model import RETRYABLE_STATUSES, RetryPolicy
 from gateway.window import SlidingCounter
+from gateway.wire import ConnectTimeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +62,7 @@ class Failure:
 
     @classmethod
     def from_status(cls, status: int, headers: Mapping[str, str], *, client_bytes_sent: bool = False) -> Failure:
-        """A non-2xx answer; ``headers`` keyed in lower case (httpx's are)."""
+        """A non-2xx answer; ``headers`` looked up in lower case (``UpstreamResponse.headers`` are)."""
         retry_after = parse_retry_after(headers)
         return cls(status=status, retry_after_s=retry_after, headers_received=True, client_bytes_sent=client_bytes_sent)
 
@@ -107,7 +105,7 @@ def is_retryable(failure: Failure, *, statuses: Collection[int] = RETRYABLE_STAT
 def _nothing_sent_or_refused(error: BaseException) -> bool:
     cause = error.__cause__
     if isinstance(error, UpstreamTimeout):
-        return isinstance(cause, httpx.ConnectTimeout | httpx.PoolTimeout)
+        return isinstance(cause, ConnectTimeout)
     if isinstance(error, UpstreamError):
         return error.code == "upstream_connect_error" or isinstance(
             cause, ConnectionRefusedError | ConnectionResetError

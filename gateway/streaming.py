@@ -446,11 +446,23 @@ def _track(progress: StreamProgress, choices: list[dict[str, Any]]) -> None:
             continue
         delta = choice.get("delta")
         text = delta.get("content") if delta else choice.get("text")
-        plain = isinstance(text, str) and not (delta and any(delta.get(k) for k in OUTPUT_DELTA_KEYS[1:]))
+        plain = isinstance(text, str) and not (delta and _other_output(delta))
         if choice.get("index", 0) != 0 or choice.get("finish_reason") or not plain:
             progress.continuable = False
         else:
             progress.pieces.append(str(text))
+
+
+_OTHER_OUTPUT_KEYS = OUTPUT_DELTA_KEYS[1:]
+
+
+def _other_output(delta: dict[str, Any]) -> bool:
+    """Whether a delta carries output other than content (reasoning, tool calls); a loop, not a
+    generator, since it runs for every relayed chunk of a tracked stream."""
+    for key in _OTHER_OUTPUT_KEYS:  # noqa: SIM110 (see the docstring)
+        if delta.get(key):
+            return True
+    return False
 
 
 def _spliced_usage(usage: Mapping[str, Any], progress: StreamProgress) -> dict[str, Any]:

@@ -38,7 +38,7 @@ Usage::
     span = tracing.start_request(t=arrival, request_id=rid, api=CHAT, traceparent=hdr)
     span.describe(model=..., tenant=..., class_name=..., max_tokens=..., stream=True)
     attempt = span.attempt(backend="b1", number=1, t=clock.now())
-    attempt.inject(upstream_headers)          # adds traceparent (inject_into: raw header list)
+    attempt.inject(upstream_headers)          # adds traceparent
     attempt.engine_request("gw-...")          # the id the engine got; upstream_fault(...) on failure
     attempt.end(t=clock.now(), status=200)
     span.finish(t=clock.now(), status=200, outcome="completed", ...)
@@ -138,12 +138,6 @@ class AttemptSpan:
         request = self._request
         if request is not None:
             headers["traceparent"] = _traceparent(request.trace_id, self.span_id, request.sampled)
-
-    def inject_into(self, headers: list[tuple[bytes, bytes]]) -> None:
-        """``inject`` for the raw header list of an upstream request."""
-        request = self._request
-        if request is not None:
-            headers.append((b"traceparent", _traceparent(request.trace_id, self.span_id, request.sampled).encode()))
 
     def engine_request(self, engine_request_id: str) -> None:
         """The request id this attempt gave the engine (``gateway.upstream.new_engine_request_id``)."""

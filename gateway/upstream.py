@@ -1,11 +1,18 @@
-"""The upstream client: one pooled httpx client, per-phase timeouts, error translation.
+"""The upstream client: one pooled connection set, per-phase timeouts, error translation.
 
-httpx is the API; the transport underneath is aiohttp's (``httpx-aiohttp``), which costs a
-third of httpcore's CPU per request on this workload (see pyproject). Requests go straight to
-the transport as ``httpx.Request`` objects: the ``AsyncClient`` layer above it (URL merging,
-cookie jar, auth and redirect hooks) costs a fifth of the gateway's CPU per request and its
-cookie jar would even share one backend's cookies across tenants. The client is kept for
-health checks and metric scrapes, where none of that matters. Client credentials
+Two clients, each where it fits:
+
+* the data plane (``open``, the inference requests): ``gateway/wire.py``, a lean HTTP/1.1
+  client made for this one job (pooled keep-alive connections, httptools parsing, one write per
+  request, no timer operation per chunk). Measured in the same run (``loadtests/minimal_proxy.py
+  --client``, README "Hot path"), it costs less CPU per request than aiohttp's client called
+  directly, which costs less than httpx's API over aiohttp's transport (``httpx-aiohttp``). It
+  keeps no cookies (a backend's cookies must never be shared across tenants) and never
+  decompresses (``accept-encoding: identity``; bytes pass through as sent).
+* everything around it (health checks, metric scrapes): httpx over aiohttp's transport
+  (``http``), where a request a second makes the API's comfort worth more than its cost.
+
+Client credentials
 never go upstream: the request carries only the backend's own credential (read from the
 environment variable the policy names), the engine request id and the trace context.
 
@@ -15,7 +22,7 @@ have crashed some vLLM versions. So the client's id never goes upstream: every a
 a fresh ``gw-`` + 96 random bits (``new_engine_request_id``), and the gateway writes both ids
 together (a debug line per attempt, the warning line of a failure, the attempt's span).
 
-``map_upstream_errors`` is the single place where httpx exceptions become gateway errors,
+``map_upstream_errors`` is the single place where transport exceptions become gateway errors,
 so that every caller sees only ``UpstreamError`` (502) and ``UpstreamTimeout`` (504).
 A backend's own error answer becomes the gateway's error in ``error_for`` (the rule is in
 ``gateway/upstream_errors.py``): its body is read bounded in bytes and in time, and nothing
@@ -27,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,6 +49,7 @@ from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.policy.model import Backend
 from gateway.retry import parse_retry_after
 from gateway.upstream_errors import Redactor, UpstreamFault, answer_error, status_error
+from gateway.wire import Connection, ConnectionFailed, ConnectionPool, Origin, head_prefix, request_head
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +60,7 @@ FaultReport = Callable[[UpstreamFault], None]  # ``upstream_errors.FaultLog`` of
 class TraceContext(Protocol):
     """Whatever propagates a trace to the backend and records the attempt (``gateway.tracing.AttemptSpan``)."""
 
-    def inject_into(self, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def inject(self, headers: MutableMapping[str, str]) -> None: ...
 
     def engine_request(self, engine_request_id: str) -> None: ...
 
@@ -68,48 +76,110 @@ class MissingCredential(Exception):
 
 @contextmanager
 def map_upstream_errors(backend: str) -> Iterator[None]:
-    """Translate transport failures talking to ``backend`` into gateway errors."""
+    """Translate transport failures talking to ``backend`` into gateway errors.
+
+    Timeouts are ``UpstreamTimeout`` (504); a connect timeout keeps ``wire.ConnectTimeout`` as
+    its cause, which says the request was never sent (``gateway/retry.py``). Every other failure
+    of the connection (refused, reset, closed, a body cut short, an answer that is not HTTP) is
+    ``UpstreamError`` with code ``upstream_connect_error``: the caller knows whether the headers
+    had arrived, which decides whether it may be retried.
+    """
     try:
         yield
-    except httpx.TimeoutException as exc:
-        if exc.__cause__ is not None and not isinstance(exc.__cause__, TimeoutError):
-            # httpx-aiohttp maps every aiohttp.ClientConnectionError (refused, reset) to
-            # ConnectTimeout; only a real timeout underneath is one.
-            raise UpstreamError(
-                f"Backend '{backend}' failed: {type(exc.__cause__).__name__}.", code="upstream_connect_error"
-            ) from exc
+    except TimeoutError as exc:  # wire.ConnectTimeout, wire.ReadTimeout
         raise UpstreamTimeout(f"Backend '{backend}' timed out ({type(exc).__name__}).") from exc
-    except httpx.HTTPError as exc:
-        raise UpstreamError(
-            f"Backend '{backend}' failed: {type(exc).__name__}.", code="upstream_connect_error"
-        ) from exc
+    except (ConnectionFailed, httpx.HTTPError) as exc:
+        raise UpstreamError(f"Backend '{backend}' failed: {exc}.", code="upstream_connect_error") from exc
     except OSError as exc:
         # The class name only: an OS error's text can name hosts and certificates.
         raise UpstreamError(f"Backend '{backend}' failed: {type(exc).__name__}.") from exc
 
 
+class UpstreamResponse:
+    """One backend's answer as the data plane reads it: status and headers arrived, body unread.
+
+    A thin face over a ``wire.Connection``: ``chunks`` yields the body as it arrives (as sent: no
+    decoding), ``aclose`` hands the connection back to the pool when the body was read to its
+    end and closes it otherwise."""
+
+    __slots__ = ("_connection", "_headers")
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._headers: dict[str, str] | None = None
+
+    @property
+    def status_code(self) -> int:
+        return self._connection.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Names in lower case (``retry-after``); built when asked, which only error answers are."""
+        if self._headers is None:
+            self._headers = {
+                name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self._connection.headers
+            }
+        return self._headers
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, each read's bytes as one chunk (failures raise ``wire``'s errors)."""
+        return self
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self._connection.read()
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+    async def read(self) -> bytes:
+        parts = []
+        while data := await self._connection.read():
+            parts.append(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def bound_gaps(self, seconds: float) -> None:
+        """From now on, a wait of ``seconds`` for the backend's next byte fails (``wire.ReadTimeout``),
+        in place of the first-byte timeout. The connection's own read timer does it, stopped while
+        the gateway's client reads slowly, so it measures the backend only; no timer operation per
+        relayed chunk (two per chunk cost a twentieth of a stream's CPU)."""
+        self._connection.read_timeout = seconds
+
+    async def aclose(self) -> None:
+        self._connection.finish()
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTarget:
+    """How to reach one backend: its origin, the head of a request per API path (its credential
+    included), and its timeouts."""
+
+    origin: Origin
+    heads: Mapping[str, bytes]
+    connect_s: float
+    first_byte_s: float
+
+
 @dataclass(frozen=True, slots=True)
 class UpstreamTargets:
-    """What requests to each backend carry (headers with its credential, timeouts, URL per API path),
-    and what error excerpts must hide (credentials, backend host names)."""
+    """Every backend's ``BackendTarget``, and what error excerpts must hide (credentials, backend
+    host names)."""
 
-    headers: Mapping[str, list[tuple[bytes, bytes]]]
-    timeouts: Mapping[str, dict[str, float | None]]
-    urls: Mapping[tuple[str, str], httpx.URL]
+    backends: Mapping[str, BackendTarget]
     secrets: frozenset[str]
     hosts: frozenset[str]
 
 
 class UpstreamClient:
-    """Sends requests to backends over one connection pool shared by all of them."""
+    """Sends requests to backends over one connection pool shared by all of them (module docstring)."""
 
     def __init__(self, backends: Mapping[str, Backend], *, max_connections: int = 1000) -> None:
+        self._pool = ConnectionPool(max_connections=max_connections)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._transport = AiohttpTransport(limits=limits)
-        self._client = httpx.AsyncClient(transport=self._transport, timeout=None)
-        self._headers: dict[str, list[tuple[bytes, bytes]]] = {}
-        self._timeouts: dict[str, dict[str, float | None]] = {}
-        self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._client = httpx.AsyncClient(transport=AiohttpTransport(limits=limits), timeout=None)
+        self._targets: dict[str, BackendTarget] = {}
         self._secrets: frozenset[str] = frozenset()
         self._hosts: frozenset[str] = frozenset()
         self.redactor = Redactor()
@@ -121,35 +191,38 @@ class UpstreamClient:
 
     @staticmethod
     def prepare(backends: Mapping[str, Backend]) -> UpstreamTargets:
-        """Each backend's headers (its credential), timeouts and URLs; raise ``MissingCredential``.
+        """Each backend's origin, request heads (its credential) and timeouts; raise ``MissingCredential``.
 
         Changes nothing: a reload prepares first and installs only when every part of it could
         be built (``gateway/runtime.py``)."""
-        headers: dict[str, list[tuple[bytes, bytes]]] = {}
-        timeouts: dict[str, dict[str, float | None]] = {}
-        urls: dict[tuple[str, str], httpx.URL] = {}
+        targets: dict[str, BackendTarget] = {}
         secrets: set[str] = set()
         hosts: set[str] = set()
+        tls = None
         for name, backend in backends.items():
-            base = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
+            fixed = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
             if backend.credential_env:
                 secret = os.environ.get(backend.credential_env)
                 if not secret:
                     raise MissingCredential(
                         f"backend '{name}': environment variable {backend.credential_env} is not set"
                     )
-                base.append((b"authorization", f"Bearer {secret}".encode()))
+                fixed.append((b"authorization", f"Bearer {secret}".encode()))
                 secrets.add(secret)
             url = httpx.URL(backend.url)
             hosts.update(part for part in (url.host, url.username) if part)
             if url.password:
                 secrets.add(url.password)
-            headers[name] = base
+            if url.scheme == "https" and tls is None:
+                tls = httpx.create_ssl_context()  # the CA bundle httpx verifies with (certifi)
+            origin = Origin(
+                url.host, url.port or (443 if url.scheme == "https" else 80), tls if url.scheme == "https" else None
+            )
+            base = url.raw_path.split(b"?", 1)[0].rstrip(b"/")
+            heads = {path: head_prefix(base + path.encode(), origin, fixed) for path in DIALECTS}
             t = backend.timeouts
-            timeouts[name] = {"connect": t.connect_s, "read": t.first_byte_s, "write": t.connect_s, "pool": None}
-            for path in DIALECTS:
-                urls[(name, path)] = httpx.URL(backend.url + path)
-        return UpstreamTargets(headers, timeouts, urls, frozenset(secrets), frozenset(hosts))
+            targets[name] = BackendTarget(origin, heads, t.connect_s, t.first_byte_s)
+        return UpstreamTargets(targets, frozenset(secrets), frozenset(hosts))
 
     def install(self, targets: UpstreamTargets) -> None:
         """Use ``targets`` from now on.
@@ -157,16 +230,19 @@ class UpstreamClient:
         Merged, not replaced: a request granted a backend that a reload just removed still
         finds its credential and URL (removed backends are drained, not cut), and the redactor
         keeps hiding a removed backend's secrets from error excerpts."""
-        self._headers = {**self._headers, **targets.headers}
-        self._timeouts = {**self._timeouts, **targets.timeouts}
-        self._urls = {**self._urls, **targets.urls}
+        self._targets = {**self._targets, **targets.backends}
         self._secrets, self._hosts = self._secrets | targets.secrets, self._hosts | targets.hosts
         self.redactor = Redactor(self._secrets, self._hosts)
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """The shared client, for health checks and metric scrapes."""
+        """The httpx client, for health checks and metric scrapes."""
         return self._client
+
+    @property
+    def open_connections(self) -> int:
+        """Connections of the data plane open now (in use or idle)."""
+        return self._pool.open_connections
 
     async def open(
         self,
@@ -177,7 +253,7 @@ class UpstreamClient:
         request_id: str,
         engine_request_id: str,
         trace: TraceContext | None = None,
-    ) -> httpx.Response:
+    ) -> UpstreamResponse:
         """POST ``body`` to ``backend``'s ``api``; return once the response headers arrived (body unread).
 
         ``engine_request_id`` (``new_engine_request_id``, one per attempt) is the engine's
@@ -185,30 +261,28 @@ class UpstreamClient:
         ``trace`` adds the W3C ``traceparent`` of the attempt's span (sampled requests only)
         and records the engine's id on it.
         """
-        headers = [*self._headers[backend.name], (b"x-request-id", engine_request_id.encode())]
+        target = self._targets[backend.name]
+        headers = {"x-request-id": engine_request_id}
         if trace is not None:
-            trace.inject_into(headers)
+            trace.inject(headers)
             trace.engine_request(engine_request_id)
         log.debug("request %s: attempt on backend %s is engine request %s", request_id, backend.name, engine_request_id)
-        outgoing = httpx.Request(
-            "POST",
-            self._urls[(backend.name, api.path)],
-            headers=headers,
-            content=body,
-            extensions={"timeout": self._timeouts[backend.name]},
-        )
+        head = request_head(target.heads[api.path], headers, len(body))
         with map_upstream_errors(backend.name):
-            return await self._transport.handle_async_request(outgoing)
+            connection = await self._pool.request(
+                target.origin, head, body, connect_s=target.connect_s, read_timeout=target.first_byte_s
+            )
+        return UpstreamResponse(connection)
 
-    async def read_all(self, backend: Backend, response: httpx.Response) -> bytes:
-        """The whole body as sent (``accept-encoding: identity``): raw chunks, no decoder layer."""
+    async def read_all(self, backend: Backend, response: UpstreamResponse) -> bytes:
+        """The whole body as sent (``accept-encoding: identity``): no decoder layer."""
         try:
             with map_upstream_errors(backend.name):
-                return b"".join([chunk async for chunk in response.aiter_raw()])
+                return await response.read()
         finally:
             await response.aclose()
 
-    async def error_for(self, backend: Backend, response: httpx.Response, report: FaultReport) -> GatewayError:
+    async def error_for(self, backend: Backend, response: UpstreamResponse, report: FaultReport) -> GatewayError:
         """The gateway's error for a non-200 answer; its status and an excerpt go to ``report`` only."""
         body = await read_error_body(response, time_limit_s=backend.timeouts.first_byte_s)
         retry_after_s = parse_retry_after(response.headers)
@@ -236,9 +310,10 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._pool.aclose()
 
 
-async def read_error_body(response: httpx.Response, *, time_limit_s: float, limit: int = ERROR_BODY_LIMIT) -> bytes:
+async def read_error_body(response: UpstreamResponse, *, time_limit_s: float, limit: int = ERROR_BODY_LIMIT) -> bytes:
     """At most ``limit`` bytes of an error answer, read within ``time_limit_s``; closes the response.
 
     Bounded both ways because the body is only read to be described: a backend that sends
@@ -249,12 +324,12 @@ async def read_error_body(response: httpx.Response, *, time_limit_s: float, limi
     size = 0
     try:
         async with asyncio.timeout(time_limit_s):
-            async for chunk in response.aiter_raw():
+            async for chunk in response.chunks():
                 parts.append(chunk)
                 size += len(chunk)
                 if size >= limit:
                     break
-    except (TimeoutError, httpx.HTTPError, OSError):
+    except (TimeoutError, OSError):
         pass
     finally:
         await response.aclose()

@@ -240,6 +240,8 @@ async def _run(args: argparse.Namespace, direct: str, through: str) -> dict[str,
             stream_direct = args.paced_direct or direct
             stream_modes = [("direct", stream_direct, None), ("gateway", through, args.gateway_pid)]
             for label, url, pid in args.extra_arms:
+                if label.startswith("minimal_"):  # their upstream is the instant engine only
+                    continue
                 url, pid = args.stream_urls.get(label, (url, pid))
                 results[label] = PhaseResult()
                 stream_modes.append((label, url, pid))
@@ -316,7 +318,7 @@ def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
         flush=True,
     )
     print(
-        f"{'':>6} minimal proxy (baseline) | P50 {_pct(mini.latencies, 50):6.2f} P99 {_pct(mini.latencies, 99):6.2f} "
+        f"{'':>6} minimal proxy, httpx     | P50 {_pct(mini.latencies, 50):6.2f} P99 {_pct(mini.latencies, 99):6.2f} "
         f"err {mini.errors:<4d}| added P50 {_pct(mini.latencies, 50) - _pct(d.latencies, 50):+6.2f} ms "
         f"P99 {_pct(mini.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms "
         f"| CPU {mini.cpu_s * 1000 / max(mini.sent, 1):.2f} ms/req",
@@ -325,10 +327,18 @@ def _print_rate(rate: float, results: dict[str, PhaseResult]) -> None:
     _print_previous(results)
 
 
-EXTRA_ARMS = {"previous": "previous revision", "fleet": "with fleet (Redis)", "router": "vLLM's Rust router"}
-"""Optional arms beside the gateway: an older revision (``--previous``), the same gateway with its
-capacity coordinated through Redis (``--fleet``), vLLM's Rust router (``--router``, the
-``vllm-router`` wheel from PyPI, cache-aware policy, pinned to the gateway's core)."""
+EXTRA_ARMS = {
+    "minimal_aiohttp": "minimal proxy, aiohttp",
+    "minimal_wire": "minimal proxy, wire",
+    "previous": "previous revision",
+    "fleet": "with fleet (Redis)",
+    "router": "vLLM's Rust router",
+}
+"""Arms beside the gateway: the minimal proxy on aiohttp's own client and on the gateway's
+data-plane client (always: the floors of the client choice), an older revision
+(``--previous``), the same gateway with its capacity coordinated through Redis (``--fleet``),
+vLLM's Rust router (``--router``, the ``vllm-router`` wheel from PyPI, cache-aware policy,
+pinned to the gateway's core)."""
 
 
 def _print_previous(results: dict[str, PhaseResult]) -> None:
@@ -431,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         "--current", default=None, metavar="REF", help="run the gateway of git revision REF instead of this tree's"
     )
     args = parser.parse_args(argv)
-    args.rates = [float(r) for r in args.rates.split(",")]
-    args.stream_rates = [float(r) for r in args.stream_rates.split(",")]
+    args.rates = [float(r) for r in args.rates.split(",") if r]
+    args.stream_rates = [float(r) for r in args.stream_rates.split(",") if r]
     STREAM_TOKENS[0] = args.stream_tokens
     PROMPT_CHARS[0] = args.prompt_chars
     PACED[0] = args.stream_itl_ms > 0
@@ -466,6 +476,13 @@ def main(argv: list[str] | None = None) -> int:
         str(minimal_port),
     ]
     minimal_url = f"http://127.0.0.1:{minimal_port}"
+    # The same minimal proxy on aiohttp's client called directly, and on the gateway's own data-plane
+    # client (gateway/wire.py): the client choice, measured against httpx-over-aiohttp in the same
+    # run (issue 14).
+    leans = {
+        label: ([*minimal[:-2], "--port", str(args.gateway_port + offset), "--client", client], offset)
+        for label, client, offset in (("minimal_aiohttp", "aiohttp", 7), ("minimal_wire", "wire", 8))
+    }
     with contextlib.ExitStack() as stack:
         stack.enter_context(process(sim, backend + "/health"))
         if paced:
@@ -483,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         args.gateway_pid, args.minimal_pid = gateway_proc.pid, minimal_proc.pid
         args.minimal = minimal_url + "/v1/chat/completions"
         args.extra_arms = []
+        for label, (argv_lean, offset) in leans.items():
+            lean_url = f"http://127.0.0.1:{args.gateway_port + offset}"
+            lean_proc = stack.enter_context(process(argv_lean, lean_url + "/healthz"))
+            args.extra_arms.append((label, lean_url + "/v1/chat/completions", lean_proc.pid))
         if args.previous:
             previous_port = args.gateway_port + 3
             previous_url = f"http://127.0.0.1:{previous_port}"

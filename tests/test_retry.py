@@ -1,7 +1,7 @@
 """Retries: which failures may be retried, the jittered backoff, the deadline, the budget.
 
-The transport cases send a real request through the httpx-aiohttp transport and
-``map_upstream_errors`` (as ``UpstreamClient.open`` does) to a loopback server that misbehaves.
+The transport cases send a real request through ``UpstreamClient`` (the data plane's client,
+``gateway/wire.py``, and ``map_upstream_errors``) to a loopback server that misbehaves.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 import pytest
-from httpx_aiohttp import AiohttpTransport
 from pydantic import ValidationError
 
+from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, Overloaded, UpstreamError, UpstreamTimeout
+from gateway.policy.model import Backend, BackendKind, Timeouts
 from gateway.retry import (
     Failure,
     RetryBudget,
@@ -30,7 +30,8 @@ from gateway.retry import (
     parse_retry_after,
     retry_delay,
 )
-from gateway.upstream import map_upstream_errors
+from gateway.upstream import UpstreamClient
+from gateway.wire import ConnectionFailed, ConnectTimeout, ReadTimeout
 from tests.fake_clock import FakeClock
 from tests.servers import free_port
 
@@ -54,10 +55,10 @@ def caused(error: GatewayError, cause: BaseException) -> GatewayError:
         (Failure.from_status(400, {}), False),
         (Failure.from_status(408, {"retry-after": "1"}), False),
         (Failure.from_status(503, {}, client_bytes_sent=True), False),
-        (Failure(caused(UpstreamError("x", code="upstream_connect_error"), httpx.ConnectTimeout("x"))), True),
+        (Failure(caused(UpstreamError("x", code="upstream_connect_error"), ConnectTimeout("x"))), True),
         (Failure(caused(UpstreamError("x"), ConnectionRefusedError())), True),
-        (Failure(caused(UpstreamTimeout("x"), httpx.ConnectTimeout("x"))), True),
-        (Failure(caused(UpstreamTimeout("x"), httpx.ReadTimeout("x"))), False),
+        (Failure(caused(UpstreamTimeout("x"), ConnectTimeout("x"))), True),
+        (Failure(caused(UpstreamTimeout("x"), ReadTimeout("x"))), False),
         (Failure(UpstreamError("x", code="upstream_connect_error"), headers_received=True), False),
         (Failure(UpstreamError("x", code="upstream_connect_error"), client_bytes_sent=True), False),
         (Failure(UpstreamError("x", code="upstream_protocol_error")), False),
@@ -147,34 +148,32 @@ async def misbehaving(handler: Handler | None) -> AsyncIterator[str]:
 
 async def send_through_transport(url: str) -> tuple[GatewayError, bool]:
     """The error the request raised, and whether it came before the response headers."""
-    transport = AiohttpTransport()
-    timeouts = {"connect": 1.0, "read": 0.2, "write": 1.0, "pool": None}
-    request = httpx.Request("POST", url, content=b"{}", extensions={"timeout": timeouts})
+    base = url.removesuffix("/v1/chat/completions")
+    timeouts = Timeouts(connect_s=1.0, first_byte_s=0.2)
+    backend = Backend(name="b1", url=base, kind=BackendKind.OPENAI, models=["m"], timeouts=timeouts)
+    client = UpstreamClient({"b1": backend})
+    chat = DIALECTS["/v1/chat/completions"]
     try:
-        with map_upstream_errors("b1"):
-            response = await transport.handle_async_request(request)
+        response = await client.open(backend, chat, b"{}", request_id="r", engine_request_id="gw-1")
         try:
-            with map_upstream_errors("b1"):
-                await response.aread()
+            await client.read_all(backend, response)
         except GatewayError as error:
             return error, False
-        finally:
-            await response.aclose()
     except GatewayError as error:
         return error, True
     finally:
-        await transport.aclose()
+        await client.aclose()
     raise AssertionError("the request succeeded")
 
 
 @pytest.mark.parametrize(
     ("handler", "error", "cause", "retryable"),
     [
-        (None, UpstreamError, httpx.ConnectTimeout, True),
-        (_reset, UpstreamError, httpx.ConnectTimeout, True),
-        (_close, UpstreamError, httpx.ConnectTimeout, True),
-        (_stall, UpstreamTimeout, httpx.ReadTimeout, False),
-        (_cut_body, UpstreamError, httpx.ReadError, False),
+        (None, UpstreamError, ConnectionFailed, True),
+        (_reset, UpstreamError, ConnectionFailed, True),
+        (_close, UpstreamError, ConnectionFailed, True),
+        (_stall, UpstreamTimeout, ReadTimeout, False),
+        (_cut_body, UpstreamError, ConnectionFailed, False),
     ],
     ids=[
         "a refused connection is a retryable connect error",

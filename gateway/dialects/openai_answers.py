@@ -68,7 +68,10 @@ def has_output(choice: dict[str, Any]) -> bool:
     """Whether a chunk's choice carries generated output (vLLM's role-only chunk does not)."""
     delta = choice.get("delta")
     if delta:
-        return any(delta.get(key) for key in OUTPUT_DELTA_KEYS)
+        for key in OUTPUT_DELTA_KEYS:  # noqa: SIM110 (a loop, not any(...): no generator per relayed chunk)
+            if delta.get(key):
+                return True
+        return False
     return bool(choice.get("text"))
 
 
