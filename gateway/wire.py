@@ -45,6 +45,9 @@ import httptools
 
 HIGH_WATER = 256 * 1024
 """Unread bytes past which the socket is not read until the consumer catches up."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Header bytes of one answer past which it is refused: a backend that never ends its headers
+must not grow the gateway's memory (the parser itself sets no bound)."""
 
 
 class ConnectTimeout(TimeoutError):
@@ -114,6 +117,7 @@ class Connection(asyncio.Protocol):
         self._length_known = False
         self._keep_alive = False
         self._received_any = False
+        self._head_bytes = 0
         self._read_timeout: float | None = None
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -133,8 +137,9 @@ class Connection(asyncio.Protocol):
         self._last_read = self._loop.time()
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._fail(ConnectionFailed("the backend's answer is not valid HTTP/1.1"))
+        except httptools.HttpParserError as exc:
+            why = exc.__context__ if isinstance(exc.__context__, ConnectionFailed) else None
+            self._fail(why or ConnectionFailed("the backend's answer is not valid HTTP/1.1"))
             self._close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -156,6 +161,9 @@ class Connection(asyncio.Protocol):
     # httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise ConnectionFailed(f"the backend's headers exceed {MAX_HEAD_BYTES} bytes")
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -200,6 +208,7 @@ class Connection(asyncio.Protocol):
         self.status, self.headers = 0, []
         self._chunks, self._buffered, self._error = [], 0, None
         self._length_known = self._received_any = self._keep_alive = False
+        self._head_bytes = 0
         self._parser = httptools.HttpResponseParser(self)
         self._last_read = self._loop.time()
         self.read_timeout = read_timeout

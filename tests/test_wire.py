@@ -248,6 +248,23 @@ async def test_an_answer_that_is_not_http_is_a_connection_failure() -> None:
         await pool.aclose()
 
 
+async def test_headers_that_never_end_are_refused_past_the_bound() -> None:
+    async def endless_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(20_000):  # 20,000 headers of ~30 bytes: far past the 64 KiB bound
+            writer.write(b"x-filler-%d: %s\r\n" % (i, b"y" * 16))
+        await writer.drain()
+        await reader.read()
+        return False
+
+    async with serving(endless_headers) as server:
+        pool = ConnectionPool()
+        with pytest.raises(ConnectionFailed, match="headers exceed"):
+            await fetch(pool, Origin("127.0.0.1", server.port))
+        await wait_for(lambda: server.open == 0, "the connection to be closed")
+        await pool.aclose()
+
+
 async def test_an_interim_answer_is_skipped_for_the_real_one() -> None:
     async def early_hints(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
         writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" + OK)
