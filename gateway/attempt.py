@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gateway.backends import BackendPool, BackendState
@@ -31,7 +30,7 @@ from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock
 from gateway.context import RequestContext
 from gateway.dispatch import Dispatcher, Grant
-from gateway.errors import ErrorCode, GatewayError, UpstreamError, UpstreamTimeout, code_of
+from gateway.errors import ErrorCode, GatewayError, UpstreamError, code_of
 from gateway.migration import can_continue, continuation
 from gateway.outcome import AttemptRecord
 from gateway.response import SSE_HEADERS, ClientResponse
@@ -42,7 +41,7 @@ from gateway.streaming import SseRelay, StreamEnd, TokenTimer
 from gateway.telemetry import Metrics
 from gateway.tracing import AttemptSpan, RequestSpan
 from gateway.types import InferenceRequest
-from gateway.upstream import UpstreamClient, UpstreamResponse, map_upstream_errors, new_engine_request_id
+from gateway.upstream import UpstreamClient, UpstreamResponse, new_engine_request_id
 from gateway.upstream_body import attempt_body
 from gateway.upstream_errors import FaultLog
 
@@ -282,7 +281,7 @@ class Attempts:
         else:
             relay.resume(on_output=first_token)
         backend = grant.state.backend
-        failure = await relay.forward(_raw_chunks(response, backend.name, backend.timeouts.between_chunks_s), report)
+        failure = await relay.forward(response.stream(backend.name, backend.timeouts.between_chunks_s), report)
         if failure is not None:
             if relay.progress is not None and relay.progress.continuable:
                 raise StreamBroken(failure)
@@ -300,27 +299,6 @@ def _report_verdict(breaker: CircuitBreaker, verdict: bool | None) -> None:
         breaker.on_success()
     else:
         breaker.on_failure()
-
-
-async def _raw_chunks(response: UpstreamResponse, backend: str, stall_s: float) -> AsyncIterator[bytes]:
-    """The upstream body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504 error
-    (the client reading slowly is no gap: ``UpstreamResponse.bound_gaps``)."""
-    response.bound_gaps(stall_s)
-    try:
-        with map_upstream_errors(backend):
-            async for chunk in response.chunks():
-                yield chunk
-    except UpstreamTimeout:
-        raise UpstreamTimeout(
-            f"Backend '{backend}' sent nothing for {stall_s:g}s in the middle of the stream.",
-            code="upstream_stalled",
-        ) from None
-    except UpstreamError as error:
-        if error.code != "upstream_connect_error":
-            raise
-        raise UpstreamError(
-            f"Backend '{backend}' dropped the connection in the middle of the stream.", code="upstream_disconnected"
-        ) from error
 
 
 def _trace_grant(span: RequestSpan, decision: RoutingDecision, asked: float, granted: float, class_name: str) -> None:

@@ -204,10 +204,14 @@ class SseRelay:
         ``report`` (``upstream_errors.FaultLog``), the gateway's error is returned.
         """
         self._report = report
+        send, take = self._send, self._take
         try:
             async for chunk in chunks:
-                if (failure := await self._relay_chunk(chunk)) is not None:
-                    return failure
+                # _relay_chunk written out: no coroutine per relayed chunk
+                if out := take(chunk):
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if self._failure is not None:
+                    return self._take_failure()
             # The body ended: a last CR is a line end, not half a CRLF.
             if self._buffer.endswith(b"\r") and (failure := await self._relay_chunk(b"\n")) is not None:
                 return failure
@@ -222,12 +226,19 @@ class SseRelay:
 
     async def _relay_chunk(self, chunk: bytes) -> GatewayError | None:
         """Send the complete events ``chunk`` completes; the failure they end with, if any."""
+        if out := self._take(chunk):
+            await self._send({"type": "http.response.body", "body": out, "more_body": True})
+        return self._take_failure()
+
+    def _take(self, chunk: bytes) -> bytes:
+        """The complete events ``chunk`` completes, ready to send (nothing if they hold a credential)."""
         out = self._feed(chunk, self._clock.now())
         if out and self._redactor.leaks(out):
             self._fail_protocol("the stream holds a credential of the gateway")
-            out = b""
-        if out:
-            await self._send({"type": "http.response.body", "body": out, "more_body": True})
+            return b""
+        return out
+
+    def _take_failure(self) -> GatewayError | None:
         failure, self._failure = self._failure, None
         return failure
 

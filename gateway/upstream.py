@@ -140,6 +140,11 @@ class UpstreamResponse:
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def stream(self, backend: str, stall_s: float) -> StreamChunks:
+        """The body of a stream, chunk by chunk, as the relay reads it (``StreamChunks``)."""
+        self.bound_gaps(stall_s)
+        return StreamChunks(self._connection, backend, stall_s)
+
     def bound_gaps(self, seconds: float) -> None:
         """From now on, a wait of ``seconds`` for the backend's next byte fails (``wire.ReadTimeout``),
         in place of the first-byte timeout. The connection's own read timer does it, stopped while
@@ -149,6 +154,42 @@ class UpstreamResponse:
 
     async def aclose(self) -> None:
         self._connection.finish()
+
+
+class StreamChunks:
+    """A stream's body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504
+    ``upstream_stalled`` (the client reading slowly is no gap: ``UpstreamResponse.bound_gaps``), a
+    connection lost mid-way with a 502 ``upstream_disconnected``.
+
+    An iterator object, not an async generator over ``chunks()``: one frame less for every
+    relayed chunk, and the errors are mapped where they are raised."""
+
+    __slots__ = ("_backend", "_connection", "_stall_s")
+
+    def __init__(self, connection: Connection, backend: str, stall_s: float) -> None:
+        self._connection = connection
+        self._backend = backend
+        self._stall_s = stall_s
+
+    def __aiter__(self) -> StreamChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            data = await self._connection.read()
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"Backend '{self._backend}' sent nothing for {self._stall_s:g}s in the middle of the stream.",
+                code="upstream_stalled",
+            ) from None
+        except ConnectionFailed as exc:
+            raise UpstreamError(
+                f"Backend '{self._backend}' dropped the connection in the middle of the stream.",
+                code="upstream_disconnected",
+            ) from exc
+        if not data:
+            raise StopAsyncIteration
+        return data
 
 
 @dataclass(frozen=True, slots=True)
