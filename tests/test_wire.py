@@ -8,6 +8,9 @@ server's side of the socket.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import ssl
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -313,3 +316,46 @@ def test_the_host_header_names_the_port_unless_it_is_the_scheme_s_default() -> N
     assert Origin("engine", 8000).host_header() == b"engine:8000"
     assert Origin("engine", 80).host_header() == b"engine"
     assert Origin("::1", 8000).host_header() == b"[::1]:8000"
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (openssl), and its key."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    request = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+    subprocess.run(
+        [*request, "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@asynccontextmanager
+async def serving_tls(answer: Answer, cert: str, key: str) -> AsyncIterator[RawServer]:
+    server = RawServer(answer)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=context)
+    server.port = listener.sockets[0].getsockname()[1]
+    try:
+        yield server
+    finally:
+        listener.close()
+        await server.close()
+        await listener.wait_closed()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+async def test_an_https_backend_is_verified_against_the_trusted_certificates(certificate: tuple[str, str]) -> None:
+    cert, key = certificate
+    async with serving_tls(ok, cert, key) as server:
+        pool = ConnectionPool()
+        trusting = ssl.create_default_context(cafile=cert)
+        assert await fetch(pool, Origin("127.0.0.1", server.port, trusting)) == (200, b"{}")
+        assert await fetch(pool, Origin("127.0.0.1", server.port, trusting)) == (200, b"{}")
+        assert server.connections == 1, "the TLS connection is kept alive and reused"
+        with pytest.raises(ConnectionFailed, match="SSLCertVerificationError"):
+            await fetch(pool, Origin("127.0.0.1", server.port, ssl.create_default_context()))
+        await pool.aclose()
