@@ -72,6 +72,7 @@ class Gateway:
             self.upstream.install(UpstreamClient.prepare({b.name: b for b in snapshot.policy.backends}))
         except MissingCredential as exc:
             raise RuntimeError(str(exc)) from exc
+        self.metrics.upstream_connections_open.set_function(lambda: self.upstream.open_connections)
         self.limit_store = self._limit_store(snapshot)
         self.limiter = TenantLimiter(self.limit_store, self.clock)
         self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)

@@ -444,6 +444,12 @@ class Metrics:
         self.connections_open = Gauge(
             "gateway_connections_open", "Open client connections, by listener (api, admin).", ["listener"], registry=r
         )
+        self.upstream_connections_open = Gauge(
+            "gateway_upstream_connections_open",
+            "Open connections from the gateway to its backends, in use or idle and kept alive "
+            "(the data plane's pool, gateway/wire.py; at most --max-upstream-connections).",
+            registry=r,
+        )
         self.connections_closed = Counter(
             "gateway_connections_closed",
             "Client connections the gateway closed or refused, by listener and reason: header_timeout, "

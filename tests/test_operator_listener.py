@@ -61,6 +61,17 @@ def test_each_listener_counts_its_own_connections(gateway_url: str) -> None:
         assert metric(gateway_url, "gateway_connections_open", listener="admin") >= 1
 
 
+def test_the_backend_connections_kept_alive_are_counted(gateway_url: str) -> None:
+    reply = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY_ACME}"},
+        json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    )
+    assert reply.status_code == 200
+    # The answer was read whole: its connection stays in the pool (5 s), counted until then.
+    assert metric(gateway_url, "gateway_upstream_connections_open") >= 1
+
+
 def test_the_operator_listener_is_on_loopback_by_default() -> None:
     settings = Settings(policy_path="p.yaml")
     assert (settings.admin_host, settings.admin_port) == ("127.0.0.1", DEFAULT_ADMIN_PORT)
