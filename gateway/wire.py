@@ -260,7 +260,8 @@ class Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        """The answer was read to its end and both sides keep the connection alive."""
+        """The whole answer arrived (read or not: the parser is at its end) and both sides keep the
+        connection alive."""
         return (
             self._state == _DONE and self.transport is not None and not self.transport.is_closing() and self._keep_alive
         )
@@ -270,7 +271,14 @@ class Connection(asyncio.Protocol):
         if self._state == _IDLE:
             return
         self._stop_timer()
-        if self.reusable:
+        transport = self.transport
+        if self.reusable and transport is not None:
+            if self._paused:
+                # An answer left unread past the high-water mark: read again, or the idle
+                # connection would miss the backend closing it and the next answer never come.
+                self._paused = False
+                transport.resume_reading()
+            self._chunks, self._buffered = [], 0
             self._state = _IDLE
             self._pool.release(self)
         else:

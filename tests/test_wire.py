@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from gateway import wire
 from gateway.wire import ConnectionFailed, ConnectionPool, Origin, ReadTimeout, head_prefix, request_head
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -93,7 +94,7 @@ def head(origin: Origin, body: bytes) -> bytes:
     return request_head(head_prefix(b"/v1/chat/completions", origin, []), {"x-request-id": "gw-1"}, len(body))
 
 
-async def fetch(pool: ConnectionPool, origin: Origin, *, read_timeout: float = 5.0) -> tuple[int, bytes]:
+async def fetch(pool: ConnectionPool, origin: Origin, *, read_timeout: float | None = 5.0) -> tuple[int, bytes]:
     connection = await pool.request(origin, head(origin, b"{}"), b"{}", connect_s=2.0, read_timeout=read_timeout)
     try:
         parts = []
@@ -161,6 +162,30 @@ async def test_an_answer_abandoned_half_way_closes_its_connection() -> None:
         await wait_for(lambda: server.open == 0, "the server to see the connection closed")
         assert pool.open_connections == 0
         await pool.aclose()
+
+
+async def test_an_answer_left_unread_past_the_high_water_mark_does_not_stall_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The whole answer arrived, reading paused at the high-water mark, the consumer read none of it:
+    the connection goes back to the pool reading again, and the next request on it is answered."""
+    monkeypatch.setattr(wire, "HIGH_WATER", 10)
+
+    async def hundred_bytes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 100)
+        await writer.drain()
+        return True
+
+    async with serving(hundred_bytes) as server:
+        pool = ConnectionPool()
+        origin = Origin("127.0.0.1", server.port)
+        connection = await pool.request(origin, head(origin, b"{}"), b"{}", connect_s=2.0, read_timeout=None)
+        await wait_for(lambda: connection.reusable, "the whole answer to arrive")
+        connection.finish()  # nothing of it read
+        async with asyncio.timeout(5):
+            assert await fetch(pool, origin, read_timeout=None) == (200, b"x" * 100)
+        await pool.aclose()
+    assert server.connections == 1
 
 
 async def test_a_backend_silent_past_the_read_timeout_fails_the_read() -> None:
