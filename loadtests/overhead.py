@@ -270,6 +270,7 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
             "p50_ms": _pct(r.latencies, 50),
             "p99_ms": _pct(r.latencies, 99),
             "ttft_p50_ms": _pct(r.ttfts, 50),
+            "ttft_p99_ms": _pct(r.ttfts, 99),
             "itl_p99_ms": _pct(r.itls, 99),
             "send_late_p99_ms": _pct(r.late, 99),
             "error_reasons": dict(r.error_reasons),
@@ -285,6 +286,7 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
             out[f"{label}_added_p50_ms"] = _pct(arm.latencies, 50) - _pct(d.latencies, 50)
             out[f"{label}_added_p99_ms"] = _pct(arm.latencies, 99) - _pct(d.latencies, 99)
             out[f"{label}_added_ttft_p50_ms"] = _pct(arm.ttfts, 50) - _pct(d.ttfts, 50)
+            out[f"{label}_added_ttft_p99_ms"] = _pct(arm.ttfts, 99) - _pct(d.ttfts, 99)
             out[f"{label}_added_itl_p99_ms"] = _pct(arm.itls, 99) - _pct(d.itls, 99)
     if "fleet" in results and results["fleet"].sent and g.sent and g.cpu_s:
         f = results["fleet"]
@@ -305,6 +307,7 @@ def _compare(results: dict[str, PhaseResult]) -> dict[str, object]:
     out["added_p50_ms"] = _pct(g.latencies, 50) - _pct(d.latencies, 50)
     out["added_p99_ms"] = _pct(g.latencies, 99) - _pct(d.latencies, 99)
     out["added_ttft_p50_ms"] = _pct(g.ttfts, 50) - _pct(d.ttfts, 50)
+    out["added_ttft_p99_ms"] = _pct(g.ttfts, 99) - _pct(d.ttfts, 99)
     out["added_itl_p99_ms"] = _pct(g.itls, 99) - _pct(d.itls, 99)
     return out
 
@@ -369,7 +372,8 @@ def _print_arm(title: str, d: PhaseResult, p: PhaseResult) -> None:
         f"{'':>6} {title:<24} | P50 {_pct(p.latencies, 50):6.2f} P99 {_pct(p.latencies, 99):6.2f} "
         f"err {p.errors:<4d}| added P50 {_pct(p.latencies, 50) - _pct(d.latencies, 50):+6.2f} ms "
         f"P99 {_pct(p.latencies, 99) - _pct(d.latencies, 99):+6.2f} ms "
-        f"| TTFT P50 added {_pct(p.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms "
+        f"| TTFT P50 added {_pct(p.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms, "
+        f"P99 {_pct(p.ttfts, 99) - _pct(d.ttfts, 99):+.2f} ms "
         f"| CPU {p.cpu_s * 1000 / max(p.sent, 1):.2f} ms/req {dict(p.error_reasons) or ''}",
         flush=True,
     )
@@ -379,7 +383,9 @@ def _print_stream(rate: float, results: dict[str, PhaseResult]) -> None:
     d, g = results["direct"], results["gateway"]
     print(
         f"{rate:>6.0f} streams/s x {STREAM_TOKENS[0]} tokens | TTFT P50 direct {_pct(d.ttfts, 50):.2f} "
-        f"gateway {_pct(g.ttfts, 50):.2f} added {_pct(g.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms | "
+        f"gateway {_pct(g.ttfts, 50):.2f} added {_pct(g.ttfts, 50) - _pct(d.ttfts, 50):+.2f} ms, "
+        f"TTFT P99 direct {_pct(d.ttfts, 99):.2f} gateway {_pct(g.ttfts, 99):.2f} "
+        f"added {_pct(g.ttfts, 99) - _pct(d.ttfts, 99):+.2f} ms | "
         f"ITL P99 direct {_pct(d.itls, 99):.3f} gateway {_pct(g.itls, 99):.3f} "
         f"added {_pct(g.itls, 99) - _pct(d.itls, 99):+.3f} ms | errors {d.errors}/{g.errors} "
         f"| gateway CPU {g.cpu_s * 1000 / max(g.sent, 1):.2f} ms/stream "
