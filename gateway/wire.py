@@ -355,6 +355,11 @@ class ConnectionPool:
     def open_connections(self) -> int:
         return len(self._open)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a connection: the pool is at its bound with none idle."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
     async def request(
         self, origin: Origin, head: bytes, body: bytes, *, connect_s: float | None, read_timeout: float | None
     ) -> Connection:
@@ -400,6 +405,10 @@ class ConnectionPool:
                 self._waiters.append(waiter)
                 try:
                     await waiter
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake_one()  # woken, then cancelled before its turn: pass the turn on
+                    raise
                 finally:
                     if waiter in self._waiters:
                         self._waiters.remove(waiter)

@@ -327,6 +327,26 @@ async def test_the_pool_never_opens_more_than_its_bound() -> None:
     assert server.requests == 5
 
 
+async def test_a_waiter_cancelled_after_its_turn_came_passes_the_turn_on() -> None:
+    """At the bound, a released connection wakes the first waiter; if that request is cancelled
+    (its client left) before it runs, the next waiter gets the connection instead of waiting on."""
+    async with serving(ok) as server:
+        pool = ConnectionPool(max_connections=1)
+        origin = Origin("127.0.0.1", server.port)
+        held = await pool.request(origin, head(origin, b"{}"), b"{}", connect_s=2.0, read_timeout=5.0)
+        await wait_for(lambda: held.reusable, "the held answer to arrive")
+        first = asyncio.create_task(fetch(pool, origin))
+        second = asyncio.create_task(fetch(pool, origin))
+        await wait_for(lambda: pool.waiting == 2, "both requests to wait for the one connection")
+        held.finish()  # wakes the first waiter...
+        first.cancel()  # ...whose client leaves before it runs
+        async with asyncio.timeout(5):
+            assert await second == (200, b"{}")
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await pool.aclose()
+
+
 async def test_idle_connections_are_closed_after_the_keepalive_time() -> None:
     async with serving(ok) as server:
         pool = ConnectionPool(keepalive_s=0.1)
