@@ -313,7 +313,9 @@ class Connection(asyncio.Protocol):
             self._timer = None
 
     def _fail(self, error: Exception) -> None:
-        if self._state in (_DONE, _FAILED):
+        """The first failure of the request is the one it raises (a timeout, then the close it
+        causes, stays a timeout)."""
+        if self._state in (_DONE, _FAILED) or self._error is not None:
             return
         self._error = error
         if self._state == _HEAD:

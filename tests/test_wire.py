@@ -209,6 +209,26 @@ async def test_a_backend_silent_past_the_read_timeout_fails_the_read() -> None:
         await pool.aclose()
 
 
+async def test_a_timeout_stays_a_timeout_after_the_close_it_causes() -> None:
+    """The read timer fails the request, then closes the connection; the close must not turn the
+    timeout (not retried) into a connection failure (retried) when it is seen first."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        await reader.read()
+        return False
+
+    async with serving(silent) as server:
+        pool = ConnectionPool()
+        origin = Origin("127.0.0.1", server.port)
+        connection = await pool._acquire(origin, 2.0)  # sent by hand, so that nobody waits yet
+        connection.send(head(origin, b"{}"), b"{}", read_timeout=0.05)
+        await wait_for(lambda: connection.transport is None, "the timed-out connection to be closed")
+        with pytest.raises(ReadTimeout):
+            await connection.response_head()
+        connection.finish()
+        await pool.aclose()
+
+
 async def test_a_slow_consumer_is_no_gap_of_the_backend() -> None:
     """Past the high-water mark the socket is not read; that wait is the consumer's, not a timeout."""
     total = 2 << 20
