@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -98,9 +98,9 @@ def map_upstream_errors(backend: str) -> Iterator[None]:
 class UpstreamResponse:
     """One backend's answer as the data plane reads it: status and headers arrived, body unread.
 
-    A thin face over a ``wire.Connection``: ``chunks`` yields the body as it arrives (as sent: no
-    decoding), ``aclose`` hands the connection back to the pool when the body was read to its
-    end and closes it otherwise."""
+    A thin face over a ``wire.Connection``: ``read_some`` returns the body as it arrives (as sent:
+    no decoding), ``stream`` wraps it for the relay, ``aclose`` hands the connection back to the
+    pool when the whole answer arrived and closes it otherwise."""
 
     __slots__ = ("_connection", "_headers")
 
@@ -121,18 +121,10 @@ class UpstreamResponse:
             }
         return self._headers
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, each read's bytes as one chunk (failures raise ``wire``'s errors)."""
-        return self
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    async def __anext__(self) -> bytes:
-        data = await self._connection.read()
-        if not data:
-            raise StopAsyncIteration
-        return data
+    async def read_some(self) -> bytes:
+        """The body bytes that arrived since the last read (waiting for some); b"" at its end.
+        Failures raise ``wire``'s errors."""
+        return await self._connection.read()
 
     async def read(self) -> bytes:
         parts = []
@@ -141,16 +133,14 @@ class UpstreamResponse:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def stream(self, backend: str, stall_s: float) -> StreamChunks:
-        """The body of a stream, chunk by chunk, as the relay reads it (``StreamChunks``)."""
-        self.bound_gaps(stall_s)
-        return StreamChunks(self._connection, backend, stall_s)
+        """The body of a stream, chunk by chunk, as the relay reads it (``StreamChunks``).
 
-    def bound_gaps(self, seconds: float) -> None:
-        """From now on, a wait of ``seconds`` for the backend's next byte fails (``wire.ReadTimeout``),
-        in place of the first-byte timeout. The connection's own read timer does it, stopped while
-        the gateway's client reads slowly, so it measures the backend only; no timer operation per
-        relayed chunk (two per chunk cost a twentieth of a stream's CPU)."""
-        self._connection.read_timeout = seconds
+        From now on a wait of ``stall_s`` for the backend's next byte ends it, in place of the
+        first-byte timeout. The connection's own read timer does it, stopped while the gateway's
+        client reads slowly, so it measures the backend only; no timer operation per relayed
+        chunk (two per chunk cost a twentieth of a stream's CPU)."""
+        self._connection.read_timeout = stall_s
+        return StreamChunks(self._connection, backend, stall_s)
 
     async def aclose(self) -> None:
         self._connection.finish()
@@ -158,7 +148,7 @@ class UpstreamResponse:
 
 class StreamChunks:
     """A stream's body, chunk by chunk; a gap longer than ``stall_s`` ends it with a 504
-    ``upstream_stalled`` (the client reading slowly is no gap: ``UpstreamResponse.bound_gaps``), a
+    ``upstream_stalled`` (the client reading slowly is no gap: ``UpstreamResponse.stream``), a
     connection lost mid-way with a 502 ``upstream_disconnected``.
 
     An iterator object, not an async generator over ``chunks()``: one frame less for every
@@ -365,7 +355,7 @@ async def read_error_body(response: UpstreamResponse, *, time_limit_s: float, li
     size = 0
     try:
         async with asyncio.timeout(time_limit_s):
-            async for chunk in response.chunks():
+            while chunk := await response.read_some():
                 parts.append(chunk)
                 size += len(chunk)
                 if size >= limit:

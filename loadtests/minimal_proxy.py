@@ -73,9 +73,12 @@ def wire_forward(upstream: str) -> tuple[Forward, Callable[[], Awaitable[None]]]
     url = httpx.URL(upstream)
     origin = Origin(url.host, url.port or 80)
     fixed = [(b"content-type", b"application/json")]
+    prefixes: dict[str, bytes] = {}  # the head of each path, built once as the gateway does
 
     async def forward(target: str, body: bytes) -> tuple[int, bytes, AsyncIterator[bytes]]:
-        prefix = head_prefix(httpx.URL(target).raw_path, origin, fixed)
+        prefix = prefixes.get(target)
+        if prefix is None:
+            prefix = prefixes[target] = head_prefix(httpx.URL(target).raw_path, origin, fixed)
         connection = await pool.request(
             origin, request_head(prefix, {}, len(body)), body, connect_s=5.0, read_timeout=60.0
         )

@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import random
-import resource
 import shutil
 import sys
 import tempfile
@@ -351,14 +350,15 @@ def _print_previous(results: dict[str, PhaseResult]) -> None:
     for label, title in EXTRA_ARMS.items():
         if label in results:
             _print_arm(title, results["direct"], results[label])
-    versus = _compare(results).get("vs_router")
+    compared = _compare(results)
+    versus = compared.get("vs_router")
     if isinstance(versus, dict):
         print(
             f"{'':>6} gateway vs vLLM's Rust router: CPU per request x{versus['cpu_per_request_ratio']:.2f} "
             f"(goal {versus['goal']})",
             flush=True,
         )
-    goal = _compare(results).get("fleet_goal")
+    goal = compared.get("fleet_goal")
     if isinstance(goal, dict):
         print(
             f"{'':>6} fleet vs gateway: CPU per request x{goal['cpu_per_request_vs_gateway']:.3f}, "
@@ -450,10 +450,6 @@ def main(argv: list[str] | None = None) -> int:
         "--current", default=None, metavar="REF", help="run the gateway of git revision REF instead of this tree's"
     )
     args = parser.parse_args(argv)
-    # An arm that saturates holds a connection per late request: past 1,000 req/s the default
-    # limit of 1,024 open files would end the run, not the arm.
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     args.rates = [float(r) for r in args.rates.split(",") if r]
     args.stream_rates = [float(r) for r in args.stream_rates.split(",") if r]
     STREAM_TOKENS[0] = args.stream_tokens

@@ -39,13 +39,16 @@ def test_each_endpoint_answers_on_its_listener(
         assert "x-request-id" in refused.headers
 
 
-def test_the_api_listener_never_shows_tenants_costs_or_model_names(gateway_url: str) -> None:
-    reply = httpx.post(
+def chat(gateway_url: str) -> httpx.Response:
+    return httpx.post(
         gateway_url + "/v1/chat/completions",
         headers={"authorization": f"Bearer {KEY_ACME}"},
         json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
     )
-    assert reply.status_code == 200
+
+
+def test_the_api_listener_never_shows_tenants_costs_or_model_names(gateway_url: str) -> None:
+    assert chat(gateway_url).status_code == 200
     page = httpx.get(gateway_url + "/metrics")
     assert page.status_code == 404
     assert CHAT_MODEL not in page.text
@@ -62,12 +65,7 @@ def test_each_listener_counts_its_own_connections(gateway_url: str) -> None:
 
 
 def test_the_backend_connections_kept_alive_are_counted(gateway_url: str) -> None:
-    reply = httpx.post(
-        gateway_url + "/v1/chat/completions",
-        headers={"authorization": f"Bearer {KEY_ACME}"},
-        json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
-    )
-    assert reply.status_code == 200
+    assert chat(gateway_url).status_code == 200
     # The answer was read whole: its connection stays in the pool (5 s), counted until then.
     assert metric(gateway_url, "gateway_upstream_connections_open") >= 1
 

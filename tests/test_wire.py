@@ -72,9 +72,9 @@ class RawServer:
 
 
 @asynccontextmanager
-async def serving(answer: Answer) -> AsyncIterator[RawServer]:
+async def serving(answer: Answer, tls: ssl.SSLContext | None = None) -> AsyncIterator[RawServer]:
     server = RawServer(answer)
-    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=tls)
     server.port = listener.sockets[0].getsockname()[1]
     try:
         yield server
@@ -82,6 +82,21 @@ async def serving(answer: Answer) -> AsyncIterator[RawServer]:
         listener.close()
         await server.close()
         await listener.wait_closed()
+
+
+def then_silent(data: bytes) -> Answer:
+    """An answer that writes ``data``, then neither writes nor closes until the client does."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(data)
+        await writer.drain()
+        await reader.read()
+        return False
+
+    return answer
+
+
+FIRST_CHUNK_ONLY = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n"
 
 
 async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
@@ -147,13 +162,7 @@ async def test_chunked_and_close_delimited_bodies_arrive_whole_and_decoded() -> 
 
 
 async def test_an_answer_abandoned_half_way_closes_its_connection() -> None:
-    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        await writer.drain()
-        await reader.read()  # until the client closes
-        return False
-
-    async with serving(endless) as server:
+    async with serving(then_silent(FIRST_CHUNK_ONLY)) as server:
         pool = ConnectionPool()
         origin = Origin("127.0.0.1", server.port)
         connection = await pool.request(origin, head(origin, b"{}"), b"{}", connect_s=2.0, read_timeout=5.0)
@@ -189,13 +198,7 @@ async def test_an_answer_left_unread_past_the_high_water_mark_does_not_stall_the
 
 
 async def test_a_backend_silent_past_the_read_timeout_fails_the_read() -> None:
-    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        await writer.drain()
-        await reader.read()
-        return False
-
-    async with serving(stalls) as server:
+    async with serving(then_silent(FIRST_CHUNK_ONLY)) as server:
         pool = ConnectionPool()
         origin = Origin("127.0.0.1", server.port)
         connection = await pool.request(origin, head(origin, b"{}"), b"{}", connect_s=2.0, read_timeout=30.0)
@@ -213,11 +216,7 @@ async def test_a_timeout_stays_a_timeout_after_the_close_it_causes() -> None:
     """The read timer fails the request, then closes the connection; the close must not turn the
     timeout (not retried) into a connection failure (retried) when it is seen first."""
 
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        await reader.read()
-        return False
-
-    async with serving(silent) as server:
+    async with serving(then_silent(b"")) as server:
         pool = ConnectionPool()
         origin = Origin("127.0.0.1", server.port)
         connection = await pool._acquire(origin, 2.0)  # sent by hand, so that nobody waits yet
@@ -282,13 +281,7 @@ async def test_a_fresh_connection_closed_before_answering_is_an_error() -> None:
 
 
 async def test_an_answer_that_is_not_http_is_a_connection_failure() -> None:
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-        return False
-
-    async with serving(garbage) as server:
+    async with serving(then_silent(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")) as server:
         pool = ConnectionPool()
         with pytest.raises(ConnectionFailed):
             await fetch(pool, Origin("127.0.0.1", server.port))
@@ -297,15 +290,9 @@ async def test_an_answer_that_is_not_http_is_a_connection_failure() -> None:
 
 
 async def test_headers_that_never_end_are_refused_past_the_bound() -> None:
-    async def endless_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\n")
-        for i in range(20_000):  # 20,000 headers of ~30 bytes: far past the 64 KiB bound
-            writer.write(b"x-filler-%d: %s\r\n" % (i, b"y" * 16))
-        await writer.drain()
-        await reader.read()
-        return False
-
-    async with serving(endless_headers) as server:
+    # 20,000 headers of ~30 bytes, and never the blank line: far past the 64 KiB bound
+    endless = b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-filler-%d: %s\r\n" % (i, b"y" * 16) for i in range(20_000))
+    async with serving(then_silent(endless)) as server:
         pool = ConnectionPool()
         with pytest.raises(ConnectionFailed, match="headers exceed"):
             await fetch(pool, Origin("127.0.0.1", server.port))
@@ -397,25 +384,16 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return cert, key
 
 
-@asynccontextmanager
-async def serving_tls(answer: Answer, cert: str, key: str) -> AsyncIterator[RawServer]:
-    server = RawServer(answer)
+def server_tls(cert: str, key: str) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
-    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=context)
-    server.port = listener.sockets[0].getsockname()[1]
-    try:
-        yield server
-    finally:
-        listener.close()
-        await server.close()
-        await listener.wait_closed()
+    return context
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 async def test_an_https_backend_is_verified_against_the_trusted_certificates(certificate: tuple[str, str]) -> None:
     cert, key = certificate
-    async with serving_tls(ok, cert, key) as server:
+    async with serving(ok, server_tls(cert, key)) as server:
         pool = ConnectionPool()
         trusting = ssl.create_default_context(cafile=cert)
         assert await fetch(pool, Origin("127.0.0.1", server.port, trusting)) == (200, b"{}")
