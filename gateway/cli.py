@@ -8,7 +8,7 @@ The gateway's own commands (``serve``, ``policy``, ``keys``) are always there. O
 add theirs through the ``inference_gateway.commands`` entry point group: the bench
 (``loadtests/``: ``demo``, ``sim``, ``loadtest``, ``report``) does, so that the gateway never
 imports its bench. A command whose package cannot be imported (the runtime image ships
-without the bench's dependencies) still answers, with how to get it.
+without the bench) still answers, whatever its arguments, with how to get it.
 """
 
 from __future__ import annotations
@@ -38,33 +38,37 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         try:
             register = entry.load()
         except ImportError as exc:
-            _unavailable(subparsers, entry.name, exc)
+            _unavailable(subparsers, entry.name, exc, entry.module.partition(".")[0])
             continue
         register(subparsers)
     return parser
 
 
-def _unavailable(subparsers: argparse._SubParsersAction[Any], name: str, error: ImportError) -> None:
-    """A command whose code cannot be imported here: it says why and how to get it."""
+def _unavailable(subparsers: argparse._SubParsersAction[Any], name: str, error: ImportError, package: str) -> None:
+    """A command whose code cannot be imported here: it says why and how to get it. Either its
+    package is absent (the runtime image installs ``gateway/`` alone) or its dependencies are."""
     parser = subparsers.add_parser(name, help=f"(unavailable: {error.name or error})", add_help=False)
-    parser.add_argument("args", nargs=argparse.REMAINDER)
+    if error.name == package:
+        remedy = f"'{package}' is not in this installation (the runtime image carries the gateway only); "
+        remedy += "run it from a checkout: pip install -e '.[bench]'"
+    else:
+        remedy = f"needs the bench's packages ({error}); install them with: pip install 'inference-gateway[bench]'"
 
     def explain(args: argparse.Namespace) -> int:
-        print(
-            f"inference-gateway {name}: needs the bench's packages ({error}); "
-            "install them with: pip install 'inference-gateway[bench]'",
-            file=sys.stderr,
-        )
+        print(f"inference-gateway {name}: {remedy}", file=sys.stderr)
         return 2
 
-    parser.set_defaults(func=explain)
+    parser.set_defaults(func=explain, any_arguments=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     command = words[0] if words and not words[0].startswith("-") else None
     parser = build_parser(command)
-    args = parser.parse_args(words)
+    # An unavailable command takes any arguments (its own flags are unknown here) to say why.
+    args, unknown = parser.parse_known_args(words)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.parse_args(words)  # reports the unknown arguments, exit 2
     code: int = args.func(args)
     return code
 

@@ -113,8 +113,31 @@ def build_or_report(snapshot: PolicySnapshot, **settings: object) -> GatewayServ
         return None
 
 
+def _missing_policy(path: str) -> str | None:
+    """Why the gateway cannot start when no file is at ``path``; None when there is a file. An
+    absolute path is a mount point (the image's is /etc/inference-gateway/policy/policy.yaml: it
+    ships no policy, the operator mounts one): the message says how to mount a directory there,
+    rather than the file, so that an update (Kubernetes' symlink swap, an editor's new inode)
+    reaches the container and the gateway reloads it."""
+    target = Path(path)
+    if target.exists():
+        return None
+    missing = f"cannot start: no policy file at {target.absolute()}"
+    if not target.is_absolute():
+        return missing
+    folder, name = target.parent, target.name
+    return (
+        f"{missing}; mount a directory holding {name} at {folder}/ (Kubernetes: a ConfigMap volume with "
+        f'the key {name}; docker run -v "$PWD/policy:{folder}:ro" ...) or name another file with --policy'
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     """One gateway process, or (``--workers N``) a supervisor and N of them (``gateway/workers/``)."""
+    missing = _missing_policy(args.policy)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 1
     snapshot = load_or_report(args.policy)
     if snapshot is None:
         return 1
