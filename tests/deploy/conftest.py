@@ -1,4 +1,4 @@
-"""Paths of the deploy files and the Prometheus binaries (Debian's ``prometheus`` package)."""
+"""Paths of the deploy files, and the Debian binaries the deploy tests run (``prometheus``, ``redis-server``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ DASHBOARD = DEPLOY / "grafana" / "inference-gateway.json"
 METRICS_DOC = DEPLOY / "metrics.md"
 
 
-def binary(name: str) -> str:
+def binary(name: str, package: str = "prometheus") -> str:
     """The binary's path; skips (with the install hint) where it is missing. CI installs it."""
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} not installed (apt-get install prometheus; .ci/run does)")
+        pytest.skip(f"{name} not installed (apt-get install {package}; .ci/run does)")
     return path

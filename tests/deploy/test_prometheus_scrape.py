@@ -10,39 +10,20 @@ value, with a deadline.
 from __future__ import annotations
 
 import math
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import openai
 import pytest
 
 from tests.conftest import CHAT_MODEL
-from tests.deploy.conftest import binary
-from tests.servers import admin_url, free_port, wait_until
+from tests.deploy.prometheus import Prometheus, run_prometheus
+from tests.servers import admin_url, wait_until
 
 TTFT_P99_BY_CLASS = (
     'histogram_quantile(0.99, sum by (class, le) (rate(gateway_ttft_seconds_bucket{job="gateway"}[1m])))'
 )
-
-
-class Prometheus:
-    def __init__(self, url: str, log: Path) -> None:
-        self.url = url
-        self.log = log
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        try:
-            response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
-        except httpx.TransportError:
-            return []  # still starting
-        if response.status_code != 200:
-            return []
-        result: list[dict[str, Any]] = response.json()["data"]["result"]
-        return result
 
 
 @pytest.fixture
@@ -53,29 +34,9 @@ def prometheus(gateway_url: str, tmp_path: Path) -> Iterator[Prometheus]:
         "scrape_configs:\n"
         f"  - {{job_name: gateway, static_configs: [{{targets: ['{urlsplit(admin_url(gateway_url)).netloc}']}}]}}\n"
     )
-    port = free_port()
-    log = tmp_path / "prometheus.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                binary("prometheus"),
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield Prometheus(f"http://127.0.0.1:{port}", log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    flags = [f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}", "--log.level=warn"]
+    with run_prometheus(flags, tmp_path / "prometheus.log") as server:
+        yield server
 
 
 def stream(sdk: openai.OpenAI) -> None:
