@@ -7,10 +7,12 @@ per-request CPU, against the observability issue's budget of 10%. Building the o
 ``opentelemetry-proto`` classes directly still costs ~65 µs. A span needs only five message
 types (``Span``, ``KeyValue``, ``AnyValue``, ``Event``, ``Status``:
 ``opentelemetry/proto/trace/v1/trace.proto`` and ``common/v1/common.proto``), so they are
-encoded here with pre-encoded keys and memoised attribute values (~10-20 µs a request). The
-tests decode every byte with the official classes (``loadtests/otlp_sink.py``), so a mistake
-here fails them. The SDK still provides the resource (``OTEL_RESOURCE_ATTRIBUTES``,
-``service.name``, ``telemetry.sdk.*``), the sampler's bound and the W3C propagator.
+encoded here, as the request goes (``gateway/tracing.py``): each attribute is one lookup in its
+key's table of encoded fields when it is recorded, each span's ids and times one ``struct`` call
+when it ends; nothing is built twice. The tests decode every byte with the official classes
+(``loadtests/otlp_sink.py``), so a mistake here fails them. The SDK still provides the resource
+(``OTEL_RESOURCE_ATTRIBUTES``, ``service.name``, ``telemetry.sdk.*``), the sampler's bound and
+the W3C propagator.
 
 Export follows the OTLP/HTTP spec: ``POST {endpoint}`` with ``application/x-protobuf``, headers
 from the config (``OTEL_EXPORTER_OTLP_HEADERS``). Requests are batched (``batch_size`` or every
@@ -27,12 +29,11 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
-AttributeValue = str | bool | int | float | Sequence[str] | Sequence[float]
+AttributeValue = str | bool | int | float | tuple[str, ...] | tuple[float, ...]  # hashable: the tables' keys
 
 SPAN_KIND_INTERNAL = 1
 SPAN_KIND_SERVER = 2
@@ -42,34 +43,18 @@ _ID_MASK = (1 << 64) - 1
 
 _pack_double = struct.Struct("<d").pack
 _pack_fixed64 = struct.Struct("<Q").pack
-
-
-@dataclass(slots=True)
-class SpanRecord:
-    """One finished span; times are seconds on the gateway's monotonic clock."""
-
-    name: str
-    kind: int
-    span_id: int
-    parent_id: int
-    start: float
-    end: float
-    attributes: dict[str, AttributeValue]
-    events: list[tuple[str, float]] = field(default_factory=list)
-    error: bool = False
-    links: tuple[tuple[int, int], ...] = ()
-    """Other spans this one relates to without being their child: (trace id, span id)."""
-
-
-@dataclass(slots=True)
-class SpanBatch:
-    """The spans one request contributes to its trace."""
-
-    trace_id: int
-    spans: list[SpanRecord]
+# Span.trace_id (1) and span_id (2), and parent_span_id (4) when it has one: ids are big-endian bytes.
+_pack_ids = struct.Struct(">2sQQ2sQ").pack
+_pack_ids_parent = struct.Struct(">2sQQ2sQ2sQ").pack
+# Span.start_time_unix_nano (7) and end_time_unix_nano (8): fixed64, little-endian, after their tags.
+_pack_times = struct.Struct("<BQBQ").pack
 
 
 _SMALL_VARINTS = [bytes((i,)) for i in range(128)]
+MAX_KEYS = 4096  # attribute keys and span names kept encoded (a gateway has a few dozen)
+MAX_VALUES_PER_KEY = 4096  # encoded values kept per key (models, tenants, backends, token counts)
+_DOUBLE_ITEM = b"\x0a\x09\x21"  # ArrayValue.values (1): AnyValue {double_value (4), fixed64}
+_SPAN_TAGS = [b"\x12" + bytes((i,)) for i in range(128)]
 
 
 def _varint(value: int) -> bytes:
@@ -103,12 +88,76 @@ def _any_value(value: AttributeValue) -> bytes:
     return _field(b"\x2a", items)
 
 
+class _KeyValues(dict[AttributeValue, bytes]):
+    """One attribute key's encoded ``Span.attributes`` fields, by value: a hit is one C lookup.
+
+    ``__missing__`` encodes a value seen for the first time and keeps it where values of this
+    key repeat (strings, bools, small ints, tuples: model, tenant, class, backend, outcome,
+    status codes, token counts, finish reasons), at most ``MAX_VALUES_PER_KEY`` of them; floats
+    and the values of ``unique`` keys (a request's ids) are encoded and never kept. A key's
+    values have one type (the semantic conventions give each attribute one), so ``1`` and
+    ``True`` or ``1.0`` never meet in one table.
+    """
+
+    __slots__ = ("_double_prefix", "_key", "_unique")
+
+    def __init__(self, key: str, unique: bool) -> None:
+        super().__init__()
+        self._key = _field(b"\x0a", key.encode())  # KeyValue.key (1)
+        self._unique = unique
+        self._double_prefix = b"\x4a" + _varint(len(self._key) + 11) + self._key + b"\x12\x09\x21"
+
+    def __missing__(self, value: AttributeValue) -> bytes:
+        kind = value.__class__
+        if kind is float:
+            return self._double_prefix + _pack_double(value)
+        if kind is str:
+            raw = value.encode()  # type: ignore[union-attr]
+            size = len(raw)
+            if size < 120 and self._unique:  # a request's id: new every time, so the short path inline
+                key_value = self._key + b"\x12" + _SMALL_VARINTS[size + 2] + b"\x0a" + _SMALL_VARINTS[size] + raw
+                return b"\x4a" + _varint(len(key_value)) + key_value
+            encoded = self._field(b"\x0a" + _varint(size) + raw)
+        elif kind is tuple and value and value[0].__class__ is float:  # type: ignore[index]
+            # doubles (the candidates' routing scores): they never repeat
+            items = b"".join([_DOUBLE_ITEM + _pack_double(item) for item in value])  # type: ignore[union-attr]
+            return self._field(b"\x2a" + _varint(len(items)) + items)
+        else:
+            encoded = self._field(_any_value(value))
+        repeats = kind is str or kind is bool or kind is tuple or (kind is int and 0 <= value < 4096)  # type: ignore[operator]
+        if repeats and not self._unique and len(self) < MAX_VALUES_PER_KEY:
+            self[value] = encoded
+        return encoded
+
+    def _field(self, any_value: bytes) -> bytes:
+        """The whole ``Span.attributes`` field (9) around an encoded ``AnyValue``."""
+        key_value = self._key + b"\x12" + _varint(len(any_value)) + any_value
+        return b"\x4a" + _varint(len(key_value)) + key_value
+
+
+class _AttributeTables(dict[str, _KeyValues]):
+    """Every attribute key's ``_KeyValues``, made on first use."""
+
+    __slots__ = ("_unique",)
+
+    def __init__(self, unique: frozenset[str]) -> None:
+        super().__init__()
+        self._unique = unique
+
+    def __missing__(self, key: str) -> _KeyValues:
+        table = _KeyValues(key, key in self._unique)
+        if len(self) < MAX_KEYS:
+            self[key] = table
+        return table
+
+
 class SpanEncoder:
     """Encodes ``SpanBatch``s into one ``ExportTraceServiceRequest``.
 
-    Span attributes are encoded as whole tagged fields and memoised where values repeat across
-    requests (strings and bools: model, tenant, class, backend, outcome; small ints: status
-    codes, token counts); a float reuses its key's pre-encoded prefix.
+    Each attribute is looked up in its key's table of encoded fields (``_KeyValues``): values
+    that repeat across requests are encoded once; the others (floats, ids) on the spot. Span
+    names with their kind, and every span's fixed-size fields, take one lookup or one
+    ``struct`` call each.
     """
 
     def __init__(
@@ -121,89 +170,87 @@ class SpanEncoder:
     ) -> None:
         """``unique_keys`` hold a new value per request (a request id): never memoised."""
         self._offset = epoch_offset
-        self._unique = unique_keys
-        self._memo: dict[tuple[str, str | bool | int | tuple[str, ...]], bytes] = {}
-        self._double_prefix: dict[str, bytes] = {}
+        self._tables = _AttributeTables(unique_keys)
+        self._heads: dict[tuple[str, int], bytes] = {}
         resource_body = b"".join(_field(b"\x0a", _key_value(k, v)) for k, v in resource.items())
         self._resource = _field(b"\x0a", resource_body)
         self._scope = _field(b"\x0a", _field(b"\x0a", scope_name.encode()))
 
-    def spans(self, trace: SpanBatch) -> bytes:
-        """One request's spans as ``ScopeSpans.spans`` fields, ready to be joined into a batch."""
-        trace_id = trace.trace_id.to_bytes(16, "big")
-        return b"".join([self._span(trace_id, span) for span in trace.spans])
+    @property
+    def attributes(self) -> _AttributeTables:
+        """``attributes[key][value]``: the whole encoded ``Span.attributes`` field of that pair."""
+        return self._tables
+
+    def span(
+        self,
+        trace_id: tuple[int, int],
+        span_id: int,
+        parent_id: int,
+        name: str,
+        kind: int,
+        start: float,
+        end: float,
+        attributes: list[bytes],
+        events: Sequence[tuple[str, float]] = (),
+        links: Sequence[tuple[int, int]] = (),
+        error: bool = False,
+    ) -> bytes:
+        """One span as a ``ScopeSpans.spans`` field, ready to be joined into a batch.
+
+        ``trace_id`` is its high and low 64 bits; ``attributes`` holds fields from
+        ``attributes[key][value]``; times are seconds on the gateway's monotonic clock; ``links``
+        are other spans (trace id, span id) this one relates to without being their child.
+        """
+        offset = self._offset
+        high, low = trace_id
+        ids = (
+            _pack_ids_parent(b"\x0a\x10", high, low, b"\x12\x08", span_id, b"\x22\x08", parent_id)
+            if parent_id
+            else _pack_ids(b"\x0a\x10", high, low, b"\x12\x08", span_id)
+        )
+        head = self._heads.get((name, kind))
+        if head is None:
+            head = self._head(name, kind)
+        parts = [
+            ids,
+            head,
+            _pack_times(0x39, int((start + offset) * 1e9), 0x41, int((end + offset) * 1e9)),
+            *attributes,
+        ]
+        if events or links or error:
+            parts += self._rare_fields(events, links, error)
+        body = b"".join(parts)
+        size = len(body)
+        if size < 0x4000:  # a span is a few hundred bytes: its length is a two-byte varint, inline
+            return (b"\x12" + bytes(((size & 0x7F) | 0x80, size >> 7)) if size >= 0x80 else _SPAN_TAGS[size]) + body
+        return _field(b"\x12", body)
 
     def request(self, encoded_spans: Iterable[bytes]) -> bytes:
-        """The ``ExportTraceServiceRequest`` around spans encoded by ``spans``."""
+        """The ``ExportTraceServiceRequest`` around spans encoded by ``span``."""
         scope_spans = _field(b"\x12", self._scope + b"".join(encoded_spans))
         return _field(b"\x0a", self._resource + scope_spans)
 
     def _ns(self, t: float) -> bytes:
         return _pack_fixed64(int((t + self._offset) * 1e9))
 
-    def _span(self, trace_id: bytes, span: SpanRecord) -> bytes:
-        attribute, memo, doubles = self._attribute, self._memo, self._double_prefix
-        parts = [
-            b"\x0a\x10",
-            trace_id,
-            b"\x12\x08",
-            span.span_id.to_bytes(8, "big"),
-            b"\x22\x08" + span.parent_id.to_bytes(8, "big") if span.parent_id else b"",
-            _field(b"\x2a", span.name.encode()),
-            b"\x30",
-            _varint(span.kind),
-            b"\x39",
-            self._ns(span.start),
-            b"\x41",
-            self._ns(span.end),
-        ]
-        append = parts.append
-        for key, value in span.attributes.items():
-            # The two common cases inline (a memoised pair; a float after its key's prefix), the
-            # rest through ``_attribute``: a call per attribute is a third of the encoding time.
-            kind = value.__class__
-            if kind is float:
-                prefix = doubles.get(key)
-                if prefix is not None:
-                    append(prefix + _pack_double(value))
-                    continue
-            elif kind is not list:
-                cached = memo.get((key, value))  # type: ignore[arg-type]
-                if cached is not None:
-                    append(cached)
-                    continue
-            append(attribute(key, value))
-        for name, t in span.events:
-            parts.append(_field(b"\x5a", b"\x09" + self._ns(t) + _field(b"\x12", name.encode())))
-        for linked_trace, linked_span in span.links:  # Span.links (13): Link {trace_id 1, span_id 2}
+    def _rare_fields(
+        self, events: Sequence[tuple[str, float]], links: Sequence[tuple[int, int]], error: bool
+    ) -> list[bytes]:
+        """Events (11), links (13) and an error status (15): on some spans only."""
+        parts = [_field(b"\x5a", b"\x09" + self._ns(t) + _field(b"\x12", name.encode())) for name, t in events]
+        for linked_trace, linked_span in links:  # Link {trace_id 1, span_id 2}
             link = b"\x0a\x10" + linked_trace.to_bytes(16, "big") + b"\x12\x08" + linked_span.to_bytes(8, "big")
             parts.append(_field(b"\x6a", link))
-        if span.error:
+        if error:
             parts.append(b"\x7a\x02\x18\x02")  # status {code: STATUS_CODE_ERROR}
-        return _field(b"\x12", b"".join(parts))
+        return parts
 
-    def _attribute(self, key: str, value: AttributeValue) -> bytes:
-        """One ``Span.attributes`` field (tag 9), ``KeyValue`` inside."""
-        kind = value.__class__
-        if kind is float:
-            prefix = self._double_prefix.get(key)
-            if prefix is None:
-                encoded_key = _field(b"\x0a", key.encode())
-                prefix = self._double_prefix[key] = (
-                    b"\x4a" + _varint(len(encoded_key) + 11) + encoded_key + b"\x12\x09\x21"
-                )
-            return prefix + _pack_double(value)
-        # Strings, bools, small ints and tuples (of strings: candidate backends, finish reasons) repeat.
-        repeats = kind is str or kind is bool or kind is tuple or (kind is int and 0 <= value < 4096)  # type: ignore[operator]
-        memo = repeats and key not in self._unique
-        if memo:
-            cached = self._memo.get((key, value))  # type: ignore[arg-type]
-            if cached is not None:
-                return cached
-        encoded = _field(b"\x4a", _key_value(key, value))
-        if memo and len(self._memo) < 65_536:
-            self._memo[(key, value)] = encoded  # type: ignore[index]
-        return encoded
+    def _head(self, name: str, kind: int) -> bytes:
+        """``Span.name`` (5) and ``Span.kind`` (6): names repeat (operation and model, backend)."""
+        head = _field(b"\x2a", name.encode()) + b"\x30" + _varint(kind)
+        if len(self._heads) < MAX_KEYS:
+            self._heads[(name, kind)] = head
+        return head
 
 
 def _key_value(key: str, value: AttributeValue) -> bytes:
@@ -257,8 +304,8 @@ class HttpSender:
 class BatchExporter:
     """A bounded queue of encoded traces, sent in batches by one daemon thread.
 
-    A trace is encoded when it is submitted, on the caller's thread (the event loop): ~10-20 µs
-    spread evenly over requests. Encoding on the export thread instead would hold the GIL for
+    A trace is encoded as its request goes, on the event loop (``gateway/tracing.py``), a few µs
+    at a time. Encoding on the export thread instead would hold the GIL for
     milliseconds per batch while the event loop waits for it (latency spikes on every request
     then in flight); the thread only joins bytes and sends them, and a socket releases the GIL
     while it writes and reads.
@@ -294,13 +341,13 @@ class BatchExporter:
             self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
             self._thread.start()
 
-    def submit(self, trace: SpanBatch) -> None:
-        """Encode and queue one request's spans; dropped (and counted) when the queue is full."""
+    def submit(self, encoded: bytes, spans: int) -> None:
+        """Queue one request's encoded spans (``spans`` of them); dropped and counted when full."""
         queue = self._queue
         if len(queue) >= self._max_queue:
-            self._drop(len(trace.spans))
+            self._drop(spans)
             return
-        queue.append((self._encoder.spans(trace), len(trace.spans)))
+        queue.append((encoded, spans))
         if len(queue) == self._batch_size:
             self._wake.set()
 

@@ -63,9 +63,7 @@ from gateway.otlp import (
     BatchExporter,
     HttpSender,
     Sender,
-    SpanBatch,
     SpanEncoder,
-    SpanRecord,
 )
 from gateway.policy.model import TracingConfig
 from gateway.tracelog import ItlSummary
@@ -124,14 +122,24 @@ def _traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
 
 
 class AttemptSpan:
-    """One upstream attempt (a CLIENT span); the inert one does nothing."""
+    """One upstream attempt (a CLIENT span), encoded when it ends; the inert one does nothing."""
 
-    __slots__ = ("_record", "_request", "span_id")
+    __slots__ = ("_attributes", "_name", "_request", "_start", "ended", "span_id")
 
-    def __init__(self, request: RequestSpan | None, span_id: int, record: SpanRecord | None) -> None:
+    def __init__(
+        self,
+        request: RequestSpan | None,
+        span_id: int,
+        start: float,
+        attributes: list[bytes] | None,
+        name: str = "",
+    ) -> None:
         self._request = request
         self.span_id = span_id
-        self._record = record
+        self._start = start
+        self._name = name
+        self._attributes = attributes  # None: not recorded (unsampled or inert)
+        self.ended = False
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
         """Add ``traceparent`` naming this attempt as the backend's parent."""
@@ -141,69 +149,121 @@ class AttemptSpan:
 
     def engine_request(self, engine_request_id: str) -> None:
         """The request id this attempt gave the engine (``gateway.upstream.new_engine_request_id``)."""
-        record = self._record
-        if record is not None:
-            record.attributes[ENGINE_REQUEST_ID] = engine_request_id
+        attributes = self._attributes
+        if attributes is not None and self._request is not None:
+            attributes.append(self._request.field(ENGINE_REQUEST_ID, engine_request_id))
 
     def upstream_fault(self, *, status: int, excerpt: str) -> None:
         """What the backend said when it failed: its status and a sanitised excerpt, for the operator."""
-        record = self._record
-        if record is not None:
-            record.attributes[UPSTREAM_STATUS] = status
-            record.attributes[UPSTREAM_ERROR_EXCERPT] = excerpt
+        attributes, request = self._attributes, self._request
+        if attributes is not None and request is not None:
+            attributes += (request.field(UPSTREAM_STATUS, status), request.field(UPSTREAM_ERROR_EXCERPT, excerpt))
 
     def end(self, *, t: float, status: int = 0, error: str | None = None) -> None:
-        record = self._record
-        if record is None or record.end:
+        """Close the span (once); it joins its request's trace, sent when the request finishes."""
+        attributes, request = self._attributes, self._request
+        if attributes is None or request is None or self.ended:
             return
-        record.end = t
+        self.ended = True
         if status:
-            record.attributes[HTTP_RESPONSE_STATUS_CODE] = status
+            attributes.append(request.field(HTTP_RESPONSE_STATUS_CODE, status))
         if error is not None:
-            record.attributes[ERROR_TYPE] = error
-            record.error = True
+            attributes.append(request.field(ERROR_TYPE, error))
+        request.child(self.span_id, self._name, SPAN_KIND_CLIENT, self._start, t, attributes, error is not None)
 
 
 class RequestSpan:
     """The server span of one request and the recorders of its children; the inert one does nothing.
 
-    ``sampled`` requests keep ``SpanRecord``s; unsampled ones only carry ids for propagation.
+    A sampled request encodes as it goes: each attribute becomes its encoded field when it is
+    recorded (one lookup, ``SpanEncoder.attributes``), each child span its bytes when it ends, and
+    ``finish`` encodes the server span and hands the lot to the exporter. Nothing is built twice
+    and no intermediate record outlives its step. Unsampled requests only carry ids for propagation.
     """
 
-    __slots__ = ("_capture", "_children", "_record", "_tracing", "sampled", "span_id", "trace_id")
+    __slots__ = (
+        "_attempts",
+        "_attributes",
+        "_backend",
+        "_capture",
+        "_children",
+        "_encoder",
+        "_events",
+        "_links",
+        "_name",
+        "_queue_s",
+        "_start",
+        "_trace_words",
+        "_tracing",
+        "sampled",
+        "span_id",
+        "trace_id",
+    )
 
     def __init__(
         self,
         tracing: Tracing | None,
         trace_id: int,
         span_id: int,
-        record: SpanRecord | None,
+        encoder: SpanEncoder | None = None,
+        *,
+        name: str = "",
+        start: float = 0.0,
+        attributes: list[bytes] | None = None,
+        links: tuple[tuple[int, int], ...] = (),
         capture: bool = False,
     ) -> None:
         self._tracing = tracing
         self.trace_id = trace_id
         self.span_id = span_id
-        self.sampled = record is not None
-        self._record = record
-        self._children: list[SpanRecord] = []
+        self.sampled = attributes is not None
+        self._encoder = encoder
+        self._trace_words = (trace_id >> 64, trace_id & _ID_MASK)
+        self._name = name
+        self._start = start
+        self._attributes = attributes
+        self._links = links
         self._capture = capture
+        self._children: list[bytes] = []
+        self._attempts: list[AttemptSpan] = []
+        self._events: list[tuple[str, float]] = []
+        self._backend: str | None = None
+        self._queue_s: float | None = None
 
     @property
     def recording(self) -> bool:
-        return self._record is not None
+        return self._attributes is not None
+
+    def field(self, key: str, value: AttributeValue) -> bytes:
+        """The encoded attribute (sampled requests only)."""
+        assert self._encoder is not None
+        return self._encoder.attributes[key][value]
+
+    def child(
+        self, span_id: int, name: str, kind: int, start: float, end: float, attributes: list[bytes], error: bool = False
+    ) -> None:
+        """Encode a finished child span into this request's trace."""
+        if self._encoder is not None and self._attributes is not None:
+            self._children.append(
+                self._encoder.span(
+                    self._trace_words, span_id, self.span_id, name, kind, start, end, attributes, error=error
+                )
+            )
 
     def describe(self, *, model: str, tenant: str, class_name: str, max_tokens: int | None, stream: bool) -> None:
-        record = self._record
-        if record is None:
+        attributes, encoder = self._attributes, self._encoder
+        if attributes is None or encoder is None:
             return
-        record.name = f"{record.name} {model}"
-        attributes = record.attributes
-        attributes[GEN_AI_REQUEST_MODEL] = model
-        attributes[TENANT] = tenant
-        attributes[CLASS] = class_name
-        attributes[GEN_AI_REQUEST_STREAM] = stream
+        self._name = f"{self._name} {model}"
+        tables = encoder.attributes
+        attributes += (
+            tables[GEN_AI_REQUEST_MODEL][model],
+            tables[TENANT][tenant],
+            tables[CLASS][class_name],
+            tables[GEN_AI_REQUEST_STREAM][stream],
+        )
         if max_tokens is not None:
-            attributes[GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+            attributes.append(tables[GEN_AI_REQUEST_MAX_TOKENS][max_tokens])
 
     def queue(self, *, start: float, end: float, class_name: str) -> None:
         """The wait for a backend with room, recorded once granted.
@@ -211,12 +271,12 @@ class RequestSpan:
         On the fast path (no wait, under ``MIN_QUEUE_SPAN_S``) only the server span's
         ``gateway.queue_s`` is set: a child span would say nothing.
         """
-        record = self._record
-        if record is None:
+        if self._attributes is None:
             return
-        record.attributes[QUEUE_S] = end - start
-        if end - start >= MIN_QUEUE_SPAN_S:
-            self._child("queue", SPAN_KIND_INTERNAL, start, end, {QUEUE_S: end - start, CLASS: class_name})
+        waited = self._queue_s = end - start
+        if waited >= MIN_QUEUE_SPAN_S:
+            attributes = [self.field(QUEUE_S, waited), self.field(CLASS, class_name)]
+            self.child(_new_id(64), "queue", SPAN_KIND_INTERNAL, start, end, attributes)
 
     def route(
         self,
@@ -230,45 +290,47 @@ class RequestSpan:
         scores: Mapping[str, float] | None = None,
     ) -> None:
         """The routing decision: the chosen backend, why, and every candidate's score."""
-        record = self._record
-        if record is None:
+        if self._attributes is None or self._encoder is None:
             return
-        attributes: dict[str, AttributeValue] = {
-            BACKEND: backend,
-            ROUTING_STRATEGY: strategy,
-            ROUTING_REASON: reason,
-            ROUTING_MATCHED_BLOCKS: matched_blocks,
-        }
+        tables = self._encoder.attributes
+        attributes = [
+            tables[BACKEND][backend],
+            tables[ROUTING_STRATEGY][strategy],
+            tables[ROUTING_REASON][reason],
+            tables[ROUTING_MATCHED_BLOCKS][matched_blocks],
+        ]
         if scores:
-            attributes[ROUTING_CANDIDATES] = tuple(scores)
-            attributes[ROUTING_SCORES] = [float(v) for v in scores.values()]
-        record.attributes[BACKEND] = backend
-        self._child("route", SPAN_KIND_INTERNAL, start, end, attributes)
+            attributes += (
+                tables[ROUTING_CANDIDATES][tuple(scores)],
+                tables[ROUTING_SCORES][tuple([float(v) for v in scores.values()])],
+            )
+        self._backend = backend
+        self.child(_new_id(64), "route", SPAN_KIND_INTERNAL, start, end, attributes)
 
     def attempt(self, *, backend: str, number: int, t: float) -> AttemptSpan:
         if self._tracing is None:
             return INERT_ATTEMPT
         span_id = _new_id(64)
-        if self._record is None:
-            return AttemptSpan(self, span_id, None)
-        record = SpanRecord(
-            f"upstream {backend}", SPAN_KIND_CLIENT, span_id, self.span_id, t, 0.0, {BACKEND: backend, ATTEMPT: number}
-        )
-        self._children.append(record)
-        return AttemptSpan(self, span_id, record)
+        if self._attributes is None:
+            return AttemptSpan(self, span_id, t, None)
+        attributes = [self.field(BACKEND, backend), self.field(ATTEMPT, number)]
+        attempt = AttemptSpan(self, span_id, t, attributes, f"upstream {backend}")
+        self._attempts.append(attempt)
+        return attempt
 
     def first_token(self, *, t: float) -> None:
-        record = self._record
-        if record is not None:
-            record.events.append((FIRST_TOKEN_EVENT, t))
+        if self._attributes is not None:
+            self._events.append((FIRST_TOKEN_EVENT, t))
 
     def content(self, *, input_messages: str, output_messages: str) -> None:
         """Prompt and completion (JSON text): recorded only when ``capture_content`` opts in."""
-        record = self._record
-        if record is None or not self._capture:
+        attributes = self._attributes
+        if attributes is None or not self._capture:
             return
-        record.attributes[GEN_AI_INPUT_MESSAGES] = input_messages
-        record.attributes[GEN_AI_OUTPUT_MESSAGES] = output_messages
+        attributes += (
+            self.field(GEN_AI_INPUT_MESSAGES, input_messages),
+            self.field(GEN_AI_OUTPUT_MESSAGES, output_messages),
+        )
 
     def finish(
         self,
@@ -284,42 +346,52 @@ class RequestSpan:
         ttft_s: float | None = None,
         itl: ItlSummary | None = None,
     ) -> None:
-        record = self._record
-        if record is None or self._tracing is None:
+        attributes, encoder = self._attributes, self._encoder
+        if attributes is None or encoder is None or self._tracing is None:
             return
-        self._record = None  # finished once
-        record.end = t
-        attributes = record.attributes
-        attributes[HTTP_RESPONSE_STATUS_CODE] = status
-        attributes[OUTCOME] = outcome
+        for attempt in self._attempts:
+            if not attempt.ended:  # an attempt cut short (the client left): it ends with the request
+                attempt.end(t=t)
+        self._attempts = []  # they point back here: no cycle left for the collector
+        self._attributes = None  # finished once
+        tables = encoder.attributes
+        attributes += (tables[HTTP_RESPONSE_STATUS_CODE][status], tables[OUTCOME][outcome])
+        if self._backend is not None:
+            attributes.append(tables[BACKEND][self._backend])
+        if self._queue_s is not None:
+            attributes.append(tables[QUEUE_S][self._queue_s])
         if input_tokens is not None:
-            attributes[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
+            attributes.append(tables[GEN_AI_USAGE_INPUT_TOKENS][input_tokens])
         if output_tokens is not None:
-            attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
+            attributes.append(tables[GEN_AI_USAGE_OUTPUT_TOKENS][output_tokens])
         if cached_tokens is not None:
-            attributes[GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached_tokens
+            attributes.append(tables[GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS][cached_tokens])
         if response_model is not None:
-            attributes[GEN_AI_RESPONSE_MODEL] = response_model
-        if ttft_s is not None:
-            attributes[GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttft_s  # the TTFT, under its GenAI name
+            attributes.append(tables[GEN_AI_RESPONSE_MODEL][response_model])
+        if ttft_s is not None:  # the TTFT, under its GenAI name
+            attributes.append(tables[GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK][ttft_s])
         if finish_reasons:
-            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = tuple(finish_reasons)
+            attributes.append(tables[GEN_AI_RESPONSE_FINISH_REASONS][tuple(finish_reasons)])
         if itl is not None:
-            attributes.update({ITL_P50_S: itl.p50, ITL_P99_S: itl.p99, ITL_MAX_S: itl.max, ITL_MEAN_S: itl.mean})
+            attributes += (
+                tables[ITL_P50_S][itl.p50],
+                tables[ITL_P99_S][itl.p99],
+                tables[ITL_MAX_S][itl.max],
+                tables[ITL_MEAN_S][itl.mean],
+            )
+        error = False
         if outcome != "completed":
-            attributes[ERROR_TYPE] = outcome
-            record.error = status >= 500 or status == 0
-        for child in self._children:
-            if not child.end:  # an attempt cut short (the client left): it ends with the request
-                child.end = t
-        self._tracing.submit(SpanBatch(self.trace_id, [record, *self._children]))
-
-    def _child(self, name: str, kind: int, start: float, end: float, attributes: dict[str, AttributeValue]) -> None:
-        self._children.append(SpanRecord(name, kind, _new_id(64), self.span_id, start, end, attributes))
+            attributes.append(tables[ERROR_TYPE][outcome])
+            error = status >= 500 or status == 0
+        server = encoder.span(
+            self._trace_words, self.span_id, 0, self._name, SPAN_KIND_SERVER, self._start, t, attributes,
+            self._events, self._links, error,
+        )  # fmt: skip
+        self._tracing.submit(b"".join([server, *self._children]), 1 + len(self._children))
 
 
-INERT_ATTEMPT = AttemptSpan(None, 0, None)
-INERT_REQUEST = RequestSpan(None, 0, 0, None)
+INERT_ATTEMPT = AttemptSpan(None, 0, 0.0, None)
+INERT_REQUEST = RequestSpan(None, 0, 0)
 
 
 class Tracing:
@@ -337,6 +409,7 @@ class Tracing:
         self.config = config
         self.enabled = config.enabled
         self._exporter: BatchExporter | None = None
+        self._encoder: SpanEncoder | None = None
         self._bound = TraceIdRatioBased.get_bound_for_rate(config.sampling_ratio)
         if not config.enabled:
             return
@@ -345,8 +418,11 @@ class Tracing:
             dict(resource.attributes),  # type: ignore[arg-type]
             "gateway",
             epoch_offset,
-            unique_keys=frozenset({REQUEST_ID}),
+            unique_keys=frozenset(
+                {REQUEST_ID, ENGINE_REQUEST_ID, UPSTREAM_ERROR_EXCERPT, GEN_AI_INPUT_MESSAGES, GEN_AI_OUTPUT_MESSAGES}
+            ),
         )
+        self._encoder = encoder
         if sender is None:
             endpoint = config.endpoint or "http://localhost:4318/v1/traces"
             sender = HttpSender(endpoint, config.headers)
@@ -362,18 +438,21 @@ class Tracing:
         sampled = (trace_id & _ID_MASK) < self._bound
         span_id = _new_id(64)
         if not sampled:
-            return RequestSpan(self, trace_id, span_id, None)
+            return RequestSpan(self, trace_id, span_id)
         operation = api.operation
-        attributes: dict[str, AttributeValue] = {GEN_AI_OPERATION_NAME: operation, REQUEST_ID: request_id}
-        record = SpanRecord(operation, SPAN_KIND_SERVER, span_id, 0, t, 0.0, attributes)
+        encoder = self._encoder
+        tables = encoder.attributes  # type: ignore[union-attr]
+        attributes = [tables[GEN_AI_OPERATION_NAME][operation], tables[REQUEST_ID][request_id]]
         client = _client_context(traceparent) if traceparent else None
-        if client is not None:
-            record.links = (client,)
-        return RequestSpan(self, trace_id, span_id, record, self.config.capture_content)
+        return RequestSpan(
+            self, trace_id, span_id, encoder, name=operation, start=t, attributes=attributes,
+            links=(client,) if client is not None else (), capture=self.config.capture_content,
+        )  # fmt: skip
 
-    def submit(self, batch: SpanBatch) -> None:
+    def submit(self, encoded: bytes, spans: int) -> None:
+        """A finished request's encoded spans, to the export queue."""
         if self._exporter is not None:
-            self._exporter.submit(batch)
+            self._exporter.submit(encoded, spans)
 
     def flush(self) -> None:
         """Send every finished trace now (tests; shutdown does it too)."""

@@ -22,7 +22,11 @@ Phases alternate (off, metrics, on, off, ...) for ``--rounds`` rounds so both se
 Figures, all as on-versus-off in the same run: P50 and P99 latency of an open-loop Poisson load
 at each rate (non-streaming) and TTFT / inter-token P50/P99 of a stream load; gateway CPU per
 request (its inverse is the throughput one core can give); and the saturated throughput of a
-closed-loop flood of ``--flood-clients`` concurrent requests. Spans received by the sink are
+closed-loop flood of ``--flood-clients`` concurrent requests. Throughput phases taken in turn
+swing with whatever else the shared machine does (rounds differ by 2x), so each round also
+floods the metrics-only gateway and a traced one *together* on their one core (``_contest``):
+the scheduler splits the core between them, and their throughput ratio is tracing's cost, with
+the same noise on both sides. Spans received by the sink are
 counted against those expected (3 per request: server, route, upstream attempt), so a batch
 processor that silently drops spans under load shows up.
 """
@@ -54,10 +58,23 @@ class FloodResult:
     errors: int = 0
     seconds: float = 0.0
     cpu_s: float = 0.0
+    per_round: list[float] = field(default_factory=list)
+    """Each round's throughput: modes are compared round by round, then by the median ratio."""
 
     @property
     def throughput(self) -> float:
         return self.completed / self.seconds if self.seconds else 0.0
+
+
+def median_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """The median of per-round ratios: phases of one round ran side by side, under the same noise,
+    so their ratio cancels what a round's neighbours did to the machine; the median drops the
+    rounds a burst of other work hit (this machine is shared)."""
+    ratios = sorted(a / b for a, b in zip(numerators, denominators, strict=True) if b)
+    if not ratios:
+        return 0.0
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 @dataclass
@@ -67,6 +84,10 @@ class ModeRun:
     rates: dict[float, PhaseResult] = field(default_factory=dict)
     stream: PhaseResult = field(default_factory=PhaseResult)
     flood: FloodResult = field(default_factory=FloodResult)
+    contest: list[tuple[float, float, float]] = field(default_factory=list)
+    """Per round, against the metrics-only gateway flooded at the same time on the same core:
+    (this mode's throughput / its rival's, its rival's CPU per request / this mode's, the two
+    processes' CPU summed in cores: about 1.0 when the pair saturated the core, as it must)."""
 
 
 async def _flood(session: aiohttp.ClientSession, url: str, clients: int, seconds: float, out: FloodResult) -> None:
@@ -88,9 +109,35 @@ async def _flood(session: aiohttp.ClientSession, url: str, clients: int, seconds
             except aiohttp.ClientError:
                 out.errors += 1
 
-    start = loop.time()
+    start, before = loop.time(), out.completed
     await asyncio.gather(*(client() for _ in range(clients)))
     out.seconds += loop.time() - start
+    out.per_round.append((out.completed - before) / (loop.time() - start))
+
+
+async def _contest(
+    session: aiohttp.ClientSession, urls: dict[str, str], pids: dict[str, int], rival: str, args: argparse.Namespace
+) -> tuple[float, float, float]:
+    """The metrics-only gateway and ``rival`` flooded together, on the one core both are pinned to.
+
+    The scheduler shares a core fairly between two processes that always have work, so each
+    serves in proportion to the inverse of its CPU per request, and whatever else the machine
+    does at that moment (this machine is shared) slows both alike: the most direct measure of
+    what tracing costs in throughput on one core.
+    """
+    pair = ("metrics", rival)
+    results = {mode: FloodResult() for mode in pair}
+    before = {mode: cpu_seconds(pids[mode]) for mode in pair}
+    start = time.perf_counter()
+    await asyncio.gather(
+        *(_flood(session, urls[mode], args.flood_clients // 2, args.phase_s, results[mode]) for mode in pair)
+    )
+    seconds = time.perf_counter() - start
+    cpu = {mode: cpu_seconds(pids[mode]) - before[mode] for mode in pair}
+    base, traced = results["metrics"], results[rival]
+    throughput_ratio = traced.completed / max(base.completed, 1)
+    cpu_ratio = (cpu["metrics"] / max(base.completed, 1)) / (cpu[rival] / max(traced.completed, 1))
+    return throughput_ratio, cpu_ratio, sum(cpu.values()) / seconds
 
 
 async def _run(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]) -> dict[str, ModeRun]:
@@ -115,6 +162,8 @@ async def _run(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, i
                 before = cpu_seconds(pids[mode])
                 await _flood(session, urls[mode], args.flood_clients, args.phase_s, flood)
                 flood.cpu_s += cpu_seconds(pids[mode]) - before
+            for rival in ("on", "sampled"):
+                runs[rival].contest.append(await _contest(session, urls, pids, rival, args))
             print(f"round {round_no + 1}/{args.rounds} done", flush=True)
     return runs
 
@@ -173,12 +222,39 @@ def _report(runs: dict[str, ModeRun], spans_received: int) -> dict[str, object]:
         "errors": {"off": f_off.errors, "metrics": f_metrics.errors, "on": f_on.errors},
     }
     cpu = report["flood"]["cpu_ms_per_request"]  # type: ignore[index]
+    # Tracing's own cost: the traced gateway against the one with metrics only (both keep every
+    # other feature on), round by round; "off" also drops the metrics.
+    tracing_ratio = median_ratio(f_on.per_round, f_metrics.per_round)
+    sampled_ratio = median_ratio(runs["sampled"].flood.per_round, f_metrics.per_round)
+    report["flood"].update(  # type: ignore[attr-defined]
+        {
+            "per_round": {mode: r.flood.per_round for mode, r in runs.items()},
+            "tracing_median_round_ratio": tracing_ratio,
+            "sampled_median_round_ratio": sampled_ratio,
+        }
+    )
     lines.append(
         f"flood | off {f_off.throughput:.0f} req/s, metrics only {f_metrics.throughput:.0f} "
         f"(x{f_metrics.throughput / max(f_off.throughput, 1e-9):.3f}), metrics + tracing {f_on.throughput:.0f} "
         f"(x{f_on.throughput / max(f_off.throughput, 1e-9):.3f}) | CPU/req off {cpu['off']:.3f} metrics "
         f"{cpu['metrics']:.3f} on {cpu['on']:.3f} ms | errors {f_off.errors}/{f_metrics.errors}/{f_on.errors}"
     )
+    lines.append(
+        f"flood, tracing's own cost (median of {len(f_on.per_round)} per-round ratios against metrics only) | "
+        f"100%: x{tracing_ratio:.3f} | 1%: x{sampled_ratio:.3f}"
+    )
+    report["contest"] = {}
+    for rival, label in (("on", "100%"), ("sampled", "1%")):
+        rounds = runs[rival].contest
+        throughput = median_ratio([r[0] for r in rounds], [1.0] * len(rounds))
+        cpu_ratio = median_ratio([r[1] for r in rounds], [1.0] * len(rounds))
+        cores = [round(r[2], 2) for r in rounds]
+        report["contest"][rival] = {"throughput_ratio": throughput, "cpu_ratio": cpu_ratio, "rounds": rounds}  # type: ignore[index]
+        lines.append(
+            f"contest, tracing at {label} against metrics only, flooded together on one core | throughput "
+            f"x{throughput:.3f}, CPU per request x{cpu_ratio:.3f} (medians of {len(rounds)} rounds; "
+            f"the pair's CPU in cores per round: {cores})"
+        )
     sampled = runs["sampled"]
     report["sampled"] = {}
     for rate, r_sampled in sampled.rates.items():

@@ -7,6 +7,7 @@ import pytest
 from gateway import tracing as t
 from gateway.dialects.chat import CHAT
 from gateway.dialects.embeddings import EMBEDDINGS
+from gateway.otlp import MAX_VALUES_PER_KEY, AttributeValue, SpanEncoder
 from gateway.policy.model import TracingConfig
 from gateway.tracelog import ItlSummary
 from gateway.tracing import Tracing
@@ -223,3 +224,58 @@ def test_the_fast_path_sets_the_queue_time_without_a_queue_span(exporter: Collec
     tracing.flush()
     (server,) = exporter.spans()
     assert server.attributes[t.QUEUE_S] == pytest.approx(0.0001)
+
+
+def _encoder() -> SpanEncoder:
+    return SpanEncoder({"service.name": "gw"}, "gateway", EPOCH, unique_keys=frozenset({t.REQUEST_ID}))
+
+
+def _one_span(encoder: SpanEncoder, attributes: dict[str, AttributeValue]) -> bytes:
+    fields = [encoder.attributes[key][value] for key, value in attributes.items()]
+    span = encoder.span((0x0AF7651916CD43DD, 0x8448EB211C80319C), 7, 0, "chat m", SERVER, 1.0, 2.0, fields)
+    return encoder.request([span])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x" * 119,  # the inline short path of a unique string, at its bound
+        "x" * 120,
+        "é" * 5_000,  # a string longer than a one-byte length, and a span longer than 16 KiB
+        "",
+    ],
+    ids=["119 bytes", "120 bytes", "10 kB of two-byte characters", "empty"],
+)
+def test_a_request_id_of_any_length_decodes_as_sent(value: str) -> None:
+    encoder = _encoder()
+    body = _one_span(encoder, {t.REQUEST_ID: value, t.TENANT: "acme"})
+    [span] = decode(body)
+    assert span.attributes == {t.REQUEST_ID: value, t.TENANT: "acme"}
+    assert (span.start_ns, span.end_ns) == (int((1.0 + EPOCH) * 1e9), int((2.0 + EPOCH) * 1e9))
+
+
+def test_an_array_attribute_is_sent_as_the_array_it_holds() -> None:
+    encoder = _encoder()
+    attributes: dict[str, AttributeValue] = {"gateway.routing.scores": (0.5, 0.25), "reasons": ("stop", "length")}
+    [span] = decode(_one_span(encoder, attributes))
+    assert span.attributes == {"gateway.routing.scores": [0.5, 0.25], "reasons": ["stop", "length"]}
+
+
+def test_values_that_never_repeat_are_not_kept_and_the_kept_ones_are_bounded() -> None:
+    """Request ids, floats and score arrays would fill the encoder's tables one entry per request."""
+    encoder = _encoder()
+    for n in range(MAX_VALUES_PER_KEY + 100):
+        attributes: dict[str, AttributeValue] = {
+            t.REQUEST_ID: f"req-{n}",
+            t.QUEUE_S: n / 7,
+            t.ROUTING_SCORES: (n / 3, 1.0),
+            t.GEN_AI_USAGE_INPUT_TOKENS: n,  # kept while small (< 4096)
+            t.TENANT: f"tenant-{n}",  # kept up to the bound
+        }
+        body = _one_span(encoder, attributes)
+    [span] = decode(body)
+    assert span.attributes[t.TENANT] == f"tenant-{MAX_VALUES_PER_KEY + 99}"  # still right past the bound
+    tables = encoder._tables
+    assert len(tables[t.REQUEST_ID]) == len(tables[t.QUEUE_S]) == len(tables[t.ROUTING_SCORES]) == 0
+    assert len(tables[t.GEN_AI_USAGE_INPUT_TOKENS]) == 4096
+    assert len(tables[t.TENANT]) == MAX_VALUES_PER_KEY
