@@ -24,7 +24,7 @@ from gateway.settings import Settings
 from tests.conftest import KEY_ACME, metric
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import NOWHERE, OMIT, admin_keys, backend, build_policy, model
-from tests.servers import admin_url, serve_gateway_in_thread, serve_in_thread, wait_until
+from tests.servers import admin_url, samples, serve_gateway_in_thread, serve_in_thread, wait_until
 
 ADMIN_KEY = "admin-key-for-reload-tests"
 MODEL = "m/chat"
@@ -206,3 +206,23 @@ def test_a_class_a_reload_adds_gets_a_queue_and_its_requests_wait_their_turn(tmp
             holder.join(30)
             waiter.join(30)
     assert results == {"holder": 200, "bulk": 200}, "a class added by a reload queues like any other"
+
+
+def test_a_backend_a_reload_removes_takes_its_series_with_it(tmp_path: Path) -> None:
+    """An alert on a backend's health or breaker must stop for a backend that is gone, not show its
+    last value until the process restarts (the runbook's GatewayBackendUnhealthy)."""
+    with (
+        fakes(2) as servers,
+        gateway(tmp_path / "p.yaml", policy([("a", servers[0][1], "vllm"), ("b", servers[1][1], "vllm")])) as url,
+    ):
+        ask(url)
+        for name in ("gateway_backend_healthy", "gateway_backend_in_flight_requests", "gateway_fleet_quota_requests"):
+            assert {dict(labels)["backend"] for labels in samples(url, name)} == {"a", "b"}, name
+        (tmp_path / "p.yaml").write_text(policy([("a", servers[0][1], "vllm")], version="r-2"))
+        assert reload(url).status_code == 200
+        for name in ("gateway_backend_healthy", "gateway_backend_in_flight_requests", "gateway_fleet_quota_requests"):
+            assert {dict(labels)["backend"] for labels in samples(url, name)} == {"a"}, name
+        class_series = samples(url, "gateway_class_in_flight_requests")
+        assert class_series
+        assert {dict(labels)["backend"] for labels in class_series} == {"a"}
+        ask(url)  # the gateway still serves through the backend that stayed
