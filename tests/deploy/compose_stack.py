@@ -10,7 +10,6 @@ the repository, with the container addresses in it (``sim-a:8000``) mapped to th
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -28,7 +27,7 @@ from gateway.policy.loader import load_policy
 from gateway.policy.model import Policy
 from tests.deploy.compose_file import Stack, flag_value, set_flag
 from tests.deploy.conftest import binary
-from tests.deploy.prometheus import Prometheus, run_prometheus
+from tests.deploy.prometheus import Prometheus, logged_process, run_prometheus
 from tests.servers import ChildServer, free_port, serve_in_process, wait_until
 
 BIN = Path(sys.executable).parent
@@ -77,7 +76,7 @@ def _start_redis(stack: Stack, addresses: dict[tuple[str, int], str], tmp: Path,
     port = free_port()
     addresses[("redis", int(flag_value(argv, "--port") or 6379))] = f"127.0.0.1:{port}"
     argv = set_flag(set_flag(argv, "--port", str(port)), "--bind", "127.0.0.1")
-    stop.enter_context(_process([binary(argv[0], "redis-server"), *argv[1:]], tmp / "redis.log"))
+    stop.enter_context(logged_process([binary(argv[0], "redis-server"), *argv[1:]], tmp / "redis.log"))
     password = flag_value(argv, "--requirepass") or ""
     client = redis.Redis(port=port, password=password, socket_timeout=1)
     stop.callback(client.close)
@@ -91,7 +90,7 @@ def _start_sim(stack: Stack, name: str, addresses: dict[tuple[str, int], str], t
     addresses[(name, int(flag_value(argv, "--port") or 0))] = f"127.0.0.1:{port}"
     argv = set_flag(set_flag(argv, "--host", "127.0.0.1"), "--port", str(port))
     log = tmp / f"{name}.log"
-    stop.enter_context(_process([str(BIN / argv[0]), *argv[1:]], log))
+    stop.enter_context(logged_process([str(BIN / argv[0]), *argv[1:]], log))
     wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=30, what=f"{name} (log: {log})")
 
 
@@ -135,21 +134,6 @@ def _start_prometheus(stack: Stack, addresses: dict[tuple[str, int], str], tmp: 
     addresses[("prometheus", 9090)] = urlsplit(prometheus.url).netloc  # the image's default listen port
     wait_until(lambda: answers(prometheus.url + "/-/ready"), timeout=30, what=f"Prometheus ({prometheus.log})")
     return prometheus
-
-
-@contextmanager
-def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def localize(text: str, addresses: dict[tuple[str, int], str]) -> str:

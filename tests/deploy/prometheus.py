@@ -55,14 +55,17 @@ class Prometheus:
 def run_prometheus(flags: Sequence[str], log: Path) -> Iterator[Prometheus]:
     """``prometheus FLAGS --web.listen-address=127.0.0.1:<free port>``, its output in ``log``."""
     port = free_port()
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [binary("prometheus"), *flags, f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    with logged_process([binary("prometheus"), *flags, f"--web.listen-address=127.0.0.1:{port}"], log):
         yield Prometheus(f"http://127.0.0.1:{port}", log)
+
+
+@contextmanager
+def logged_process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` running, its output in ``log``, until the block ends (terminated, then killed)."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
     finally:
         process.terminate()
         try:
