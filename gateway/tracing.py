@@ -218,10 +218,12 @@ class RequestSpan:
         self.span_id = span_id
         self.sampled = attributes is not None
         self._encoder = encoder
+        self._attributes = attributes
+        if attributes is None:  # unsampled: only the ids, to propagate; every method returns at once
+            return
         self._trace_words = (trace_id >> 64, trace_id & _ID_MASK)
         self._name = name
         self._start = start
-        self._attributes = attributes
         self._links = links
         self._capture = capture
         self._children: list[bytes] = []
@@ -243,7 +245,7 @@ class RequestSpan:
         self, span_id: int, name: str, kind: int, start: float, end: float, attributes: list[bytes], error: bool = False
     ) -> None:
         """Encode a finished child span into this request's trace."""
-        if self._encoder is not None and self._attributes is not None:
+        if self._attributes is not None and self._encoder is not None:
             self._children.append(
                 self._encoder.span(
                     self._trace_words, span_id, self.span_id, name, kind, start, end, attributes, error=error
