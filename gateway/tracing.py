@@ -20,11 +20,12 @@ the gateway's own are under ``gateway.``. No prompt or completion text is record
 ``TracingConfig.capture_content`` opts in.
 
 Cost: with ``enabled=False`` ``start_request`` returns one shared inert ``RequestSpan``
-whose methods return at their first line. With tracing on, a request records plain values
-(ids, times, attribute dicts); a finished request's spans are queued and encoded to OTLP
-protobuf and sent by the export thread of ``gateway/otlp.py`` (which says why the SDK's own
-span pipeline is not used). A request that is not sampled records nothing but still passes
-its trace on (``traceparent`` with the sampled flag off).
+whose methods return at their first line. With tracing on, a sampled request encodes as it
+goes: each attribute becomes its OTLP protobuf field when recorded (a table lookup), each child
+span its bytes when it ends, and ``finish`` adds the server span and queues the lot for the
+export thread of ``gateway/otlp.py`` (which says why the SDK's own span pipeline is not used).
+A request that is not sampled records nothing but still passes its trace on (``traceparent``
+with the sampled flag off).
 
 A client's ``traceparent`` is *linked*, not followed: the request's span starts a trace of
 the gateway's own, sampled by the gateway's own ratio, with a span link to the client's span

@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -243,18 +244,8 @@ def _report(runs: dict[str, ModeRun], spans_received: int) -> dict[str, object]:
         f"flood, tracing's own cost (median of {len(f_on.per_round)} per-round ratios against metrics only) | "
         f"100%: x{tracing_ratio:.3f} | 1%: x{sampled_ratio:.3f}"
     )
-    report["contest"] = {}
-    for rival, label in (("on", "100%"), ("sampled", "1%")):
-        rounds = runs[rival].contest
-        throughput = median_ratio([r[0] for r in rounds], [1.0] * len(rounds))
-        cpu_ratio = median_ratio([r[1] for r in rounds], [1.0] * len(rounds))
-        cores = [round(r[2], 2) for r in rounds]
-        report["contest"][rival] = {"throughput_ratio": throughput, "cpu_ratio": cpu_ratio, "rounds": rounds}  # type: ignore[index]
-        lines.append(
-            f"contest, tracing at {label} against metrics only, flooded together on one core | throughput "
-            f"x{throughput:.3f}, CPU per request x{cpu_ratio:.3f} (medians of {len(rounds)} rounds; "
-            f"the pair's CPU in cores per round: {cores})"
-        )
+    report["contest"], contest_lines = _contest_report(runs)
+    lines += contest_lines
     sampled = runs["sampled"]
     report["sampled"] = {}
     for rate, r_sampled in sampled.rates.items():
@@ -282,6 +273,24 @@ def _report(runs: dict[str, ModeRun], spans_received: int) -> dict[str, object]:
         print(line, flush=True)
     report["text"] = lines
     return report
+
+
+def _contest_report(runs: dict[str, ModeRun]) -> tuple[dict[str, object], list[str]]:
+    """The contests' figures (medians over rounds) and their lines, for 100% and 1% tracing."""
+    report: dict[str, object] = {}
+    lines = []
+    for rival, label in (("on", "100%"), ("sampled", "1%")):
+        rounds = runs[rival].contest
+        throughput = statistics.median(r[0] for r in rounds) if rounds else 0.0
+        cpu_ratio = statistics.median(r[1] for r in rounds) if rounds else 0.0
+        cores = [round(r[2], 2) for r in rounds]
+        report[rival] = {"throughput_ratio": throughput, "cpu_ratio": cpu_ratio, "rounds": rounds}
+        lines.append(
+            f"contest, tracing at {label} against metrics only, flooded together on one core | throughput "
+            f"x{throughput:.3f}, CPU per request x{cpu_ratio:.3f} (medians of {len(rounds)} rounds; "
+            f"the pair's CPU in cores per round: {cores})"
+        )
+    return report, lines
 
 
 def _sink_count(url: str) -> int:

@@ -11,7 +11,6 @@ command line (a container's address to a loopback one, a mounted path to a tempo
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ from typing import Any
 import yaml
 
 from tests.deploy.conftest import DEPLOY
+from tests.deploy.dockerfile import dockerfile_stages, exec_form
 
 COMPOSE = DEPLOY / "compose.yaml"
 
@@ -93,55 +93,22 @@ class ImageConfig:
 
 def parse_dockerfile(text: str, base_config: ImageConfig | None = None) -> ImageConfig:
     """The final stage of a Dockerfile; ``base_config`` is the image its ``FROM`` names, when known
-    (what the stage does not set, it inherits). ``ARG`` defaults are substituted in ``FROM``."""
-    args: dict[str, str] = {}
-    base, entrypoint, cmd, healthcheck = "", None, None, False
-    for keyword, rest in _instructions(text):
-        if keyword == "ARG" and "=" in rest:
-            name, _, default = rest.partition("=")
-            args[name.strip()] = default.strip()
-        elif keyword == "FROM":
-            base = interpolate(rest.split()[0], args)
-            entrypoint, cmd, healthcheck = None, None, False
-        elif keyword == "ENTRYPOINT":
-            entrypoint, cmd = _exec_form(keyword, rest), None  # a new ENTRYPOINT resets an inherited CMD
+    (what the stage does not set, it inherits). The stack accepts only the exec form of
+    ``ENTRYPOINT`` and ``CMD``: a shell in front of the process would not pass SIGTERM on."""
+    stage = dockerfile_stages(text)[-1]
+    entrypoint, cmd, healthcheck = None, None, False
+    for keyword, rest in stage.instructions:
+        if keyword == "ENTRYPOINT":
+            entrypoint, cmd = exec_form(rest), None  # a new ENTRYPOINT resets an inherited CMD
         elif keyword == "CMD":
-            cmd = _exec_form(keyword, rest)
+            cmd = exec_form(rest)
         elif keyword == "HEALTHCHECK":
             healthcheck = not rest.upper().startswith("NONE")
     if base_config is not None:
         if entrypoint is None:
             entrypoint, cmd = base_config.entrypoint, base_config.cmd if cmd is None else cmd
         healthcheck = healthcheck or base_config.healthcheck
-    return ImageConfig(base, entrypoint, cmd, healthcheck)
-
-
-def _instructions(text: str) -> list[tuple[str, str]]:
-    """(KEYWORD, arguments) per instruction, continuation lines joined, comments dropped."""
-    logical: list[str] = []
-    pending = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        logical.append(pending + stripped)
-        pending = ""
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in logical]
-
-
-def _exec_form(keyword: str, rest: str) -> list[str]:
-    """``["a", "b"]``; the shell form would put a shell in front of the process, which would then
-    not receive SIGTERM, so the stack does not accept it."""
-    try:
-        words = json.loads(rest)
-    except json.JSONDecodeError:
-        raise AssertionError(f"{keyword} {rest}: not the exec form (a JSON list)") from None
-    assert isinstance(words, list), f"{keyword} {rest}"
-    assert all(isinstance(w, str) for w in words), f"{keyword} {rest}"
-    return words
+    return ImageConfig(stage.base, entrypoint, cmd, healthcheck)
 
 
 class Stack:
@@ -203,7 +170,7 @@ class Stack:
         inline = build.get("dockerfile_inline")
         if inline is not None:
             contexts = build.get("additional_contexts", {})
-            first = next(rest for keyword, rest in _instructions(inline) if keyword == "FROM").split()[0]
+            first = dockerfile_stages(inline)[-1].base
             source = contexts.get(first, "")
             if source.startswith("service:"):
                 base = self.image(source.removeprefix("service:"))

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -38,6 +38,7 @@ from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
 from tests.conftest import KEY_ACME, BackendServer
+from tests.deploy.dockerfile import Stage, dockerfile_stages, exec_form
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import session_policy
 from tests.servers import ChildServer, serve_in_process, wait_until
@@ -53,65 +54,6 @@ BASE = re.compile(r"^python:3\.11-slim@sha256:[0-9a-f]{64}$")
 NOT_IN_THE_IMAGE = ("loadtests", "matplotlib", "rich", "pip", "setuptools")
 DEADLINE_S = 30
 INSTALL_DEADLINE_S = 540  # a cold pip cache downloads every wheel of the lock (numpy, ...)
-
-
-@dataclass
-class Stage:
-    """One ``FROM`` of the Dockerfile and its instructions, as (KEYWORD, arguments) pairs."""
-
-    base: str
-    name: str | None
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def all(self, keyword: str) -> list[str]:
-        return [args for word, args in self.instructions if word == keyword]
-
-    def one(self, keyword: str) -> str:
-        found = self.all(keyword)
-        assert len(found) == 1, f"stage {self.name or self.base}: {len(found)} {keyword} instructions, not 1"
-        return found[0]
-
-
-def dockerfile_stages(text: str) -> list[Stage]:
-    """The stages, with ``ARG`` defaults declared before the first ``FROM`` substituted into it
-    (as Docker does); comment lines dropped, continued lines joined."""
-    logical: list[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        pending += line.removesuffix("\\").rstrip() + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            logical.append(pending)
-            pending = ""
-    args: dict[str, str] = {}
-    stages: list[Stage] = []
-    for line in logical:
-        keyword, _, rest = line.partition(" ")
-        keyword, rest = keyword.upper(), rest.strip()
-        if keyword == "ARG" and not stages:
-            name, _, default = rest.partition("=")
-            args[name] = default
-        elif keyword == "FROM":
-            words = rest.split()
-            base = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), words[0])
-            stages.append(Stage(base, words[2] if len(words) == 3 and words[1].upper() == "AS" else None))
-        else:
-            assert stages, f"{keyword} before the first FROM"
-            stages[-1].instructions.append((keyword, rest))
-    return stages
-
-
-def exec_form(args: str) -> list[str]:
-    """A JSON-array instruction's argv; fails on the shell form (``ENTRYPOINT cmd args``)."""
-    try:
-        argv = json.loads(args)
-    except json.JSONDecodeError:
-        argv = None
-    assert isinstance(argv, list), f"not the exec (JSON array) form: {args}"
-    assert all(isinstance(word, str) for word in argv), args
-    return argv
 
 
 def copies(stage: Stage) -> Iterator[tuple[list[str], list[str], str]]:
