@@ -24,6 +24,7 @@ from gateway.dialects.base import Dialect
 from gateway.errors import ErrorCode
 
 if TYPE_CHECKING:
+    from gateway.context import RequestContext
     from gateway.policy.model import Slo
     from gateway.routing.base import RoutingDecision
     from gateway.tracing import RequestSpan
@@ -106,6 +107,9 @@ class RequestOutcome(NamedTuple):
     tokens: TokenStats | None
     slo: Slo | None
     span: RequestSpan
+    context: RequestContext | None = None
+    """The validated request, its tenant and policy (None when it ended before validation): the
+    trace log's prefix signature and session are computed from it, and only when there is one."""
 
     @property
     def label(self) -> str:

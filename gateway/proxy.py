@@ -113,6 +113,7 @@ class _Known:
     slo: Slo | None = None
     t_admit: float | None = None
     attempts: Attempts | None = None
+    context: RequestContext | None = None
 
 
 class InferenceHandler:
@@ -177,6 +178,7 @@ class InferenceHandler:
         except GatewayError:
             await deps.limiter.charge_rejected(tenant)  # a refused request costs a request too
             raise
+        known.context = ctx
         request = ctx.request
         admission = await deps.limiter.admit(tenant, request)
         known.t_admit = deps.clock.now()
@@ -312,6 +314,7 @@ def _outcome(
         tokens=timer.stats() if timer is not None else None,
         slo=known.slo,
         span=span,
+        context=known.context,
     )
 
 

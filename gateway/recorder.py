@@ -15,14 +15,20 @@ What is recorded where:
 * goodput (``gateway/goodput.py``): SLO-judged requests, those that met it, and their tokens;
 * the request's cost share (``gateway/cost_meter.py``), its trace-log line
   (``gateway/tracelog.py``) and its server span (``gateway/tracing.py``).
+
+The trace-log line's prefix signature and session hash (``gateway/prefix_signature.py``) are
+computed here, and only when a trace log is configured: without one no request pays the hashing.
 """
 
 from __future__ import annotations
 
+from gateway.context import RequestContext
 from gateway.cost_meter import CostMeter
 from gateway.goodput import judge
 from gateway.labels import TenantLabels
 from gateway.outcome import RequestOutcome, TokenStats
+from gateway.prefix_signature import PrefixSignature, request_session, request_signature, session_hash
+from gateway.routing.isolation import tenant_scope
 from gateway.telemetry import Metrics
 from gateway.tracelog import ItlSummary, TraceLog, trace_line
 from gateway.tracing import RequestSpan
@@ -95,6 +101,7 @@ class Recorder:
     def _write_trace_log(self, log: TraceLog, outcome: RequestOutcome, itl: ItlSummary | None, met: bool) -> None:
         """One line of the request trace log (no prompt or completion text, ever)."""
         tokens = outcome.tokens
+        ctx = outcome.context
         log.write(
             trace_line(
                 request_id=outcome.request_id,
@@ -118,8 +125,25 @@ class Recorder:
                 cached_tokens=tokens.cached_tokens if tokens else None,
                 slo_met=met,
                 engine_request_ids=[attempt.engine_request_id for attempt in outcome.attempts],
+                api=outcome.api.name,
+                max_tokens=ctx.request.max_tokens if ctx else None,
+                signature=signature_of(ctx) if ctx else None,
+                session=hashed_session(ctx) if ctx else None,
             )
         )
+
+
+def signature_of(ctx: RequestContext) -> PrefixSignature:
+    """The request's prefix signature under its tenant's cache scope and its model's block size
+    (the router's keys reused unless the model routes with a configured tokenizer)."""
+    routing = ctx.runtime.snapshot.models[ctx.request.model].routing
+    reuse = routing.tokenizer == "estimate"
+    return request_signature(ctx.request, tenant_scope(ctx.tenant), routing.block_tokens, reuse_keys=reuse)
+
+
+def hashed_session(ctx: RequestContext) -> str | None:
+    session = request_session(ctx.request)
+    return None if session is None else session_hash(ctx.tenant.name, session)
 
 
 def finish_span(span: RequestSpan, outcome: RequestOutcome, itl: ItlSummary | None) -> None:

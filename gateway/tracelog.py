@@ -12,7 +12,17 @@ epoch seconds), ``queue_s``, ``backend``, ``outcome``, ``reason``, ``engine_requ
 id each attempt's engine saw, to find the request in an engine's logs) and an ITL summary
 (``itl_p50_s``, ``itl_p99_s``, ``itl_max_s``, ``itl_mean_s``, ``itl_count``) in place of
 every gap: ``itl_s`` is left empty, which keeps a 4,000-token answer one short line.
-No prompt or completion text is ever written, only counts and timings.
+
+What a replay needs (``loadtests/whatif/``), when the request got as far as validation (else
+null, or empty): ``api`` (the dialect's name, always), ``max_tokens`` (the output cap asked
+for, after the model's default and clamp), ``prompt_tokens_est`` (the gateway's estimate of the
+prompt, for requests the engine never answered, whose ``tokens_in`` is null),
+``prefix_block_tokens`` and ``prefix_hashes`` (the prompt's tenant-scoped block-hash chain as
+16-hex-digit strings, ``gateway/prefix_signature.py``: shared prefixes share a head, two
+tenants' chains never meet) and ``session`` (the client's conversation id, ``x-session-id``
+else the body's ``prompt_cache_key``, as a hash scoped by tenant; null when none was sent).
+No prompt or completion text is ever written, only counts, timings and hashes; nor a raw
+session id.
 
 Off the hot path: ``TraceLog.write`` appends the record (a plain dict) to a bounded
 ``deque`` and returns; a writer thread serialises with orjson and appends to the file
@@ -42,6 +52,8 @@ from typing import Annotated, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+from gateway.prefix_signature import PrefixSignature, signature_fields
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +120,10 @@ def trace_line(
     cached_tokens: int | None = None,
     slo_met: bool = False,
     engine_request_ids: Sequence[str] = (),
+    api: str | None = None,
+    max_tokens: int | None = None,
+    signature: PrefixSignature | None = None,
+    session: str | None = None,
 ) -> TraceLine:
     """One line of the log from plain values; times are the gateway clock's (monotonic) seconds.
 
@@ -115,6 +131,8 @@ def trace_line(
     taken once at start-up). ``error`` and ``reason`` are the outcome code unless the
     request completed; ``status`` 0 means no response was sent (client disconnected early).
     ``itl`` is ``ItlSummary.of(timer.gaps)``, computed once and shared with the trace span.
+    ``signature`` and ``session`` (already hashed) are None for a request that ended before it
+    was validated.
     """
 
     def epoch(t: float | None) -> float | None:
@@ -152,6 +170,10 @@ def trace_line(
         "itl_p50_s": None if itl is None else itl.p50,
         "itl_p99_s": None if itl is None else itl.p99,
         "itl_max_s": None if itl is None else itl.max,
+        "api": api,
+        "max_tokens": max_tokens,
+        "session": session,
+        **signature_fields(signature),
     }
 
 

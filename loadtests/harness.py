@@ -47,6 +47,16 @@ def free_port() -> int:
         return port
 
 
+def bindable(port: int) -> bool:
+    """Whether a loopback port is free right now (it can be bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def pin(cpu: int) -> list[str]:
     """A ``taskset`` prefix pinning a command to one core (nothing on a one-core machine)."""
     return ["taskset", "-c", str(cpu)] if (os.cpu_count() or 1) > 1 else []

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import subprocess
 import threading
 import time
@@ -36,7 +35,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadtests.harness import GATEWAY, Labels, policy_file, process
+from loadtests.harness import GATEWAY, Labels, bindable, policy_file, process
 from loadtests.loadgen.client import error_code
 from tests.policy_builder import NOWHERE, OMIT, admin_keys, backend, build_policy, model, tenant
 from tests.servers import free_port, metric, samples, scrape, wait_until
@@ -74,18 +73,9 @@ def free_ports(count: int) -> int:
     """The first of ``count`` consecutive loopback ports that are free right now."""
     for _ in range(100):
         first = free_port()
-        if all(_bindable(first + i) for i in range(1, count)):
+        if all(bindable(first + i) for i in range(1, count)):
             return first
     raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import httpx
 import orjson
 
 from gateway.policy.loader import parse_policy
+from gateway.prefix_signature import session_hash
 from gateway.settings import Settings
 from loadtests.loadgen.records import RequestRecord
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer
@@ -45,3 +46,26 @@ def test_every_request_leaves_one_line_without_any_text(
     assert engine_id == backend.received[-1].headers["x-request-id"], "the engine's id, to find it in its logs"
     assert orjson.loads(log.read_bytes().splitlines()[1])["engine_request_ids"] == [], "no attempt, no id"
     assert raw["t_arrival"] <= raw["t_admit"] <= raw["t_dispatch"] <= raw["t_first_token"] <= raw["t_end"]
+
+
+def test_a_line_carries_the_prompts_signature_the_output_cap_and_the_hashed_session(
+    tmp_path: Path, backend_server: BackendServer
+) -> None:
+    log = tmp_path / "trace.jsonl"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(session_policy(backend_server.url, models={CHAT_MODEL: {"routing": {"block_tokens": 16}}}))
+    settings = Settings(policy_path=str(policy), trace_log_path=str(log), port=0, admin_port=0)
+    prompt = "Which rake suits wet leaves best? " * 6  # rendered, 210 bytes: three blocks of 16 tokens (64 bytes)
+    with serve_gateway_in_thread(settings, parse_policy(policy.read_text(), str(policy))) as built:
+        headers = {"authorization": f"Bearer {KEY_ACME}", "x-session-id": "alice-chat-1"}
+        body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": prompt}]}
+        assert httpx.post(f"{built.api_url}/v1/chat/completions", headers=headers, json=body).status_code == 200
+    wait_until(lambda: log.exists() and len(log.read_bytes().splitlines()) == 1, what="one trace line")
+    line = orjson.loads(log.read_bytes())
+    assert (line["api"], line["max_tokens"]) == ("chat", 16)  # the model's default_max_tokens
+    assert line["session"] == session_hash("acme", "alice-chat-1")
+    assert "alice" not in log.read_text()
+    assert line["prefix_block_tokens"] == 16  # the model's routing block size
+    assert len(line["prefix_hashes"]) == 3
+    assert all(len(h) == 16 for h in line["prefix_hashes"])
+    assert line["prompt_tokens_est"] >= 3 * 16

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.goodput import meets_slo
 from gateway.policy.model import Slo
+from gateway.prefix_signature import PrefixSignature
 from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_line
 from loadtests.loadgen.records import RequestRecord, iter_records
 from tests.servers import wait_until
@@ -70,8 +71,28 @@ def test_a_rejected_request_carries_its_reason_code_and_no_timings_it_never_had(
 
 
 def test_no_field_of_a_record_can_hold_prompt_or_completion_text() -> None:
-    text_fields = {k for k, v in record().items() if isinstance(v, str)}
-    assert text_fields == {"request_id", "class_name", "tenant", "model", "backend", "outcome"}
+    line = record(api="chat", session="0123456789abcdef", signature=PrefixSignature(64, ("00ff" * 4,), 70))
+    text_fields = {k for k, v in line.items() if isinstance(v, str)}
+    assert text_fields == {"request_id", "class_name", "tenant", "model", "backend", "outcome", "api", "session"}
+    assert line["prefix_hashes"] == ["00ff" * 4]  # hashes, 16 hex digits each
+
+
+def test_a_record_carries_what_a_replay_needs_and_the_reader_keeps_it() -> None:
+    signature = PrefixSignature(64, ("a" * 16, "b" * 16), 140)
+    line = record(api="chat", max_tokens=256, signature=signature, session="0123456789abcdef", tokens_in=None)
+    extra = RequestRecord.from_dict(line).extra
+    assert (extra["api"], extra["max_tokens"], extra["session"]) == ("chat", 256, "0123456789abcdef")
+    assert (extra["prefix_block_tokens"], extra["prefix_hashes"], extra["prompt_tokens_est"]) == (
+        64,
+        ["a" * 16, "b" * 16],
+        140,
+    )
+
+
+def test_a_request_that_ended_before_validation_has_no_signature_nor_session() -> None:
+    line = record(api="chat")
+    assert (line["prefix_block_tokens"], line["prefix_hashes"], line["prompt_tokens_est"]) == (None, [], None)
+    assert (line["max_tokens"], line["session"], line["api"]) == (None, None, "chat")
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,17 @@ the previous turns and the assistant's replies; the replies are synthetic (see
 
 `RequestFactory.plan(i)` is called by the runner just before request i is due: the body is
 built ahead of its send time, and the memory held is that of the open conversations only.
+
+Each planned request also carries what a what-if replay needs of it (``trace_fields``, written
+to the record's extras under the names of the gateway's trace log): its prefix signature,
+computed with the gateway's own function on the body sent (``gateway/prefix_signature.py``)
+under the tenant's private scope, ``max_tokens``, the API, and for a multi-turn workload its
+conversation's id as ``session`` (hashed per tenant, as the gateway hashes ``x-session-id``).
+The private scope is the gateway's scope of every tenant that shares no cache scope, and a
+replay only compares chains inside one trace, so the records and the gateway's log agree
+whenever the policy keeps tenants private. Cost: one rendering, the estimate and one xxh64 per
+256 bytes of prompt: for ``workloads/multiturn.yaml`` (13 kB prompts) about as much again as
+planning the request, some tens of microseconds, spent before the request is due.
 """
 
 from __future__ import annotations
@@ -26,6 +37,8 @@ from typing import Any
 
 import orjson
 
+from gateway.dialects.registry import DIALECTS
+from gateway.prefix_signature import DEFAULT_BLOCK_TOKENS, body_signature, private_scope, session_hash
 from loadtests.loadgen.workload import Fixed, Length, LogNormal, Normal, Uniform, Workload
 
 _SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
@@ -45,6 +58,8 @@ class PlannedRequest:
     body: bytes
     headers: Mapping[str, str]
     max_tokens: int
+    trace_fields: Mapping[str, Any] = field(default_factory=dict)
+    """``api``, ``max_tokens``, ``session`` and the prefix signature, as the gateway's trace log names them."""
 
 
 def sample_length(length: Length, rng: random.Random) -> int:
@@ -74,6 +89,7 @@ def words(count: int, rng: random.Random) -> str:
 
 @dataclass(slots=True)
 class _Conversation:
+    id: str
     remaining: int
     history: list[Message] = field(default_factory=list)
 
@@ -81,8 +97,19 @@ class _Conversation:
 class RequestFactory:
     """Plans request i: picks its class and tenant by share, then builds its body and headers."""
 
-    def __init__(self, workload: Workload, *, seed: int, run_id: str, time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        seed: int,
+        run_id: str,
+        time_scale: float = 1.0,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    ) -> None:
         self._w = workload
+        self._block_tokens = block_tokens
+        self._dialect = DIALECTS[self.path]
+        self._opened = 0
         self._rng = random.Random(seed)
         self._run_id = run_id
         self._time_scale = time_scale
@@ -104,30 +131,47 @@ class RequestFactory:
         max_tokens = max(1, sample_length(cls.output_tokens or self._w.output_tokens, rng))
         user: Message = {"role": "user", "content": words(prompt_len, rng)}
         messages = [*self._prefix[tenant], *rng.choice(self._templates[tenant])]
-        messages += self._converse(tenant, class_name, user, max_tokens)
+        turns, conversation = self._converse(tenant, class_name, user, max_tokens)
         request_id = f"{self._run_id}-{index:07d}"
+        body = self._body(messages + turns, max_tokens)
         return PlannedRequest(
             request_id=request_id,
             class_name=class_name,
             tenant=tenant,
-            body=self._body(messages, max_tokens),
+            body=orjson.dumps(body),
             headers=self._headers(tenant, class_name, request_id),
             max_tokens=max_tokens,
+            trace_fields=self._trace_fields(tenant, body, conversation),
         )
+
+    def _trace_fields(self, tenant: str, body: dict[str, Any], conversation: str | None) -> dict[str, Any]:
+        """What a replay needs of the request (module docstring), never its text."""
+        signature = body_signature(self._dialect, body, scope=private_scope(tenant), block_tokens=self._block_tokens)
+        return {
+            "api": self._dialect.name,
+            "max_tokens": body["max_tokens"],
+            "session": None if conversation is None else session_hash(tenant, conversation),
+            **signature.fields(),
+        }
 
     @property
     def path(self) -> str:
         return "/v1/chat/completions" if self._w.api == "chat" else "/v1/completions"
 
-    def _converse(self, tenant: str, class_name: str, user: Message, max_tokens: int) -> list[Message]:
-        """The history to send before ``user``; records the turn and a synthetic reply for the next."""
+    def _converse(
+        self, tenant: str, class_name: str, user: Message, max_tokens: int
+    ) -> tuple[list[Message], str | None]:
+        """The turns to send (the history, then ``user``) and the conversation's id (None without
+        conversations); records the turn and a synthetic reply for the next."""
         spec = self._w.conversation
         if spec is None:
-            return [user]
+            return [user], None
         rng = self._rng
         pool = self._conversations.setdefault((tenant, class_name), [])
         if len(pool) < spec.active_per_tenant:
-            pool.append(_Conversation(remaining=max(1, sample_length(spec.turns, rng))))
+            self._opened += 1
+            conversation_id = f"{self._run_id}-c{self._opened}"
+            pool.append(_Conversation(conversation_id, remaining=max(1, sample_length(spec.turns, rng))))
         slot = rng.randrange(len(pool))
         conversation = pool[slot]
         sent = [*conversation.history, user]
@@ -137,9 +181,9 @@ class RequestFactory:
         else:
             reply: Message = {"role": "assistant", "content": words(max_tokens, rng)}
             conversation.history = [*sent, reply]
-        return sent
+        return sent, conversation.id
 
-    def _body(self, messages: list[Message], max_tokens: int) -> bytes:
+    def _body(self, messages: list[Message], max_tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self._w.model, "max_tokens": max_tokens, "stream": self._w.stream}
         if self._w.api == "chat":
             body["messages"] = messages
@@ -149,7 +193,7 @@ class RequestFactory:
             body["stream_options"] = {"include_usage": True}
         if self._w.ignore_eos:
             body["ignore_eos"] = True
-        return orjson.dumps(body)
+        return body
 
     def _headers(self, tenant: str, class_name: str, request_id: str) -> dict[str, str]:
         cls = self._w.classes[class_name]

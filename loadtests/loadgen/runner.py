@@ -196,6 +196,7 @@ class _Run:
             cached_tokens=exchange.cached_tokens,
             slo_met=meets_slo(slo, ok=ok, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e),
             lateness_s=max(0.0, exchange.t_start - due),
+            extra=planned.trace_fields,
         )
 
     def _finish(self, record: RequestRecord) -> None:

@@ -269,8 +269,7 @@ class FixedEngine(_EngineBase):
         now = self.clock.now()
         stream = TokenStream(len(request.token_ids))
         req = _FixedRequest(_Timing(stream, now), request.max_tokens, len(request.token_ids), request.stall_at)
-        self._cache_prompt(req, request)
-        stream.cached_tokens = len(req.blocks) * BLOCK_SIZE
+        stream.cached_tokens = self._cache_prompt(req, request) * BLOCK_SIZE
         self._active[stream] = req
         heapq.heappush(self._due, (now + self.profile.ttft_s * self.time_scale, next(self._order), req))
         self._waker.poke()
@@ -312,7 +311,8 @@ class FixedEngine(_EngineBase):
         next_due = deadline + self.profile.itl_s * self.time_scale
         heapq.heappush(self._due, (next_due, next(self._order), req))
 
-    def _cache_prompt(self, req: _FixedRequest, request: EngineRequest) -> None:
+    def _cache_prompt(self, req: _FixedRequest, request: EngineRequest) -> int:
+        """Hold the prompt's blocks (the cached ones shared); the number of blocks found cached."""
         tokens = request.token_ids
         req.hashes = chain_hashes(salt_root(request.cache_salt), tokens, 0, len(tokens) // BLOCK_SIZE, BLOCK_SIZE)
         hit = self.kv.lookup(req.hashes[: (len(tokens) - 1) // BLOCK_SIZE])
@@ -321,6 +321,7 @@ class FixedEngine(_EngineBase):
         req.blocks = hit + fresh
         self.metrics.prefix_queries.inc(len(tokens))
         self.metrics.prefix_hits.inc(len(hit) * BLOCK_SIZE)
+        return len(hit)
 
     def _release(self, req: _FixedRequest) -> None:
         for block, block_hash in zip(req.blocks, req.hashes, strict=False):

@@ -255,6 +255,20 @@ def test_fixed_profile_honours_ttft_and_itl_options(sim_engine: Engine) -> None:
     assert all(0.02 < g < 0.1 for g in gaps)
 
 
+def test_fixed_profile_reports_as_cached_only_the_blocks_it_found(sim_engine: Engine) -> None:
+    """The first prompt is computed, not cached; its repeat hits every full block but the last
+    token's (what vLLM reports), and the usage agrees with the engine's own hit counter."""
+    prompt = "word " * 64
+    with sim_engine("fixed", ttft_ms=1, itl_ms=1) as (url, _):
+        cached = []
+        for _ in range(2):
+            answer = httpx.post(url + "/v1/chat/completions", json=chat(prompt, SIM, max_tokens=1)).json()
+            cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+        hits = metric(url, "vllm:prefix_cache_hits_total")
+    assert cached == [0, 64]
+    assert hits == 64
+
+
 def test_instant_profile_answers_without_delay_and_streams(sim_engine: Engine) -> None:
     with sim_engine("instant") as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
