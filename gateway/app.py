@@ -30,6 +30,7 @@ from gateway.proxy import InferenceHandler
 from gateway.response import COMMON_HEADERS
 from gateway.service import Gateway
 from gateway.settings import Settings
+from gateway.targets import unready_public
 from gateway.telemetry import ConnectionCounts
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class GatewayApp:
                 OpenAIRoute("/metrics", self._metrics, methods=["GET"]),
                 OpenAIRoute("/admin/reload", admin["/admin/reload"], methods=["POST"]),
                 OpenAIRoute("/admin/policy", admin["/admin/policy"], methods=["GET"]),
+                OpenAIRoute("/admin/rollout", admin["/admin/rollout"], methods=["GET", "POST"]),
             ],
             default=self._not_found,
             redirect_slashes=False,
@@ -171,7 +173,7 @@ class GatewayApp:
             return JSONResponse({"ready": False, "reason": "starting"}, status_code=503)
         if gateway.draining:
             return JSONResponse({"ready": False, "reason": "draining"}, status_code=503)
-        unready = gateway.pool.unready_models()
+        unready = unready_public(gateway.policy(), gateway.pool.unready_models())
         if unready:
             return JSONResponse({"ready": False, "models_without_healthy_backend": unready}, status_code=503)
         return JSONResponse({"ready": True, "policy_version": gateway.policy().version})
@@ -195,7 +197,7 @@ class GatewayApp:
         created = int(time.time())
         data = [
             {"id": m, "object": "model", "created": created, "owned_by": "inference-gateway"}
-            for m in snapshot.models
+            for m in snapshot.public_models  # a group's targets are its own business
             if snapshot.tenant_may_use(tenant, m)
         ]
         return JSONResponse({"object": "list", "data": data})

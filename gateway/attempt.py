@@ -23,21 +23,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 from gateway.backends import BackendPool, BackendState
 from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock
 from gateway.context import RequestContext
+from gateway.dialects.openai_answers import answer_text
 from gateway.dispatch import Dispatcher, Grant
-from gateway.errors import ErrorCode, GatewayError, UpstreamError, code_of
+from gateway.errors import ErrorCode, GatewayError, NoHealthyBackend, Overloaded, UpstreamError, code_of
 from gateway.migration import can_continue, continuation
 from gateway.outcome import AttemptRecord
 from gateway.response import SSE_HEADERS, ClientResponse
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
 from gateway.routing.isolation import isolation_fields
-from gateway.streaming import SseRelay, StreamEnd, TokenTimer
+from gateway.streaming import SseRelay, StreamEnd, TokenTimer, renaming
+from gateway.targets import fits, retarget
 from gateway.telemetry import Metrics
 from gateway.tracing import AttemptSpan, RequestSpan
 from gateway.types import InferenceRequest
@@ -70,7 +76,20 @@ class StreamBroken(Exception):
 class Attempts:
     """The attempts of one request (see the module docstring); ``run`` once."""
 
-    __slots__ = ("_failure", "ctx", "deps", "records", "relay", "response", "timer")
+    __slots__ = (
+        "_failure",
+        "_next_target",
+        "ctx",
+        "deps",
+        "fallback",
+        "model",
+        "on_dispatched",
+        "records",
+        "relay",
+        "response",
+        "texts",
+        "timer",
+    )
 
     def __init__(self, ctx: RequestContext, deps: AttemptDeps, response: ClientResponse) -> None:
         self.ctx = ctx
@@ -80,6 +99,16 @@ class Attempts:
         self.timer: TokenTimer | None = None
         self.relay: SseRelay | None = None
         self._failure: Failure | None = None
+        self._next_target = 1
+        """Index in ``ctx.route.targets`` of the next fallback target to try."""
+        self.fallback: str | None = None
+        """Why the request left its first target (``gateway_fallbacks_total{reason}``), if it did."""
+        self.model = ctx.request.model
+        """The target (served model) the request is on now: its first, or the fallback it moved to."""
+        self.on_dispatched: Callable[[], None] | None = None
+        """Called once, when the first attempt has its backend (a group's shadow copy starts then)."""
+        self.texts: list[str] | None = None
+        """Set to a list to collect the answer's text (choice 0): a shadow's quality scorer compares it."""
 
     async def run(self) -> ErrorCode | None:
         """Answer the request; None when the answer completed, else the code its stream ended with.
@@ -103,9 +132,11 @@ class Attempts:
         tried: frozenset[str] = frozenset()
         for attempt in range(retry.max_retries + 1):
             t_ask = deps.clock.now()
-            grant = await deps.dispatcher.acquire(
-                request, ctx.tenant, ctx.class_name, ctx.priority_class, ctx.deadline, exclude=tried
-            )
+            request, grant = await self._grant(request, tried)
+            self.model = request.model
+            if self.on_dispatched is not None:
+                started, self.on_dispatched = self.on_dispatched, None
+                started()
             now = deps.clock.now()
             if ctx.span.recording:
                 _trace_grant(ctx.span, grant.decision, t_ask, now, ctx.class_name)
@@ -114,6 +145,7 @@ class Attempts:
             span = ctx.span.attempt(backend=grant.state.name, number=attempt + 1, t=now)
             self._failure = None
             delay = 0.0
+            granted_model = request.model
             try:
                 return await self._forward(request, grant, span, engine_id, retry.migrate_streams)
             except StreamBroken as broken:
@@ -127,7 +159,14 @@ class Attempts:
             except GatewayError as error:
                 self._mark(error)
                 failure = self._failure or Failure(error=error, client_bytes_sent=self.response.started)
-                if attempt == retry.max_retries or not is_retryable(failure, statuses=retry.retryable_statuses):
+                if attempt == retry.max_retries:
+                    raise
+                tried = tried | {grant.state.name}
+                moved = self._fall_back_after(request, failure, error, tried)
+                if moved is not None:
+                    request, tried = moved, frozenset()
+                    continue
+                if not is_retryable(failure, statuses=retry.retryable_statuses):
                     raise
                 if not budget.try_spend():
                     deps.metrics.retry_budget_exhausted.labels(request.model).inc()
@@ -139,12 +178,88 @@ class Attempts:
                     raise
                 delay = next_delay
                 deps.metrics.retries.labels(grant.state.name, error.code).inc()
-                tried = tried | {grant.state.name}
             finally:
-                deps.dispatcher.give_back(request.model, grant)
+                deps.dispatcher.give_back(granted_model, grant)
             if delay:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    async def _grant(self, request: InferenceRequest, tried: frozenset[str]) -> tuple[InferenceRequest, Grant]:
+        """A backend for ``request``: on its target, or down the fallback chain when the target has
+        no room within the wait allowed, or no usable backend (``gateway/targets.py``)."""
+        ctx = self.ctx
+        while True:
+            has_next = self._next_target < len(ctx.route.targets)
+            group = ctx.route.group
+            wait = group.fallback_wait_s if has_next and group is not None else None
+            try:
+                grant = await self.deps.dispatcher.acquire(
+                    request, ctx.tenant, ctx.class_name, ctx.priority_class, ctx.deadline, tried, wait
+                )
+            except Overloaded as error:
+                if error.code == "draining" or not has_next:
+                    raise
+                moved = self._fall_back(request, "no_room", error)
+            except NoHealthyBackend as error:
+                if not has_next:
+                    raise
+                moved = self._fall_back(request, "unavailable", error)
+            else:
+                return request, grant
+            request, tried = moved, frozenset()
+
+    def _fall_back_after(
+        self, request: InferenceRequest, failure: Failure, error: GatewayError, tried: frozenset[str]
+    ) -> InferenceRequest | None:
+        """The next target after a failed attempt, when the chain has one and the failure calls for
+        it: a refusal (429, 503) at once; a retryable failure once no untried backend of this
+        target is usable. None: retry on this target, or give up (a client error never falls back)."""
+        if self._next_target >= len(self.ctx.route.targets) or failure.client_bytes_sent:
+            return None
+        if _refused(failure):
+            reason = "refused"
+        elif is_retryable(failure, statuses=self.ctx.runtime.snapshot.policy.retry.retryable_statuses):
+            pool = self.deps.pool
+            if any(s.name not in tried and pool.usable(s) for s in pool.for_model(request.model)):
+                return None
+            reason = "failed"
+        else:
+            return None
+        try:
+            return self._fall_back(request, reason, error)
+        except GatewayError:
+            return None
+
+    def _fall_back(self, request: InferenceRequest, reason: str, error: GatewayError) -> InferenceRequest:
+        """Move ``request`` to the next target of its chain that can take it, within the deadline
+        and the retry budget (a fallback is a retry: it must not amplify an overload); else raise
+        ``error``, the reason the current target could not answer."""
+        ctx, deps = self.ctx, self.deps
+        targets = ctx.route.targets
+        budget = ctx.runtime.retry_budget
+        while self._next_target < len(targets):
+            target = targets[self._next_target]
+            self._next_target += 1
+            if not fits(ctx.request, target):
+                continue  # validated against the first target; this one's limits are smaller
+            if deps.clock.now() >= ctx.deadline:
+                break
+            if not budget.try_spend():
+                deps.metrics.retry_budget_exhausted.labels(request.model).inc()
+                break
+            group = ctx.route.public_name
+            deps.metrics.child(deps.metrics.fallbacks, group, request.model, target.name, reason).inc()
+            self.fallback = reason
+            log.info(
+                "request %s: %s on %s (%s), falling back to %s",
+                request.request_id,
+                reason,
+                request.model,
+                error.code,
+                target.name,
+            )
+            return retarget(request, target)
+        raise error
 
     def _mark(self, error: GatewayError) -> None:
         """Record how the latest attempt ended."""
@@ -249,7 +364,27 @@ class Attempts:
         timer = TokenTimer(request.arrival)
         timer.usage = request.api.answer_usage(document)
         self.timer = timer
+        if self.texts is not None and isinstance(document, dict):
+            self.texts.append(answer_text(document))
+        public = self.ctx.route.public_name
+        if isinstance(document, dict) and document.get("model", public) != public:
+            document["model"] = public  # the client sees the name it asked for, not the engine's
+            body = orjson.dumps(document)
+        self._target_headers()
         await self.response.respond(200, body, [(b"content-type", b"application/json")])
+
+    def _collect_text(self, event: dict[str, Any]) -> None:
+        assert self.texts is not None
+        self.texts.append(answer_text(event))
+
+    def _target_headers(self) -> None:
+        """Which target of its group answered the request, and why it fell back if it did."""
+        if self.ctx.route.group is None:
+            return
+        headers = self.response.extra_headers
+        headers.append((b"x-gateway-target", self.model.encode()))
+        if self.fallback is not None:
+            headers.append((b"x-gateway-fallback", self.fallback.encode()))
 
     async def _relay(
         self, request: InferenceRequest, grant: Grant, response: UpstreamResponse, track: bool, report: FaultLog
@@ -266,6 +401,7 @@ class Attempts:
         if relay is None:
             timer = TokenTimer(request.arrival, on_first=first_token)
             self.timer = timer
+            self._target_headers()
             await self.response.start(200, list(SSE_HEADERS))
             relay = SseRelay(
                 self.response.send,
@@ -276,6 +412,8 @@ class Attempts:
                 track=track,
                 keep_continuous=request.client_wants_continuous_usage,
                 redactor=deps.upstream.redactor,
+                rename=renaming(request.body.get("model"), self.ctx.route.public_name),
+                on_event=None if self.texts is None else self._collect_text,
             )
             self.relay = relay
         else:
@@ -289,6 +427,11 @@ class Attempts:
         if await relay.finish(failure) is StreamEnd.COMPLETED:
             return None
         return code_of(failure) if failure is not None else ErrorCode.UPSTREAM_ERROR
+
+
+def _refused(failure: Failure) -> bool:
+    """The engine answered 429 or 503: it has no room for the request (another target may)."""
+    return failure.status in (429, 503) and not failure.client_bytes_sent
 
 
 def _report_verdict(breaker: CircuitBreaker, verdict: bool | None) -> None:

@@ -7,9 +7,11 @@ join the command line through the ``inference_gateway.commands`` entry points (`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     explain.add_argument("--backend-state", default=None, help="JSON: per backend, load and recently served bodies")
     explain.add_argument("--priority", default=None, help="as the x-priority header")
     explain.add_argument("--session-id", default=None, help="as the x-session-id header")
+    explain.add_argument(
+        "--rollout-dir",
+        default=os.environ.get("GATEWAY_ROLLOUT_DIR", ".gateway-state/rollouts"),
+        help="where rollouts keep their state without Redis (as the gateway's GATEWAY_ROLLOUT_DIR)",
+    )
     explain.set_defaults(func=_explain)
 
     keys = subparsers.add_parser("keys", help="API key tools").add_subparsers(dest="keys_command", required=True)
@@ -189,13 +196,32 @@ def _explain(args: argparse.Namespace) -> int:
     if not isinstance(body, dict):
         print(f"{args.request}: the request body must be a JSON object", file=sys.stderr)
         return 1
+    rollouts = asyncio.run(_stored_rollouts(snapshot, Path(args.rollout_dir)))
     try:
-        lines = explain(snapshot, key, body, state, priority=args.priority, session_id=args.session_id)
+        lines = explain(
+            snapshot, key, body, state, priority=args.priority, session_id=args.session_id, rollouts=rollouts
+        )
     except GatewayError as error:
         print(f"the gateway would answer {error.status} {error.code}: {error.message}", file=sys.stderr)
         return 1
     print("\n".join(lines))
     return 0
+
+
+async def _stored_rollouts(snapshot: PolicySnapshot, directory: Path) -> dict[str, tuple[float, str]]:
+    """Each group's rollout as the gateway would read it: from Redis or from ``directory``."""
+    from gateway.rollout.controller import stored_rollouts
+    from gateway.rollout.store import open_rollout_store
+
+    if not any(group.rollout for group in snapshot.groups.values()):
+        return {}
+    state = snapshot.policy.state
+    url = state.resolved_url() if state.backend == "redis" else None
+    store = open_rollout_store(state.backend, url, state.key_prefix, directory, timeout_s=1.0)
+    try:
+        return await stored_rollouts(snapshot, store)
+    finally:
+        await store.aclose()
 
 
 def _hash_key(args: argparse.Namespace) -> int:

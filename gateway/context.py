@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.runtime import Runtime
+from gateway.targets import TargetChoice
 from gateway.tracing import RequestSpan
 from gateway.types import InferenceRequest
 
@@ -22,7 +23,9 @@ class RequestContext(NamedTuple):
     A ``NamedTuple``: immutable, and cheap to build once per request (``gateway/outcome.py``).
     ``deadline`` is on the gateway clock: arrival plus ``x-request-timeout`` or the class's
     ``deadline_s``; it bounds the queue wait, every retry and the answer itself. ``runtime``
-    is the policy in force at arrival (``gateway/runtime.py``), kept to the end.
+    is the policy in force at arrival (``gateway/runtime.py``), kept to the end. ``route`` is the
+    public name the client called, the target drawn for it and its fallback chain
+    (``gateway/targets.py``).
     """
 
     request: InferenceRequest
@@ -32,6 +35,7 @@ class RequestContext(NamedTuple):
     deadline: float
     runtime: Runtime
     span: RequestSpan
+    route: TargetChoice
 
     @property
     def rank(self) -> int:

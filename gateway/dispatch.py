@@ -31,7 +31,7 @@ of the model at all fails at once with 503 ``no_backend_for_tenant``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.backends import BackendPool, BackendState, Lane
@@ -179,6 +179,11 @@ class Dispatcher:
         self.on_routed: Callable[[InferenceRequest, RoutingDecision], None] | None = None
         """Called with each decision acted on: the fleet's prefix view publishes it
         (``gateway/fleet/prefix_sync.py``)."""
+        self.on_wait: Callable[[Sequence[BackendState]], int] | None = None
+        """Called with the backends of its lane when a real request must wait, before it is judged:
+        the shadow runner cancels the shadow copies holding slots there and says how many slots
+        come back (``gateway/shadow/runner.py``). A request that only waits for those slots is
+        neither refused by the queue bound nor by the wait estimate. Never for ``place_now``."""
         self._queues: dict[str, ModelQueues] = {}
         self._lanes: dict[str, list[ModelQueues]] = {}
         self._classes: dict[str, PriorityClass] = {}
@@ -252,8 +257,12 @@ class Dispatcher:
         priority_class: PriorityClass,
         deadline: float,
         exclude: frozenset[str] = frozenset(),
+        max_wait_s: float | None = None,
     ) -> Grant:
         """A backend for ``request`` (see the module docstring); raises ``Overloaded``/``NoHealthyBackend``.
+
+        ``max_wait_s`` shortens the wait below the class's budget (a model group's
+        ``fallback_wait_s``: the request has somewhere else to go).
 
         While draining, only a request's later attempts (``exclude`` names the backends it
         tried: a retry or a stream migration) get a backend: the request is in flight, and
@@ -274,7 +283,42 @@ class Dispatcher:
                 self._commit(request, tenant, decision, priority_class.rank, tokens)
                 mq.meter.count(now)
                 return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key)
+        if max_wait_s is not None:
+            deadline = min(deadline, now + max_wait_s)
         return await self._wait(mq, request, tenant, class_name, priority_class, tokens, deadline, now, exclude)
+
+    def place_now(self, request: InferenceRequest, tenant: Tenant, priority_class: PriorityClass) -> Grant | None:
+        """A backend for ``request`` at once, or None: the fast path of ``acquire`` alone, never a queue.
+
+        For work that may be dropped (a shadow copy, ``gateway/shadow/``): None while draining,
+        when no backend of the tenant's lane has room for ``priority_class`` (its ``max_share``
+        applies), when none is healthy, and for every backend some request waits for, in any
+        queue of any model (a backend shared by two models must not go to the copy while the
+        other model's request waits for it). Never raises. ``give_back`` ends the grant."""
+        if self.draining:
+            return None
+        model = request.model
+        lane = self.pool.lane(model, tenant.name)
+        awaited = self._awaited_backends()
+        candidates = [s for s in lane.states if s.name not in awaited]
+        tokens = request.prompt_tokens + request.max_tokens
+        now = self.clock.now()
+        roomy = [s for s in candidates if has_room(s, priority_class, tokens, now, self._fresh_s)]
+        if not roomy:
+            return None
+        mq = self._lane_queues(lane)
+        decision = self.router_for(model).pick(request, tenant, roomy)
+        self._commit(request, tenant, decision, priority_class.rank, tokens)
+        mq.meter.count(now)
+        return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key)
+
+    def _awaited_backends(self) -> set[str]:
+        """The backends some queued request (of any model, any lane) may be handed."""
+        awaited: set[str] = set()
+        for mq in self._queues.values():
+            if mq.depth:
+                awaited.update(s.name for s in (mq.lane if mq.lane is not None else self.pool.for_model(mq.model)))
+        return awaited
 
     async def _wait(
         self,
@@ -295,7 +339,12 @@ class Dispatcher:
         estimate = (ahead + 1) / rate if rate else 0.0
         if ahead == 0 and self._held_elsewhere(mq, priority_class.rank, tokens):
             estimate = 0.0  # room comes with the next sync (woken below), not with a request's end
-        if queue.depth >= limit.max_depth:
+        freed = 0
+        if self.on_wait is not None:  # shadows give their slots back: a real request never waits on them
+            freed = self.on_wait(mq.lane if mq.lane is not None else self.pool.for_model(mq.model))
+        if ahead < freed:
+            estimate = 0.0  # a slot a shadow gives back is this request's, in a moment
+        elif queue.depth >= limit.max_depth:
             self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
         budget = min(mq.wait_budget(priority_class), deadline - now)
         if estimate * ESTIMATE_MARGIN > budget:

@@ -110,6 +110,8 @@ class RequestOutcome(NamedTuple):
     context: RequestContext | None = None
     """The validated request, its tenant and policy (None when it ended before validation): the
     trace log's prefix signature and session are computed from it, and only when there is one."""
+    fallback: str | None = None
+    """Why a model group's request left the target first drawn for it (``gateway/targets.py``)."""
 
     @property
     def label(self) -> str:

@@ -36,7 +36,6 @@ from gateway.errors import (
     GatewayError,
     InternalError,
     InvalidRequest,
-    NotFound,
     UpstreamTimeout,
     code_of,
 )
@@ -54,6 +53,8 @@ from gateway.policy.model import Slo, Tenant
 from gateway.recorder import Recorder
 from gateway.response import ClientResponse
 from gateway.runtime import Runtime
+from gateway.shadow.runner import ShadowHandle, ShadowRunner
+from gateway.targets import TargetPicker, lookup_public
 from gateway.telemetry import UNKNOWN_LABEL
 from gateway.tokens import TokenEstimator
 from gateway.tracing import RequestSpan
@@ -100,6 +101,8 @@ class PipelineDeps:
     attempts: AttemptDeps
     recorder: Recorder
     in_flight: InFlight
+    targets: TargetPicker
+    shadows: ShadowRunner
 
 
 @dataclass(slots=True)
@@ -184,6 +187,7 @@ class InferenceHandler:
         known.t_admit = deps.clock.now()
         response.extra_headers = admission.headers
         attempts = known.attempts = Attempts(ctx, deps.attempts, response)
+        shadow = _ShadowStart(deps.shadows, ctx, attempts)
         ended: ErrorCode | None = ErrorCode.INTERNAL_ERROR
         disconnected = False
         try:
@@ -193,6 +197,7 @@ class InferenceHandler:
             disconnected = True
             raise
         finally:
+            shadow.primary_ended(ended is None)
             timer = attempts.timer
             used_tokens = charged_tokens(
                 usage=timer.usage if timer else None,
@@ -223,12 +228,13 @@ class InferenceHandler:
         body = parse_json_object(raw, limits.max_json_depth, limits.max_json_containers, limits.max_json_keys)
         stripped = self.api.screen(body, limits)
         model = require_model(body)
-        model_policy = snapshot.models.get(model)
-        if model_policy is None:
-            raise NotFound(f"The model '{model}' does not exist.", code="model_not_found", param="model")
+        public = lookup_public(snapshot, model)
         known.model = model
         authorize_model(tenant, model, snapshot)
         class_name, priority_class = resolve_class(tenant, headers.priority, snapshot)
+        route = self.deps.targets.choose(snapshot, public, tenant, class_name)
+        model_policy = route.primary
+        known.model = model_policy.name
         known.class_name, known.slo = class_name, priority_class.slo
         request = build_request(
             api=self.api,
@@ -249,7 +255,7 @@ class InferenceHandler:
             model=model, tenant=tenant.name, class_name=class_name, max_tokens=request.max_tokens, stream=request.stream
         )
         deadline = arrival + request_timeout(headers.request_timeout, priority_class.deadline_s)
-        return RequestContext(request, tenant, class_name, priority_class, deadline, runtime, span)
+        return RequestContext(request, tenant, class_name, priority_class, deadline, runtime, span, route)
 
     async def _answer(
         self, attempts: Attempts, receive: Receive, signal: DisconnectSignal | None, deadline: float
@@ -282,6 +288,34 @@ class InferenceHandler:
             log.debug("could not send the error of request %s", response.request_id)
 
 
+class _ShadowStart:
+    """A group's shadow copy of one request, started once the request itself has its backend (so
+    that a copy only ever takes room the request left: ``gateway/shadow/``)."""
+
+    __slots__ = ("attempts", "ctx", "handle", "shadows")
+
+    def __init__(self, shadows: ShadowRunner, ctx: RequestContext, attempts: Attempts) -> None:
+        self.shadows, self.ctx, self.attempts = shadows, ctx, attempts
+        self.handle: ShadowHandle | None = None
+        group = ctx.route.group
+        if group is not None and group.shadow is not None:
+            attempts.on_dispatched = self.start
+
+    def start(self) -> None:
+        group = self.ctx.route.group
+        assert group is not None
+        self.handle = self.shadows.copy(self.ctx, group)
+        if self.handle is not None and self.handle.wants_primary_text:
+            self.attempts.texts = []
+
+    def primary_ended(self, completed: bool) -> None:
+        """Give the copy's scorer the primary's answer (None unless it completed)."""
+        if self.handle is None:
+            return
+        texts = self.attempts.texts
+        self.handle.primary_answered("".join(texts) if completed and texts is not None else None)
+
+
 def _outcome(
     api: Dialect,
     response: ClientResponse,
@@ -303,7 +337,7 @@ def _outcome(
         arrival=arrival,
         end=end,
         tenant=known.tenant,
-        model=known.model,
+        model=attempts.model if attempts is not None else known.model,
         class_name=known.class_name,
         stream=known.stream,
         status=status,
@@ -315,6 +349,7 @@ def _outcome(
         slo=known.slo,
         span=span,
         context=known.context,
+        fallback=attempts.fallback if attempts is not None else None,
     )
 
 

@@ -22,6 +22,8 @@ computed here, and only when a trace log is configured: without one no request p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gateway.context import RequestContext
 from gateway.cost_meter import CostMeter
 from gateway.goodput import judge
@@ -51,6 +53,9 @@ class Recorder:
         self.trace_log = trace_log
         self.epoch_offset = epoch_offset
         self.enabled = enabled
+        self.on_group_outcome: Callable[[RequestOutcome, bool | None], None] | None = None
+        """Called with every finished request of a model group and whether it met its SLO (None:
+        not judged): a rollout's canary observes its two arms through it (``gateway/rollout/``)."""
 
     def record(self, outcome: RequestOutcome, labels: TenantLabels) -> None:
         """Count ``outcome`` everywhere (once per request); ``labels`` bounds the tenant label."""
@@ -81,6 +86,12 @@ class Recorder:
                 p.inc(m.goodput_requests, model_class)
                 p.inc(m.goodput_tokens, model_class, (tokens.usage_int("completion_tokens") or 0) if tokens else 0)
         self.costs.charge(outcome, tenant, verdict.met)
+        ctx = outcome.context
+        if ctx is not None and ctx.route.group is not None:
+            route = ctx.route
+            p.inc(m.group_requests, (route.public_name, route.primary.name, route.role))
+            if self.on_group_outcome is not None:
+                self.on_group_outcome(outcome, verdict.met if verdict.judged else None)
         itl = ItlSummary.of(tokens.gaps) if tokens and tokens.gaps else None
         if self.trace_log is not None:
             self._write_trace_log(self.trace_log, outcome, itl, verdict.met)

@@ -40,9 +40,13 @@ from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource, ReloadRefused
 from gateway.proxy import InFlight, PipelineDeps
 from gateway.recorder import Recorder
+from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
+from gateway.rollout.store import open_rollout_store
 from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
 from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
+from gateway.shadow.runner import ShadowRunner
+from gateway.targets import TargetPicker
 from gateway.telemetry import Metrics
 from gateway.tokens import CharRatioEstimator
 from gateway.tracelog import TraceLog, TraceLogConfig
@@ -85,6 +89,11 @@ class Gateway:
             self.metrics, self.costs, trace_log, epoch_offset=self.epoch_offset, enabled=settings.telemetry
         )
         self.in_flight = InFlight()
+        self.shadows = ShadowRunner(self.clock, self.dispatcher, self.upstream, self.metrics)
+        self.dispatcher.on_wait = self.shadows.preempt  # a real request never waits behind a shadow
+        self.rollouts = self._rollouts(settings, snapshot)
+        self.targets = TargetPicker(candidate_share=self.rollouts.candidate_percent)
+        self.recorder.on_group_outcome = self.rollouts.observe
         self._tasks: set[asyncio.Task[None]] = set()
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
 
@@ -100,6 +109,20 @@ class Gateway:
         if isinstance(store, RedisLimitStore):
             m.redis_up.set_function(lambda: 1.0 if store.up else 0.0)
         return store
+
+    def _rollouts(self, settings: Settings, snapshot: PolicySnapshot) -> Rollouts:
+        """The canaries (``gateway/rollout/``): their state in Redis with the tenant limits, else in files."""
+        state = snapshot.policy.state
+        store = open_rollout_store(
+            state.backend,
+            state.resolved_url() if state.backend == "redis" else None,
+            state.key_prefix,
+            Path(settings.rollout_dir),
+            timeout_s=max(state.timeout_ms / 1000, 0.5),
+        )
+        rollouts = Rollouts(store, self.metrics, self.clock, holder=replica_id())
+        rollouts.adopt(snapshot)
+        return rollouts
 
     def _fleet(self, settings: Settings, snapshot: PolicySnapshot) -> FleetCoordinator | None:
         """How this process gets its part of every backend's capacity (``gateway/fleet/``)."""
@@ -165,6 +188,8 @@ class Gateway:
             attempts=AttemptDeps(self.clock, self.dispatcher, self.upstream, self.pool, self.metrics),
             recorder=self.recorder,
             in_flight=self.in_flight,
+            targets=self.targets,
+            shadows=self.shadows,
         )
 
     def policy(self) -> PolicySnapshot:
@@ -186,6 +211,7 @@ class Gateway:
         else:
             partition_quotas(self.pool, snapshot, self.settings.workers)
         self.dispatcher.apply(snapshot)
+        self.rollouts.adopt(snapshot)
         self.costs.reprice(snapshot.policy.backends)
         self.metrics.policy_info.clear()
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
@@ -204,6 +230,13 @@ class Gateway:
             "last_error": source.last_error,
             "warnings": list(snapshot.warnings),
         }
+
+    def rollout_status(self) -> list[dict[str, Any]]:
+        return self.rollouts.status()
+
+    async def force_rollout(self, group: str, action: str, who: str, reason: str) -> dict[str, Any]:
+        """An operator's verdict on a group's rollout (``POST /admin/rollout``); KeyError: no such rollout."""
+        return await self.rollouts.force(group, OPERATOR_ACTIONS[action], who, reason)
 
     def reload(self, reason: str) -> bool:
         """Reload the policy file now; False (and ``last_error`` says why) when it was not applied."""
@@ -252,6 +285,8 @@ class Gateway:
             await self.prefix_view.catch_up()  # the fleet's recent decisions before the first request
             self._spawn(self.prefix_view.run())
         self._spawn(self.costs.run(lambda: self.policy().policy.telemetry.cost_interval_s))
+        await self.rollouts.start()  # a restarted gateway resumes each rollout where it was
+        self._spawn(self.rollouts.run())
         if policy.lifecycle.watch_interval_s > 0:
             self._spawn(self.source.watch(policy.lifecycle.watch_interval_s))
         try:
@@ -289,8 +324,10 @@ class Gateway:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.shadows.aclose()
         await self.upstream.aclose()
         await self.limit_store.aclose()
+        await self.rollouts.store.aclose()
         if self.fleet is not None:
             await self.fleet.ledger.client.aclose()
         if self.prefix_view is not None:

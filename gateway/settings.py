@@ -59,6 +59,10 @@ class Settings:
     one process and no supervisor; more is a supervisor and N workers (``gateway/workers/``).
     Every worker sees the same number, so that what is shared per process (each backend's
     capacity, without Redis) can be divided by it."""
+    rollout_dir: str = ".gateway-state/rollouts"
+    """Where rollouts keep their state without Redis (``GATEWAY_ROLLOUT_DIR``): one JSON file per
+    rollout, shared by the workers of one host; a Kubernetes pod without Redis mounts a volume
+    there so that a rollback outlives the pod (``gateway/rollout/store.py``)."""
     worker_index: int = 0
     """This process's index among the ``workers`` (0 to N-1), set by the supervisor for each
     worker; logs carry it (``[worker 1]``), client responses never do."""
@@ -75,6 +79,7 @@ class Settings:
             "trace_log_path": env.get("GATEWAY_TRACE_LOG") or None,
             "telemetry": env.get("GATEWAY_TELEMETRY", "on").lower() not in ("off", "0", "false"),
             "workers": _integer(env, "GATEWAY_WORKERS", 1),
+            "rollout_dir": env.get("GATEWAY_ROLLOUT_DIR", ".gateway-state/rollouts"),
         }
         for name, kind in _CONNECTION_ENV.items():
             raw = env.get(f"GATEWAY_{name.upper()}")

@@ -140,9 +140,11 @@ class SseRelay:
         "_clock",
         "_failure",
         "_keep_continuous",
+        "_on_event",
         "_on_resumed_output",
         "_read",
         "_redactor",
+        "_rename",
         "_report",
         "_resumed",
         "_send",
@@ -165,9 +167,13 @@ class SseRelay:
         track: bool = False,
         keep_continuous: bool = True,
         redactor: Redactor = _NO_REDACTION,
+        rename: tuple[tuple[bytes, bytes], ...] = (),
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """``dialect`` reads the events; ``track`` records ``progress``; ``keep_continuous=False``
-        removes per-chunk usage.
+        removes per-chunk usage; ``rename`` (from ``renaming``) gives the events the model name the
+        client called instead of the engine's; ``on_event`` sees every relayed event's JSON (a
+        shadow's quality scorer collects the primary's text through it).
 
         ``redactor`` (``UpstreamClient.redactor``) sanitises upstream error events and knows the
         credentials no relayed byte may hold.
@@ -182,6 +188,8 @@ class SseRelay:
         self._resumed = False
         self._on_resumed_output: Callable[[], None] | None = None
         self._redactor = redactor
+        self._rename = rename
+        self._on_event = on_event
         self._report: Callable[[UpstreamFault], None] | None = None
         self._failure: GatewayError | None = None
         self.saw_done = False
@@ -236,6 +244,8 @@ class SseRelay:
         if out and self._redactor.leaks(out):
             self._fail_protocol("the stream holds a credential of the gateway")
             return b""
+        for served, public in self._rename:
+            out = out.replace(served, public)
         return out
 
     def _take_failure(self) -> GatewayError | None:
@@ -330,6 +340,8 @@ class SseRelay:
         if document.get("error") or document.get("object") == "error":  # upstream_errors.is_error_document
             return self._upstream_error(document)
         reading = self._read(document)
+        if self._on_event is not None:
+            self._on_event(document)
         if self.progress is None:
             return self._observe(reading, t)
         return self._splice(event, document, reading, t)
@@ -413,6 +425,18 @@ class SseRelay:
         if output:
             timer.on_output(t)
         return True
+
+
+def renaming(served: object, public: str) -> tuple[tuple[bytes, bytes], ...]:
+    """Byte replacements that turn the engine's ``"model":"<served>"`` into the public name.
+
+    Safe on the raw events: in JSON, an unescaped ``"model":"x"`` occurs only as a key and its
+    value (inside a string every quote is escaped), and in a chunk the only ``model`` key is the
+    top-level one. Both spacings engines write (compact, and ``": "``) are covered."""
+    if not isinstance(served, str) or served == public:
+        return ()
+    old, new = orjson.dumps(served), orjson.dumps(public)
+    return ((b'"model":' + old, b'"model":' + new), (b'"model": ' + old, b'"model": ' + new))
 
 
 def _lf_only(data: bytes) -> bytes:

@@ -151,6 +151,7 @@ class Metrics:
         self._declare_trace_log_metrics(r)
         self._declare_state_metrics(r if redis else None)
         self._declare_fleet_metrics(r)
+        self._declare_group_metrics(r)
         self._declare_connection_metrics(r)
         self._advanced: dict[int, float] = {}
         self.pending = PendingSamples(self)
@@ -436,6 +437,89 @@ class Metrics:
             "Routing decisions in the fleet's prefix view: published by this process, received "
             "(folded into its index) from the others, or dropped (Redis unreachable, backlog full).",
             ["result"],
+            registry=r,
+        )
+
+    def _declare_group_metrics(self, r: CollectorRegistry) -> None:
+        """Model groups: which target served, fallbacks, shadow traffic, rollouts (``gateway/policy/groups.py``)."""
+        self.group_requests = Counter(
+            "gateway_group_requests",
+            "Requests to a model group by the target first chosen for them and its role "
+            "(weighted, baseline, candidate).",
+            ["group", "target", "role"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "gateway_fallbacks",
+            "Requests of a model group sent down its fallback chain, by the target they left, the one they "
+            "went to, and why (no_room, unavailable, refused, failed).",
+            ["group", "from_target", "to_target", "reason"],
+            registry=r,
+        )
+        self.shadow_requests = Counter(
+            "gateway_shadow_requests",
+            "Shadow copies of a group's requests, by target and outcome (completed, error, no_room, "
+            "at_cap, preempted, cancelled).",
+            ["group", "target", "outcome"],
+            registry=r,
+        )
+        self.shadow_ttft = Histogram(
+            "gateway_shadow_ttft_seconds",
+            "Time to first token of shadow requests, from their dispatch.",
+            ["group", "target"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.shadow_itl = Histogram(
+            "gateway_shadow_itl_seconds",
+            "Gaps between output events of shadow requests.",
+            ["group", "target"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.shadow_output_tokens = Counter(
+            "gateway_shadow_output_tokens",
+            "Output tokens of shadow answers (engine usage), beside gateway_tokens_total of the primaries.",
+            ["group", "target"],
+            registry=r,
+        )
+        self.shadow_quality = Histogram(
+            "gateway_shadow_quality_score",
+            "The quality scorer's comparison of a shadow answer with the primary's (0 unlike, 1 alike).",
+            ["group", "target", "scorer"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+            registry=r,
+        )
+        self.rollout_percent = Gauge(
+            "gateway_rollout_candidate_percent",
+            "The share of its rollout's traffic a candidate target gets now (0 after a rollback).",
+            ["group", "candidate"],
+            registry=r,
+        )
+        self.rollout_status = Gauge(
+            "gateway_rollout_status",
+            "1 for the state each rollout is in (progressing, holding, promoted, rolled_back), 0 for the others.",
+            ["group", "candidate", "status"],
+            registry=r,
+        )
+        self.rollout_decisions = Counter(
+            "gateway_rollout_decisions",
+            "Canary verdicts by action (promote, hold, rollback, complete; continue: an operator's resume) and who "
+            "took them (canary, operator).",
+            ["group", "candidate", "action", "by"],
+            registry=r,
+        )
+        self.rollout_evidence = Gauge(
+            "gateway_rollout_evidence",
+            "The current step's log likelihood ratio of 'the candidate is worse', by signal; the rollback "
+            "threshold is gateway_rollout_threshold.",
+            ["group", "candidate", "signal"],
+            registry=r,
+        )
+        self.rollout_threshold = Gauge(
+            "gateway_rollout_threshold",
+            "The log likelihood ratio at which a rollout rolls back (log(signals x steps / alpha)).",
+            ["group", "candidate"],
             registry=r,
         )
 

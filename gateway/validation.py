@@ -73,8 +73,9 @@ def build_request(
         max_tokens=max_tokens,
         arrival=arrival,
     )
-    if model_policy.upstream_name is not None:
-        body["model"] = model_policy.upstream_name
+    served = model_policy.upstream_name or model_policy.name
+    if body.get("model") != served:  # a group's public name, or a model's alias: the engine's name goes up
+        body["model"] = served
         request.body_modified = True
     return request
 

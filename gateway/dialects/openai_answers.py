@@ -100,3 +100,14 @@ def answer_usage(answer: dict[str, Any]) -> Mapping[str, Any] | None:
     """The ``usage`` object of a whole OpenAI answer (already in the gateway's shape)."""
     usage = answer.get("usage")
     return usage if isinstance(usage, dict) else None
+
+
+def answer_text(document: dict[str, Any]) -> str:
+    """Choice 0's text in an OpenAI answer or chunk: a chat ``message`` or ``delta`` content, or a
+    completion's ``text`` (what a quality scorer compares)."""
+    for choice in document.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            part = choice.get("delta") or choice.get("message")
+            text = part.get("content") if isinstance(part, dict) else choice.get("text")
+            return text if isinstance(text, str) else ""
+    return ""

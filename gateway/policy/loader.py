@@ -27,6 +27,7 @@ from gateway.policy.model import Policy
 from gateway.policy.snapshot import PolicySnapshot, content_digest, index_policy
 from gateway.routing.isolation import check_isolation
 from gateway.routing.registry import routing_problems
+from gateway.shadow.scorers import scorer_problems
 
 
 class PolicyError(Exception):
@@ -112,12 +113,20 @@ def _cross_check(policy: Policy) -> Iterable[str]:
             yield f"models[{i}].default_max_tokens: must not exceed max_output_tokens"
         for problem in routing_problems(model_policy.routing):
             yield f"models[{i}].routing.{problem}"
+    yield from _check_groups(policy, model_names)
+    groups = {g.name for g in policy.model_groups}
+    internal = internal_models(policy)
     owners: dict[str, str] = {}
     for i, tenant in enumerate(policy.tenants):
         if tenant.default_class not in policy.classes:
             yield f"tenants[{i}].default_class: unknown class '{tenant.default_class}'"
         for j, model in enumerate(tenant.models):
-            if model != "*" and model not in model_names:
+            if model in internal:
+                yield (
+                    f"tenants[{i}].models[{j}]: '{model}' serves model group '{internal[model]}' "
+                    "and cannot be called by name; name the group"
+                )
+            elif model != "*" and model not in model_names and model not in groups:
                 yield f"tenants[{i}].models[{j}]: unknown model '{model}'"
         if tenant.cache_scope is not None and tenant.cache_scope not in policy.cache_scopes:
             scope = tenant.cache_scope
@@ -128,6 +137,39 @@ def _cross_check(policy: Policy) -> Iterable[str]:
     for j, key_hash in enumerate(policy.admin.key_hashes):
         if key_hash in owners:  # that tenant's clients would hold the keys to /admin
             yield f"admin.key_hashes[{j}]: already a key of tenant '{owners[key_hash]}' (admin keys must be separate)"
+
+
+def internal_models(policy: Policy) -> dict[str, str]:
+    """Every model some group sends traffic to, with the (first) group's name: not callable by name."""
+    out: dict[str, str] = {}
+    for group in policy.model_groups:
+        for model in sorted(group.members()):
+            out.setdefault(model, group.name)
+    return out
+
+
+def _check_groups(policy: Policy, model_names: set[str]) -> Iterable[str]:
+    yield from _unique("model_groups", [g.name for g in policy.model_groups])
+    for i, group in enumerate(policy.model_groups):
+        where = f"model_groups[{i}]"
+        if group.name in model_names:
+            yield f"{where}.name: '{group.name}' is also a model under models (a public name is one or the other)"
+        named = [(f"targets[{j}].model", t.model) for j, t in enumerate(group.targets)]
+        named += [(f"fallbacks[{j}]", m) for j, m in enumerate(group.fallbacks)]
+        for class_name, chain in group.class_fallbacks.items():
+            if class_name not in policy.classes:
+                yield f"{where}.class_fallbacks.{class_name}: unknown class '{class_name}'"
+            named += [(f"class_fallbacks.{class_name}[{j}]", m) for j, m in enumerate(chain)]
+        if group.shadow is not None:
+            named.append(("shadow.model", group.shadow.model))
+            if group.shadow.scorer is not None:
+                for problem in scorer_problems(group.shadow.scorer):
+                    yield f"{where}.shadow.scorer: {problem}"
+            if group.shadow.model in {t.model for t in group.targets}:
+                yield f"{where}.shadow.model: '{group.shadow.model}' is a target already (it would shadow itself)"
+        for path, model in named:
+            if model not in model_names:
+                yield f"{where}.{path}: unknown model '{model}' (declare it under models)"
 
 
 def _unique(section: str, names: list[str]) -> Iterable[str]:

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.body_fields import owned_field_reason
 from gateway.media import MediaUrlRefused, parse_allowlist_entry
+from gateway.policy.groups import ModelGroup
 
 KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
@@ -327,6 +328,9 @@ class Tenant(Strict):
     weight: PositiveFloat = 1.0
     cache_scope: Name | None = None
     """Opt into a shared prefix-cache scope declared under ``cache_scopes``; else private."""
+    allow_costlier_fallback: bool = True
+    """False: a model group's fallback never sends this tenant's requests to a target that costs
+    more than the one chosen first (its backends' ``price_per_gpu_hour × gpus``, averaged)."""
 
     @field_validator("key_hashes")
     @classmethod
@@ -636,6 +640,8 @@ class Policy(Strict):
     limits: RequestLimits = RequestLimits()
     classes: Annotated[dict[Name, PriorityClass], Field(min_length=1)]
     models: Annotated[list[ModelPolicy], Field(min_length=1)]
+    model_groups: list[ModelGroup] = []
+    """Public model names mapped onto the served models above (``gateway/policy/groups.py``)."""
     backends: Annotated[list[Backend], Field(min_length=1)]
     tenants: Annotated[list[Tenant], Field(min_length=1)]
     health_checks: HealthChecks = HealthChecks()

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gateway.policy.groups import ModelGroup
 from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
 
 
@@ -27,6 +28,14 @@ class PolicySnapshot:
     backends_by_model: Mapping[str, tuple[Backend, ...]] = field(repr=False)
     warnings: tuple[str, ...] = ()
     """Allowed but probably not meant, each as ``<path>: <problem>`` (``gateway/policy/loader.py``)."""
+    groups: Mapping[str, ModelGroup] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    internal: frozenset[str] = frozenset()
+    """Models that only serve groups (targets, fallbacks, shadows): never called, nor listed, by name."""
+
+    @property
+    def public_models(self) -> list[str]:
+        """The names clients may call: every group, and every model that serves none."""
+        return [*self.groups, *(m for m in self.models if m not in self.internal)]
 
     @property
     def version(self) -> str:
@@ -58,4 +67,6 @@ def index_policy(policy: Policy, source: str, digest: str, warnings: tuple[str, 
         models=MappingProxyType({m.name: m for m in policy.models}),
         backends_by_model=MappingProxyType({m: tuple(bs) for m, bs in by_model.items()}),
         warnings=warnings,
+        groups=MappingProxyType({g.name: g for g in policy.model_groups}),
+        internal=frozenset(m for g in policy.model_groups for m in g.members()),
     )

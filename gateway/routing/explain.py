@@ -26,12 +26,14 @@ from gateway.clock import MonotonicClock
 from gateway.dialects.base import Dialect
 from gateway.dialects.registry import DIALECTS
 from gateway.dispatch import ModelQueues
-from gateway.errors import InvalidRequest, NotFound
-from gateway.policy.model import Backend, CacheIsolation, PriorityClass, Tenant
+from gateway.errors import InvalidRequest
+from gateway.policy.groups import ModelGroup
+from gateway.policy.model import Backend, CacheIsolation, ModelPolicy, PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router, RoutingDecision
 from gateway.routing.isolation import CacheSalter, isolation_fields, tenant_scope
 from gateway.routing.registry import build_routers
+from gateway.targets import TargetPicker, explain_group, lookup_public
 from gateway.tokens import CharRatioEstimator
 from gateway.types import InferenceRequest
 from gateway.validation import build_request, require_model
@@ -58,17 +60,23 @@ def explain(
     *,
     priority: str | None = None,
     session_id: str | None = None,
+    rollouts: Mapping[str, tuple[float, str]] | None = None,
 ) -> list[str]:
-    """The explanation, line by line; raises ``GatewayError`` where the gateway would refuse."""
+    """The explanation, line by line; raises ``GatewayError`` where the gateway would refuse.
+
+    ``rollouts`` gives, per group with a rollout, its candidate's percent now and a description
+    of its state (read from the rollout store by the caller)."""
     clock = MonotonicClock()
+    body = dict(body)  # validation names the served model in it: the caller's stays as it was
     tenant = authenticate(b"Bearer " + api_key.strip().encode(), snapshot)
-    request = _request(snapshot, tenant, body, session_id)
-    model = request.model
     class_name, priority_class = resolve_class(tenant, priority.encode() if priority else None, snapshot)
+    group_lines, target = _target(snapshot, tenant, body, class_name, rollouts or {})
+    request = _request(snapshot, tenant, body, session_id, target)
+    model = request.model
     router = build_routers(snapshot, clock)[model]
     pool = BackendPool(snapshot)
     now = clock.now()
-    _apply_state(pool, router, snapshot, tenant, backend_state or {}, now, session_id)
+    _apply_state(pool, router, snapshot, tenant, backend_state or {}, now, session_id, snapshot.models[model])
     fresh_s = snapshot.policy.scrape.fresh_s
     tokens = request.prompt_tokens + request.max_tokens
     states = pool.for_model(model)
@@ -77,6 +85,7 @@ def explain(
     routing = snapshot.models[model].routing
     lines = [
         f"tenant:  {tenant.name} (cache scope {tenant_scope(tenant)})",
+        *group_lines,
         f"request: {request.api.name} for model '{model}', about {request.prompt_tokens} prompt tokens "
         f"(estimated), max_tokens {request.max_tokens}",
         f"class:   {class_name} (rank {priority_class.rank}); queue: model '{model}' class '{class_name}' "
@@ -121,14 +130,39 @@ def _isolation_line(backend: Backend, isolation: CacheIsolation, tenant: Tenant)
     )
 
 
+def _target(
+    snapshot: PolicySnapshot,
+    tenant: Tenant,
+    body: dict[str, Any],
+    class_name: str,
+    rollouts: Mapping[str, tuple[float, str]],
+) -> tuple[list[str], ModelPolicy]:
+    """The served model the request is explained on, and the lines saying how a group chose it."""
+    public = lookup_public(snapshot, require_model(body))
+    if not isinstance(public, ModelGroup):
+        return [], public
+    authorize_model(tenant, public.name, snapshot)
+    rollout = rollouts.get(public.name)
+    picker = TargetPicker(candidate_share=lambda group: rollout[0] if rollout else None)
+    weights = picker.weights(public)
+    likeliest, lines = explain_group(snapshot, public, weights, tenant, class_name, rollout[1] if rollout else None)
+    return lines, snapshot.models[likeliest]
+
+
 def _request(
-    snapshot: PolicySnapshot, tenant: Tenant, body: dict[str, Any], session_id: str | None
+    snapshot: PolicySnapshot,
+    tenant: Tenant,
+    body: dict[str, Any],
+    session_id: str | None,
+    target: ModelPolicy | None = None,
 ) -> InferenceRequest:
     model = require_model(body)
-    model_policy = snapshot.models.get(model)
-    if model_policy is None:
-        raise NotFound(f"The model '{model}' does not exist.", code="model_not_found", param="model")
-    authorize_model(tenant, model, snapshot)
+    if target is None:
+        public = lookup_public(snapshot, model)
+        authorize_model(tenant, model, snapshot)
+        assert isinstance(public, ModelPolicy)
+        target = public
+    model_policy = target
     request = build_request(
         api=api_of(body),
         body=body,
@@ -151,6 +185,7 @@ def _apply_state(
     given: Mapping[str, Any],
     now: float,
     session_id: str | None,
+    router_target: ModelPolicy,
 ) -> None:
     states = {s.name: s for s in pool.all()}
     for name, fields in given.items():
@@ -160,7 +195,7 @@ def _apply_state(
         for key, value in fields.items():
             if key == "served":
                 for body in value:
-                    served = _request(snapshot, tenant, dict(body), session_id)
+                    served = _request(snapshot, tenant, dict(body), session_id, router_target)
                     router.on_dispatch(served, tenant, router.pick(served, tenant, [state]))
             elif key in _STATE_FIELDS:
                 setattr(state, key, _STATE_FIELDS[key](value))
