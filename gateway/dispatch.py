@@ -489,13 +489,19 @@ class Dispatcher:
             self.hand_out(model)
 
     def give_back(self, model: str, grant: Grant) -> None:
-        """Give the slot back and let waiting requests have it."""
+        """Give the slot back and let waiting requests have it: those of every model the backend
+        serves (a model group's targets may share an engine), the returning model's first."""
         state = grant.state
         state.unreserve(grant.rank, grant.tokens, grant.prefilling)
         grant.prefilling = False
         if state.others_waiting and self.on_pressure is not None:
             self.on_pressure()
         self.hand_out(model)
+        served = state.backend.models
+        if len(served) > 1:
+            for other in served:
+                if other != model:
+                    self.hand_out(other)
 
     def hand_out(self, model: str) -> None:
         """Hand free capacity to waiting requests: by class rank across the model's lanes, then fair

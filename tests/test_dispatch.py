@@ -411,3 +411,26 @@ async def test_lanes_wait_apart_and_a_shared_backend_goes_to_the_higher_class_of
         dispatcher.give_back("m", grant)
     assert sum(s.in_flight for s in dispatcher.pool.all()) == 0
     assert dispatcher.depth("m", 0) == dispatcher.depth("m", 1) == 0
+
+
+async def test_a_slot_freed_on_a_backend_of_two_models_goes_to_the_other_model_s_waiter() -> None:
+    """Two models on one backend (a model group's targets with the same engine): a slot one model
+    gives back is handed to a request of the other model waiting for it, at once."""
+    shared = parse_policy(
+        dispatch_policy(
+            models=[model("m"), model("n")],
+            backends=[backend_entry("b1", NOWHERE, ["m", "n"], kind="sim", capacity={"max_concurrent": 1})],
+        ),
+        "t.yaml",
+    )
+    dispatcher = make_dispatcher(shared)
+    tenant_t, interactive = shared.policy.tenants[0], shared.policy.classes["interactive"]
+    holder = await dispatcher.acquire(request(), tenant_t, "interactive", interactive, 1e9)
+    other = InferenceRequest("id2", CHAT, "n", {}, b"", False, False, 5, 5, 0.0)
+    waiter = asyncio.create_task(dispatcher.acquire(other, tenant_t, "interactive", interactive, 1e9))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    dispatcher.give_back("m", holder)
+    granted = await asyncio.wait_for(waiter, 1)
+    assert granted.state.name == "b1"
+    dispatcher.give_back("n", granted)

@@ -138,14 +138,24 @@ class Tally:
             self._itl[obs.class_name].append((obs.itl_s, obs.candidate))
 
     def flush(self, slow_quantile: float, min_class_samples: int = 20) -> dict[str, int]:
-        """The interval's counts (zero entries omitted); the tally starts a new interval."""
+        """The interval's counts (zero entries omitted); the tally starts a new interval.
+
+        A class with fewer than ``min_class_samples`` latencies of a kind keeps them for the next
+        interval rather than losing them: at a low rate (or a short interval) no single interval
+        may hold enough to set a threshold, and a slow candidate must not pass unseen for lack of
+        them. Pooling two intervals of one step keeps the arms exchangeable under "as good" (the
+        controller starts a new tally when the step, hence the share, changes)."""
         counts = self._counts
+        carried: dict[str, defaultdict[str, list[tuple[float, bool]]]] = {}
         for signal, by_class in (("slow_ttft", self._ttft), ("slow_itl", self._itl)):
-            for values in by_class.values():
+            keep = carried[signal] = defaultdict(list)
+            for class_name, values in by_class.items():
                 if len(values) >= max(1, min_class_samples):
                     _slow_count(values, slow_quantile, counts, signal)
+                else:
+                    keep[class_name] = values
         self._counts, self._seen = {}, 0
-        self._ttft, self._itl = defaultdict(list), defaultdict(list)
+        self._ttft, self._itl = carried["slow_ttft"], carried["slow_itl"]
         return counts
 
     def _bump(self, key: str) -> None:

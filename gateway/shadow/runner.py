@@ -328,14 +328,9 @@ class ShadowRunner:
         shadow.handle._shadow_answered("".join(shadow.pieces) if outcome == "completed" else None)
 
     def _give_back(self, shadow: _Shadow) -> None:
-        """The slot back, handed to whoever waits for it: the copy's model's queues (``give_back``),
-        and those of the other models the backend serves (a real request that preempted the copy
-        may be another model's)."""
-        model, grant = shadow.request.model, shadow.grant
-        self._dispatcher.give_back(model, grant)
-        for other in grant.state.backend.models:
-            if other != model:
-                self._dispatcher.hand_out(other)
+        """The slot back, handed to whoever waits for it, of any model the backend serves (a real
+        request that preempted the copy may be another model's: ``Dispatcher.give_back``)."""
+        self._dispatcher.give_back(shadow.request.model, shadow.grant)
 
     def _record(self, shadow: _Shadow, outcome: str) -> None:
         m, labels = self._metrics, (shadow.group, shadow.target)

@@ -382,3 +382,18 @@ def test_the_rollout_key_names_the_group_and_changes_with_the_rollout_not_its_ti
     assert rollout_key("other", POLICY) != key
     same = RolloutPolicy(baseline="llama-v1", candidate="llama-v2", steps=(1.0, 5.0, 25.0, 50.0, 100.0), interval_s=300)
     assert rollout_key("llama", same) == key
+
+
+def test_a_small_class_keeps_its_values_for_the_next_interval() -> None:
+    """At a low rate no single interval may hold enough latencies for a threshold: the values
+    wait for the next flush instead of being lost, so a slow candidate is still seen."""
+    tally = Tally()
+    for v in range(12):
+        tally.add(obs(candidate=v >= 10, itl_s=float(v), ttft_s=None))
+    assert "candidate:slow_itl" not in tally.flush(0.9, min_class_samples=20)
+    for v in range(12, 24):
+        tally.add(obs(candidate=v >= 22, itl_s=float(v), ttft_s=None))
+    got = tally.flush(0.9, min_class_samples=20)
+    assert got.get("candidate:slow_itl", 0) == 2  # 22 and 23: the top of the 24 pooled values
+    assert got.get("baseline:slow_itl", 0) == 0
+    assert tally.flush(0.9, min_class_samples=20) == {}  # used once, then gone
