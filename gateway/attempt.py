@@ -39,6 +39,7 @@ from gateway.errors import ErrorCode, GatewayError, NoHealthyBackend, Overloaded
 from gateway.migration import can_continue, continuation
 from gateway.outcome import AttemptRecord
 from gateway.response import SSE_HEADERS, ClientResponse
+from gateway.response_affinity import ResponseAffinity
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
 from gateway.routing.isolation import isolation_fields
@@ -63,6 +64,7 @@ class AttemptDeps:
     upstream: UpstreamClient
     pool: BackendPool
     metrics: Metrics
+    affinity: ResponseAffinity
 
 
 class StreamBroken(Exception):
@@ -79,6 +81,7 @@ class Attempts:
     __slots__ = (
         "_failure",
         "_next_target",
+        "answer_id",
         "ctx",
         "deps",
         "fallback",
@@ -105,6 +108,8 @@ class Attempts:
         """Why the request left its first target (``gateway_fallbacks_total{reason}``), if it did."""
         self.model = ctx.request.model
         """The target (served model) the request is on now: its first, or the fallback it moved to."""
+        self.answer_id: str | None = None
+        """The id later requests may name the answer by (``Dialect.answer_id``), once seen."""
         self.on_dispatched: Callable[[], None] | None = None
         """Called once, when the first attempt has its backend (a group's shadow copy starts then)."""
         self.texts: list[str] | None = None
@@ -189,7 +194,7 @@ class Attempts:
         no room within the wait allowed, or no usable backend (``gateway/targets.py``)."""
         ctx = self.ctx
         while True:
-            has_next = self._next_target < len(ctx.route.targets)
+            has_next = self._next_target < len(ctx.route.targets) and request.pinned_backend is None
             group = ctx.route.group
             wait = group.fallback_wait_s if has_next and group is not None else None
             try:
@@ -340,9 +345,12 @@ class Attempts:
                 ended = await self._relay(request, grant, response, track, report)
                 verdict = ended is None
                 error_code = None if ended is None else ended.value
+                if ended is None:
+                    self._remember(request, state.name)
                 return ended
             await self._pass_through(state, response, report)
             verdict = True
+            self._remember(request, state.name)
             return None
         except StreamBroken as broken:
             verdict, error_code = False, broken.error.code
@@ -364,8 +372,11 @@ class Attempts:
         timer = TokenTimer(request.arrival)
         timer.usage = request.api.answer_usage(document)
         self.timer = timer
-        if self.texts is not None and isinstance(document, dict):
-            self.texts.append(answer_text(document))
+        if isinstance(document, dict):
+            if self.texts is not None:
+                self.texts.append(answer_text(document))
+            if request.api.keeps_state:
+                self.answer_id = request.api.answer_id(document)
         public = self.ctx.route.public_name
         if isinstance(document, dict) and document.get("model", public) != public:
             document["model"] = public  # the client sees the name it asked for, not the engine's
@@ -373,9 +384,18 @@ class Attempts:
         self._target_headers()
         await self.response.respond(200, body, [(b"content-type", b"application/json")])
 
-    def _collect_text(self, event: dict[str, Any]) -> None:
-        assert self.texts is not None
-        self.texts.append(answer_text(event))
+    def _on_event(self, event: dict[str, Any]) -> None:
+        """A relayed event: its text for a shadow's scorer, its answer id for follow-ups."""
+        if self.texts is not None:
+            self.texts.append(answer_text(event))
+        api = self.ctx.request.api
+        if self.answer_id is None and api.keeps_state:
+            self.answer_id = api.answer_id(event)
+
+    def _remember(self, request: InferenceRequest, backend: str) -> None:
+        """Where a completed answer of a stateful API lives, for the requests that will name it."""
+        if self.answer_id is not None:
+            self.deps.affinity.remember(self.answer_id, self.ctx.tenant.name, backend, request.model)
 
     def _target_headers(self) -> None:
         """Which target of its group answered the request, and why it fell back if it did."""
@@ -413,7 +433,7 @@ class Attempts:
                 keep_continuous=request.client_wants_continuous_usage,
                 redactor=deps.upstream.redactor,
                 rename=renaming(request.body.get("model"), self.ctx.route.public_name),
-                on_event=None if self.texts is None else self._collect_text,
+                on_event=self._on_event if self.texts is not None or request.api.keeps_state else None,
             )
             self.relay = relay
         else:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from gateway.backends import BackendPool, BackendState, Lane
 from gateway.capacity import has_room
 from gateway.clock import Clock
-from gateway.errors import NoHealthyBackend, Overloaded
+from gateway.errors import NoHealthyBackend, NotFound, Overloaded
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.queueing import ClassQueue, DrainMeter, Ticket
@@ -273,8 +273,7 @@ class Dispatcher:
                 "The gateway is shutting down and takes no new requests; retry (another replica will answer).",
                 1.0,
             )
-        model = request.model
-        mq = self._lane_queues(self._lane(model, tenant))
+        mq = self._lane_queues(self._lane(request, tenant))
         tokens = request.prompt_tokens + request.max_tokens
         now = self.clock.now()
         if mq.waiting_at_or_above(priority_class.rank) == 0:
@@ -447,7 +446,7 @@ class Dispatcher:
         exclude: frozenset[str] = frozenset(),
     ) -> RoutingDecision | None:
         model = request.model
-        candidates = self._lane(model, tenant).states
+        candidates = self._lane(request, tenant).states
         roomy = [s for s in candidates if has_room(s, priority_class, tokens, now, self._fresh_s)]
         if exclude and len(roomy) > 1:  # a retry goes elsewhere when elsewhere has room
             roomy = [s for s in roomy if s.name not in exclude] or roomy
@@ -460,14 +459,28 @@ class Dispatcher:
             )
         return None
 
-    def _lane(self, model: str, tenant: Tenant) -> Lane:
-        """The tenant's backends of ``model``; none at all (while the model has some) is a 503 at once."""
+    def _lane(self, request: InferenceRequest, tenant: Tenant) -> Lane:
+        """The tenant's backends of the request's model; none at all (while the model has some) is a
+        503 at once. A request pinned to a backend (it continues an answer that backend holds) has
+        a lane of that one backend, and a queue of its own: it never holds up the model's others."""
+        model = request.model
         lane = self.pool.lane(model, tenant.name)
         if not lane.states and self.pool.for_model(model):
             raise NoHealthyBackend(
                 f"No backend of model '{model}' serves this tenant: the policy dedicates each to other tenants.",
                 code="no_backend_for_tenant",
             )
+        pinned = request.pinned_backend
+        if pinned is not None:
+            states = tuple(s for s in lane.states if s.name == pinned)
+            if not states:
+                raise NotFound(
+                    f"The earlier response this request continues was held by backend '{pinned}', which no "
+                    "longer serves it; start the conversation again.",
+                    code="previous_response_not_found",
+                    param="previous_response_id",
+                )
+            lane = Lane(f"{model} @{pinned}", model, states)
         return lane
 
     def _commit(

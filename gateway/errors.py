@@ -245,6 +245,7 @@ class ErrorCode(StrEnum):
     NOT_ADMIN = "not_admin"
     # 404, 405, 408, 413, 415, 431: the request's shape on the wire
     MODEL_NOT_FOUND = "model_not_found"
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TIMEOUT = "request_timeout"

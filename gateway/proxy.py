@@ -36,6 +36,7 @@ from gateway.errors import (
     GatewayError,
     InternalError,
     InvalidRequest,
+    NotFound,
     UpstreamTimeout,
     code_of,
 )
@@ -52,9 +53,10 @@ from gateway.outcome import RequestOutcome, Result
 from gateway.policy.model import Slo, Tenant
 from gateway.recorder import Recorder
 from gateway.response import ClientResponse
+from gateway.response_affinity import Holder
 from gateway.runtime import Runtime
 from gateway.shadow.runner import ShadowHandle, ShadowRunner
-from gateway.targets import TargetPicker, lookup_public
+from gateway.targets import TargetChoice, TargetPicker, lookup_public
 from gateway.telemetry import UNKNOWN_LABEL
 from gateway.tokens import TokenEstimator
 from gateway.tracing import RequestSpan
@@ -233,6 +235,10 @@ class InferenceHandler:
         authorize_model(tenant, model, snapshot)
         class_name, priority_class = resolve_class(tenant, headers.priority, snapshot)
         route = self.deps.targets.choose(snapshot, public, tenant, class_name)
+        previous = self.api.previous_id(body)
+        held = self._holder(previous, tenant, route) if previous is not None else None
+        if held is not None:  # the answer it continues lives on one backend: go there, and only there
+            route = dataclasses.replace(route, primary=snapshot.models[held.model], chain=())
         model_policy = route.primary
         known.model = model_policy.name
         known.class_name, known.slo = class_name, priority_class.slo
@@ -250,12 +256,31 @@ class InferenceHandler:
             session_id = headers.session_id.decode(errors="replace") if headers.session_id else None
             modified = request.body_modified or stripped
             request = dataclasses.replace(request, session_id=session_id, body_modified=modified)
+        if held is not None:
+            request.pinned_backend = held.backend
         known.stream = request.stream
         span.describe(
             model=model, tenant=tenant.name, class_name=class_name, max_tokens=request.max_tokens, stream=request.stream
         )
         deadline = arrival + request_timeout(headers.request_timeout, priority_class.deadline_s)
         return RequestContext(request, tenant, class_name, priority_class, deadline, runtime, span, route)
+
+    def _holder(self, previous: str, tenant: Tenant, route: TargetChoice) -> Holder:
+        """Where the answer ``previous`` lives, if ``tenant`` created it with the model it now asks
+        for (a target of the same public name: ``gateway/response_affinity.py``); 404 otherwise,
+        the same for an unknown id, another tenant's and another model's."""
+        held = self.deps.attempts.affinity.holder(previous, tenant.name)
+        allowed = {m.name for m in route.targets}
+        if route.group is not None:
+            allowed |= {t.model for t in route.group.targets}
+        if held is None or held.model not in allowed or held.model not in self.deps.runtime().snapshot.models:
+            raise NotFound(
+                f"Previous response '{previous[:64]}' is not known to this gateway (never stored, expired, or "
+                "not this key's).",
+                code="previous_response_not_found",
+                param="previous_response_id",
+            )
+        return held
 
     async def _answer(
         self, attempts: Attempts, receive: Receive, signal: DisconnectSignal | None, deadline: float

@@ -40,6 +40,7 @@ from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource, ReloadRefused
 from gateway.proxy import InFlight, PipelineDeps
 from gateway.recorder import Recorder
+from gateway.response_affinity import ResponseAffinity
 from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
 from gateway.rollout.store import open_rollout_store
 from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
@@ -89,6 +90,7 @@ class Gateway:
             self.metrics, self.costs, trace_log, epoch_offset=self.epoch_offset, enabled=settings.telemetry
         )
         self.in_flight = InFlight()
+        self.affinity = ResponseAffinity(self.clock)
         self.shadows = ShadowRunner(self.clock, self.dispatcher, self.upstream, self.metrics)
         self.dispatcher.on_wait = self.shadows.preempt  # a real request never waits behind a shadow
         self.rollouts = self._rollouts(settings, snapshot)
@@ -185,7 +187,7 @@ class Gateway:
             runtime=lambda: self.runtime,
             limiter=self.limiter,
             estimator=CharRatioEstimator(),
-            attempts=AttemptDeps(self.clock, self.dispatcher, self.upstream, self.pool, self.metrics),
+            attempts=AttemptDeps(self.clock, self.dispatcher, self.upstream, self.pool, self.metrics, self.affinity),
             recorder=self.recorder,
             in_flight=self.in_flight,
             targets=self.targets,

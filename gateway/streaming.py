@@ -44,6 +44,7 @@ stream can be continued (``Dialect.can_continue``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from enum import Enum
 from typing import Any
@@ -56,12 +57,15 @@ from gateway.dialects.base import ChunkReading, Dialect
 from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
 from gateway.errors import GatewayError, UpstreamError, UpstreamRejected, sse_error_event
 from gateway.outcome import TokenStats
-from gateway.upstream_errors import Redactor, UpstreamFault, event_error
+from gateway.upstream_errors import ERROR_EVENT_TYPES, Redactor, UpstreamFault, event_error
 
 DONE_EVENT = b"data: [DONE]\n\n"
 KEEP_ALIVE_EVENT = b": keep-alive\n\n"
 MAX_EVENT_BYTES = 4 << 20  # one event of n choices with top logprobs stays far below
 _NO_REDACTION = Redactor()
+_EVENT_NAME = re.compile(rb"[A-Za-z0-9_.]{1,64}")
+"""An SSE event name relayed as is: the typed events' names (``response.output_text.delta``,
+``content_block_delta``); anything else is not passed on."""
 
 
 class StreamEnd(Enum):
@@ -138,8 +142,10 @@ class SseRelay:
     __slots__ = (
         "_buffer",
         "_clock",
+        "_done_marker",
         "_failure",
         "_keep_continuous",
+        "_named",
         "_on_event",
         "_on_resumed_output",
         "_read",
@@ -182,6 +188,8 @@ class SseRelay:
         self._timer = timer
         self._clock = clock
         self._read = dialect.read_chunk
+        self._named = dialect.sse_event_names
+        self._done_marker = dialect.ends_with_done
         self._strip_usage = strip_usage
         self._keep_continuous = keep_continuous
         self._buffer = b""
@@ -228,7 +236,7 @@ class SseRelay:
         finally:
             if isinstance(chunks, AsyncGenerator):
                 await chunks.aclose()  # now, not at garbage collection: it may hold a timeout
-        if not self.saw_done and not self.saw_error:
+        if not self.saw_done and not self.saw_error and (self._done_marker or not self._timer.finish_reasons):
             return UpstreamError("The backend closed the stream before it finished.", code="upstream_protocol_error")
         return None
 
@@ -305,6 +313,7 @@ class SseRelay:
         data: list[bytes] = []
         error: list[bytes] = []
         comment = False
+        kind = b""
         for line in event.split(b"\n"):
             if not line:
                 continue
@@ -317,12 +326,16 @@ class SseRelay:
                 data.append(value)
             elif name == b"error":  # llama.cpp writes its stream errors as an ``error:`` field
                 error.append(value)
+            elif name == b"event" and self._named:
+                kind = value
         if error:
             return self._upstream_error(_json_or_text(b"\n".join(error)))
         if not data:
             return KEEP_ALIVE_EVENT if comment else False
         payload = b" ".join(data).strip()  # JSON, so the line breaks between its lines were whitespace
         canonical = b"data: " + payload + b"\n\n"
+        if kind and _EVENT_NAME.fullmatch(kind):  # a name clients dispatch on (Responses, Messages)
+            canonical = b"event: " + kind + b"\n" + canonical
         kept = self._keep_data(canonical, payload, t)
         return canonical if kept is True else kept
 
@@ -337,7 +350,7 @@ class SseRelay:
         if not isinstance(document, dict):
             self.dropped_events += 1  # not an OpenAI chunk: no backend text reaches the client
             return False
-        if document.get("error") or document.get("object") == "error":  # upstream_errors.is_error_document
+        if document.get("error") or document.get("object") == "error" or document.get("type") in ERROR_EVENT_TYPES:
             return self._upstream_error(document)
         reading = self._read(document)
         if self._on_event is not None:

@@ -53,6 +53,9 @@ class InferenceRequest:
     body_modified: bool = False
     session_id: str | None = None
     prefix_keys: PrefixKeys | None = None
+    pinned_backend: str | None = None
+    """The one backend that may answer: it holds the earlier answer the request continues
+    (``previous_response_id``, ``gateway/response_affinity.py``)."""
 
     @property
     def client_wants_continuous_usage(self) -> bool:

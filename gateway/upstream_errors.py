@@ -275,9 +275,14 @@ def status_error(
     return mapped_error(status, retry_after_s=retry_after_s), UpstreamFault(status, logged, "status")
 
 
+ERROR_EVENT_TYPES = frozenset({"error", "response.failed"})
+"""Typed stream events that report a failure (Responses: ``error``, ``response.failed``)."""
+
+
 def is_error_document(document: dict[str, Any]) -> bool:
-    """An error object in any engine's shape (``{"error": ...}``, or vLLM's flat ``object: error``)."""
-    return bool(document.get("error")) or document.get("object") == "error"
+    """An error object in any engine's shape (``{"error": ...}``, vLLM's flat ``object: error``,
+    a typed ``error`` or ``response.failed`` event)."""
+    return bool(document.get("error")) or document.get("object") == "error" or document.get("type") in ERROR_EVENT_TYPES
 
 
 def event_error(document: Any, redactor: Redactor) -> tuple[GatewayError, UpstreamFault]:
@@ -333,6 +338,8 @@ def _error_fields(document: Any) -> tuple[str | None, str | None, Any]:
     """``(message, param, code)`` of an error body: nested (OpenAI, vLLM), flat (SGLang, llama.cpp, old vLLM)."""
     if not isinstance(document, dict):
         return None, None, None
+    if document.get("type") == "response.failed" and isinstance(document.get("response"), dict):
+        document = document["response"]  # the failure is the response's own ``error``
     inner = document.get("error")
     if isinstance(inner, str):
         return inner, None, document.get("code")

@@ -14,7 +14,9 @@ import orjson
 import pytest
 from starlette.types import Message
 
+from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
+from gateway.dialects.responses import RESPONSES
 from gateway.streaming import MAX_EVENT_BYTES, SseRelay, StreamEnd, TokenTimer
 from gateway.upstream_errors import Redactor, UpstreamFault
 from tests.fake_clock import FakeClock
@@ -73,7 +75,7 @@ class Relayed:
         return out
 
 
-async def relay(pieces: list[tuple[float, bytes]], *, track: bool = False) -> Relayed:
+async def relay(pieces: list[tuple[float, bytes]], *, track: bool = False, dialect: Dialect = CHAT) -> Relayed:
     clock = FakeClock(0.0)
     run = Relayed()
 
@@ -86,7 +88,9 @@ async def relay(pieces: list[tuple[float, bytes]], *, track: bool = False) -> Re
         finally:
             run.upstream_closed = True
 
-    sse = SseRelay(run.send, run.timer, clock, dialect=CHAT, strip_usage=True, track=track, redactor=Redactor([SECRET]))
+    sse = SseRelay(
+        run.send, run.timer, clock, dialect=dialect, strip_usage=True, track=track, redactor=Redactor([SECRET])
+    )
     run.relay = sse
     run.end = await sse.run(upstream(), run.faults.append)
     return run
@@ -272,3 +276,71 @@ async def test_output_holding_the_gateway_s_credential_is_never_relayed() -> Non
     assert orjson.loads(payloads[1])["error"]["code"] == "upstream_protocol_error"
     assert payloads[2:] == ["[DONE]"]
     assert [f.excerpt for f in run.faults] == ["the stream holds a credential of the gateway"]
+
+
+# --- typed-event streams (Responses) ------------------------------------------------------------
+
+
+def typed(kind: str, **fields: Any) -> bytes:
+    """One typed event as vLLM writes it: its name on an ``event:`` line, then its data."""
+    return f"event: {kind}\n".encode() + event({"type": kind, **fields})
+
+
+COMPLETED = {"status": "completed", "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}}
+
+
+async def test_a_typed_stream_keeps_its_event_names_and_ends_at_its_final_event_without_done() -> None:
+    run = await relay(
+        [
+            (0.1, typed("response.created", response={"status": "in_progress"})),
+            (0.2, typed("response.output_text.delta", delta=" t0")),
+            (0.3, typed("response.output_text.delta", delta=" t1") + b"event: x\nid: 7\nretry: 1\ndata: {}\n\n"),
+            (0.5, typed("response.completed", response=COMPLETED)),
+        ],
+        dialect=RESPONSES,
+    )
+    events = run.body.split(b"\n\n")[:-1]
+    names = [e.split(b"\n")[0] for e in events]
+    assert names == [
+        b"event: response.created",
+        b"event: response.output_text.delta",
+        b"event: response.output_text.delta",
+        b"event: x",
+        b"event: response.completed",
+        b"data: [DONE]",
+    ]
+    assert not any(b"id: 7" in e or b"retry" in e for e in events)  # only the name is relayed
+    assert run.end is StreamEnd.COMPLETED
+    assert run.timer.ttft == pytest.approx(0.2)
+    assert run.timer.gaps == pytest.approx([0.1])
+    assert run.timer.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert run.timer.finish_reasons == ["stop"]
+
+
+async def test_a_typed_stream_cut_before_its_final_event_is_a_protocol_error() -> None:
+    run = await relay([(0.1, typed("response.output_text.delta", delta=" t0"))], dialect=RESPONSES)
+    assert run.end is StreamEnd.UPSTREAM_ERROR
+    assert b"upstream_protocol_error" in run.body
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        typed("error", code="500", message="engine crashed at /srv/secret", param=None),
+        typed("response.failed", response={"status": "failed", "error": {"code": "server_error", "message": "x"}}),
+    ],
+)
+async def test_a_typed_error_event_becomes_the_gateway_s(failure: bytes) -> None:
+    run = await relay([(0.1, typed("response.output_text.delta", delta=" t0")), (0.2, failure)], dialect=RESPONSES)
+    assert run.end is StreamEnd.UPSTREAM_ERROR
+    assert b"/srv/secret" not in run.body
+    assert b"response.failed" not in run.body
+    assert run.body.endswith(b"data: [DONE]\n\n")
+    assert b'"error"' in run.body
+    assert len(run.faults) == 1
+
+
+async def test_a_chat_stream_still_drops_event_names_and_needs_done() -> None:
+    run = await relay([(0.1, b"event: delta\n" + event(T0)), (0.2, event(END))])
+    assert b"event:" not in run.body
+    assert run.end is StreamEnd.UPSTREAM_ERROR  # a choice-chunk stream ends with [DONE]

@@ -109,6 +109,34 @@ class Dialect(Protocol):
         ...
 
     @property
+    def sse_event_names(self) -> bool:
+        """Whether its streams name their events (SSE ``event:`` lines) and clients dispatch on the
+        names (Responses, Messages): the relay keeps an event's name with its data."""
+        ...
+
+    @property
+    def ends_with_done(self) -> bool:
+        """Whether its streams end with ``data: [DONE]`` (the OpenAI choice-chunk APIs); otherwise a
+        stream is complete once an event reported a finish reason (``response.completed``)."""
+        ...
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether its answers are kept by the engine and named by later requests (Responses'
+        ``previous_response_id``): the gateway remembers where each lives (``gateway/response_affinity.py``)."""
+        ...
+
+    def answer_id(self, document: dict[str, Any]) -> str | None:
+        """The id a later request may name an answer by, from a whole answer or a stream event
+        (None when this one does not carry it, or the API keeps no state)."""
+        ...
+
+    def previous_id(self, body: dict[str, Any]) -> str | None:
+        """The earlier answer a validated body continues (``previous_response_id``), if any;
+        raises ``InvalidRequest`` when it is not a string."""
+        ...
+
+    @property
     def prompt_field(self) -> str:
         """The field that holds the prompt (``param`` of a ``prompt_too_long`` error)."""
         ...

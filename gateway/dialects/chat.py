@@ -50,6 +50,8 @@ from gateway.body_fields import (
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.openai_answers import (
     answer_usage,
+    no_answer_id,
+    no_previous_id,
     read_choices_chunk,
     stream_flag,
     stream_usage_fields,
@@ -112,6 +114,11 @@ class ChatDialect:
     operation = "chat"
     fields = FIELDS
     prompt_field = "messages"
+    sse_event_names = False
+    ends_with_done = True
+    keeps_state = False
+    answer_id = staticmethod(no_answer_id)
+    previous_id = staticmethod(no_previous_id)
     output_aliases = OUTPUT_LENGTH_FIELDS
     read_chunk = staticmethod(read_choices_chunk)
     answer_usage = staticmethod(answer_usage)

@@ -23,6 +23,8 @@ from typing import Any, final
 from gateway.body_fields import OUTPUT_LENGTH_ALIASES, SAMPLING_EXTRAS, check_stream_options, screen_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
+    no_answer_id,
+    no_previous_id,
     read_choices_chunk,
     stream_flag,
     stream_usage_fields,
@@ -63,6 +65,11 @@ class CompletionsDialect:
     operation = "text_completion"
     fields = FIELDS
     prompt_field = "prompt"
+    sse_event_names = False
+    ends_with_done = True
+    keeps_state = False
+    answer_id = staticmethod(no_answer_id)
+    previous_id = staticmethod(no_previous_id)
     output_aliases = OUTPUT_LENGTH_FIELDS
     read_chunk = staticmethod(read_choices_chunk)
     answer_usage = staticmethod(answer_usage)

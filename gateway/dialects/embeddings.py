@@ -18,6 +18,8 @@ from typing import Any, final
 from gateway.body_fields import check_stream_options, screen_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
+    no_answer_id,
+    no_previous_id,
     read_choices_chunk,
     stream_flag,
     usage_flag,
@@ -49,6 +51,11 @@ class EmbeddingsDialect:
     operation = "embeddings"
     fields = FIELDS
     prompt_field = "input"
+    sse_event_names = False
+    ends_with_done = True
+    keeps_state = False
+    answer_id = staticmethod(no_answer_id)
+    previous_id = staticmethod(no_previous_id)
     output_aliases: tuple[str, ...] = ()
     read_chunk = staticmethod(read_choices_chunk)
     answer_usage = staticmethod(answer_usage)

@@ -111,3 +111,13 @@ def answer_text(document: dict[str, Any]) -> str:
             text = part.get("content") if isinstance(part, dict) else choice.get("text")
             return text if isinstance(text, str) else ""
     return ""
+
+
+def no_answer_id(document: dict[str, Any]) -> str | None:
+    """``Dialect.answer_id`` of an API whose answers no later request names."""
+    return None
+
+
+def no_previous_id(body: dict[str, Any]) -> str | None:
+    """``Dialect.previous_id`` of an API without conversation state on the engine."""
+    return None

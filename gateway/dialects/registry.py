@@ -17,6 +17,7 @@ from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
 from gateway.dialects.embeddings import EMBEDDINGS
+from gateway.dialects.responses import RESPONSES
 
 DIALECTS: dict[str, Dialect] = {}
 """Every registered dialect by its path, in registration order."""
@@ -34,3 +35,4 @@ def register_dialect(dialect: Dialect) -> None:
 register_dialect(CHAT)
 register_dialect(COMPLETIONS)
 register_dialect(EMBEDDINGS)
+register_dialect(RESPONSES)

@@ -177,8 +177,8 @@ class ShadowRunner:
         """Start a copy of ``ctx.request`` on ``group``'s shadow target, or not; never blocks nor raises."""
         policy = group.shadow
         request = ctx.request
-        if policy is None or self._closed or not _streams(request.api):
-            return None
+        if policy is None or self._closed or not _streams(request.api) or request.pinned_backend is not None:
+            return None  # a follow-up of a stored answer only makes sense where that answer lives
         if self._random() * 100 >= policy.percent:
             return None
         runtime = ctx.runtime

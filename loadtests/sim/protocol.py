@@ -35,14 +35,15 @@ class Endpoint(enum.Enum):
 class ApiError(Exception):
     """An error answered to the client in vLLM's JSON shape."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.kind = kind  # the error's "type"; by default derived from the status, as vLLM does
 
     def body(self) -> bytes:
-        kind = {
+        kind = self.kind or {
             400: "BadRequestError",
             404: "NotFoundError",
             405: "MethodNotAllowed",

@@ -8,8 +8,9 @@ A request is aborted the moment its client disconnects: while a response is pend
 task reads ``receive()`` and, on ``http.disconnect``, aborts the request in the engine, which
 frees its KV blocks at once.
 
-Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``; ``GET /health``
-(200, empty body), ``/metrics``, ``/v1/models``, ``/version``.
+Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/responses``
+(the Responses API, see ``responses.py``); ``GET /health`` (200, empty body), ``/metrics``,
+``/v1/models``, ``/version``.
 
 Fault injection (not in vLLM): ``POST /admin/fault`` with ``{"mode", "after_tokens"}`` sets
 the fault injected into later requests, ``GET /admin/fault`` shows it (see ``faults.py``).
@@ -51,6 +52,14 @@ from loadtests.sim.protocol import (
     parse_request,
     usage,
 )
+from loadtests.sim.responses import (
+    RESPONSES_PATH,
+    ResponseEvents,
+    ResponsesRequest,
+    ResponseStore,
+    final_response,
+    parse_responses_request,
+)
 from loadtests.sim.stream import FinishReason, TokenStream
 from loadtests.sim.tokenizer import embed, output_text
 
@@ -89,6 +98,7 @@ class EngineApp:
         self._task: asyncio.Task[None] | None = None
         self._texts: dict[int, str] = {}
         self.fault = Fault()
+        self.response_store = ResponseStore()  # finished responses, for previous_response_id
 
     def set_fault(self, fault: Fault) -> None:
         """Inject ``fault`` into the requests that arrive from now on (see ``faults.py``)."""
@@ -136,6 +146,12 @@ class EngineApp:
             body = await _read_body(receive)
             if body is not None:
                 await _respond(send, 200, self._cached_prefix(body))
+        elif path == RESPONSES_PATH:
+            if method != "POST":
+                raise ApiError(405, "Method Not Allowed")
+            body = await _read_body(receive)
+            if body is not None:
+                await self._responses(body, receive, send)
         elif endpoint is not None:
             if method != "POST":
                 raise ApiError(405, "Method Not Allowed")
@@ -243,6 +259,92 @@ class EngineApp:
             return
         tail = renderer.usage_chunk(stream.prompt_tokens, stream.num_tokens, stream.cached_tokens) + DONE
         await send({"type": "http.response.body", "body": tail if req.include_usage else DONE, "more_body": False})
+
+    async def _responses(self, body: bytes, receive: Receive, send: Send) -> None:
+        """``POST /v1/responses``: the chat path (faults, engine, disconnects) with the Responses API's shapes."""
+        fault = self.fault
+        if fault.mode is FaultMode.FAIL_503:
+            self.metrics.faults[fault.mode.value].inc()
+            raise unavailable()
+        req = parse_responses_request(
+            body,
+            served_model=self.model,
+            default_max_tokens=self.profile.default_max_tokens,
+            max_model_len=self.max_model_len,
+            store=self.response_store,
+        )
+        created = int(time.time())
+        if self.engine is None:
+            await self._responses_instant(req, created, send)
+            return
+        engine = self.engine
+        stall_at, close_at = fault.stall_at(req.max_tokens), fault.close_at(req.max_tokens)
+        if stall_at is not None:
+            self.metrics.faults[fault.mode.value].inc()
+        stream = engine.submit(EngineRequest(req.token_ids, req.max_tokens, req.priority, req.cache_salt, stall_at))
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
+        self.metrics.in_engine[req.priority] = self.metrics.in_engine.get(req.priority, 0) + 1
+        try:
+            if req.stream:
+                await self._responses_stream(req, created, stream, send, close_at)
+            else:
+                while close_at is not None and stream.num_tokens < close_at and await stream.drain():
+                    pass
+                if close_at is not None:
+                    await drop_connection(send, stream)
+                await stream.wait_finished()
+                if stream.finish_reason is not FinishReason.ABORT:
+                    final = self._finished_response(req, created, stream)
+                    await _respond(send, 200, orjson.dumps(final))
+        finally:
+            self.metrics.in_engine[req.priority] -= 1
+            watcher.cancel()
+            if stream.finish_reason is None:  # cancelled from outside: do not leak the request
+                engine.abort(stream)
+
+    async def _responses_stream(
+        self, req: ResponsesRequest, created: int, stream: TokenStream, send: Send, close_at: int | None
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        events = ResponseEvents(req, created)
+        await send({"type": "http.response.body", "body": events.start(), "more_body": True})
+        sent = 0
+        while sent != close_at and (batch := await stream.drain()):
+            chunk = b"".join(events.delta(output_text(i)) for i in batch)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            sent += len(batch)
+        if sent == close_at:
+            await drop_connection(send, stream)
+            return
+        if stream.finish_reason is FinishReason.ABORT:
+            return
+        final = self._finished_response(req, created, stream)
+        await send({"type": "http.response.body", "body": events.finish(final), "more_body": False})
+
+    async def _responses_instant(self, req: ResponsesRequest, created: int, send: Send) -> None:
+        """A response at once, without an engine (the ``instant`` profile)."""
+        prompt, n = len(req.token_ids), req.max_tokens
+        m = self.metrics
+        m.prompt_tokens.inc(prompt)
+        m.generation_tokens.inc(n)
+        m.success["length"].inc()
+        done = TokenStream(prompt)
+        done.num_tokens = n
+        final = self._finished_response(req, created, done)
+        if not req.stream:
+            await _respond(send, 200, orjson.dumps(final))
+            return
+        events = ResponseEvents(req, created)
+        parts = [events.start(), *(events.delta(output_text(i)) for i in range(n)), events.finish(final)]
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        await send({"type": "http.response.body", "body": b"".join(parts)})
+
+    def _finished_response(self, req: ResponsesRequest, created: int, stream: TokenStream) -> dict[str, Any]:
+        """The finished response object, stored for follow-ups when the request asked to be."""
+        n = stream.num_tokens
+        if req.store:
+            self.response_store.put(req.response_id, req.messages, n)
+        return final_response(req, created, self._text(n), stream.prompt_tokens, n, stream.cached_tokens)
 
     def _unary_body(self, req: ParsedRequest, req_id: str, stream: TokenStream) -> bytes:
         created = int(time.time())

@@ -204,5 +204,103 @@ EMBEDDINGS = DialectSamples(
     answer_usage={"prompt_tokens": 2, "total_tokens": 2},
 )
 
-SAMPLES: dict[str, DialectSamples] = {"chat": CHAT, "completions": COMPLETIONS, "embeddings": EMBEDDINGS}
+# --- responses -----------------------------------------------------------------------------
+# vLLM's Responses objects and events (``vllm/entrypoints/openai/serving_responses.py``).
+
+
+def _responses(text: str) -> Body:
+    return {"model": MODEL, "instructions": SYSTEM, "input": [{"role": "user", "content": text}]}
+
+
+def _responses_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    turn = _responses(first)
+    following = {
+        **turn,
+        "input": [
+            *turn["input"],
+            {"role": "assistant", "content": [{"type": "output_text", "text": answer}]},
+            {"role": "user", "content": [{"type": "input_text", "text": second}]},
+        ],
+    }
+    return turn, following
+
+
+_RESPONSE_USAGE = {
+    "input_tokens": 9,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens": 2,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 11,
+}
+_MESSAGE_ITEM = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "status": "completed",
+    "content": [{"type": "output_text", "text": " Once upon", "annotations": []}],
+}
+
+
+def _response(status: str, usage: Body | None, output: list[Body]) -> Body:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": MODEL,
+        "status": status,
+        "output": output,
+        "usage": usage,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+    }
+
+
+def _event(kind: str, number: int, **fields: Any) -> Body:
+    return {"type": kind, "sequence_number": number, **fields}
+
+
+RESPONSES = DialectSamples(
+    with_prompt=_responses,
+    turns=_responses_turns,
+    refused=[
+        Refusal({"model": MODEL}, "invalid_field", "input", "a response without input"),
+        Refusal({**_responses("Hi"), "background": True}, "unsupported_field", "background", "a background response"),
+        Refusal({"model": MODEL, "input": [1]}, "invalid_field", "input[0]", "an item that is not an object"),
+        Refusal(
+            {**_responses("Hi"), "max_output_tokens": 0}, "invalid_field", "max_output_tokens", "a non-positive bound"
+        ),
+    ],
+    answer=_response("incomplete", _RESPONSE_USAGE, [_MESSAGE_ITEM]),
+    answer_usage={
+        "prompt_tokens": 9,
+        "completion_tokens": 2,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    },
+    stream=[
+        _event("response.created", 0, response=_response("in_progress", None, [])),
+        _event("response.in_progress", 1, response=_response("in_progress", None, [])),
+        _event("response.output_item.added", 2, output_index=0, item={**_MESSAGE_ITEM, "content": []}),
+        _event("response.content_part.added", 3, output_index=0, content_index=0, item_id="msg_1", part={}),
+        _event("response.output_text.delta", 4, output_index=0, content_index=0, item_id="msg_1", delta=" Once"),
+        _event("response.output_text.delta", 5, output_index=0, content_index=0, item_id="msg_1", delta=" upon"),
+        _event("response.output_text.done", 6, output_index=0, content_index=0, item_id="msg_1", text=" Once upon"),
+        _event("response.output_item.done", 7, output_index=0, item=_MESSAGE_ITEM),
+        _event("response.completed", 8, response=_response("incomplete", _RESPONSE_USAGE, [_MESSAGE_ITEM])),
+    ],
+    first_output=4,
+    stream_usage={
+        "prompt_tokens": 9,
+        "completion_tokens": 2,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    },
+    finish_reasons=("length",),
+)
+
+SAMPLES: dict[str, DialectSamples] = {
+    "chat": CHAT,
+    "completions": COMPLETIONS,
+    "embeddings": EMBEDDINGS,
+    "responses": RESPONSES,
+}
 """Samples by dialect name."""

@@ -1,0 +1,278 @@
+"""``POST /v1/responses``: OpenAI's Responses API, passed through to engines that serve it (vLLM).
+
+* **Fields**: the Responses request's (``input``, ``instructions``, ``max_output_tokens``,
+  ``tools``, ``previous_response_id``, ``store``, ...). ``background`` is not among them: a
+  background response is polled later on the one engine that holds it, which the gateway does
+  not route (400 ``unsupported_field``).
+* **Prompt**: ``instructions`` plus ``input``, a string or a list of items (messages whose
+  content is a string or a list of parts; function calls and their outputs), at most
+  ``limits.max_messages`` items, ``max_content_parts`` parts each and ``max_tools`` tools, all
+  checked by length before the estimate reads a text. The estimate: every text, a few template
+  tokens per item, function-call names, arguments and outputs, tool definitions as their JSON,
+  image and file parts at the policy's media charge.
+* **Rendering for prefix keys**: the tools (JSON, sorted keys), the instructions as a system
+  turn, then every item as ``\\x1e<role>\\x1f<text>``: a conversation's next turn, which resends
+  the previous items, extends the previous turn's text, exactly as chat's.
+* **Output bound**: ``max_output_tokens``, on every kind of engine that serves this API.
+* **Stream**: typed events (``response.created``, ``response.output_text.delta``, ...,
+  ``response.completed``) under SSE ``event:`` names, which the relay keeps; no ``[DONE]``: the
+  stream is complete at ``response.completed`` (or ``response.incomplete``). Output events
+  (text, reasoning and refusal deltas, function-call argument deltas) time TTFT and the gaps;
+  usage comes with the final event, as ``input_tokens``/``output_tokens``, and is reported in
+  the gateway's shape. Engines always report it: no field to ask for it.
+* **Answer**: an object ``"object": "response"`` with ``usage``; ``status`` ``incomplete``
+  with ``incomplete_details.reason`` ``max_output_tokens`` is a ``length`` finish.
+* **Continuation**: none (a broken Responses stream ends with an error event).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from typing import Any, final
+
+import orjson
+
+from gateway.body_fields import screen_fields
+from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START, NO_OUTPUT, OUTPUT, ChunkReading
+from gateway.dialects.openai_answers import stream_flag
+from gateway.errors import InvalidRequest
+from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
+from gateway.tokens import TokenEstimator, json_tokens
+
+FIELDS = frozenset(
+    {
+        "model", "input", "instructions", "max_output_tokens", "stream", "temperature", "top_p", "tools",
+        "tool_choice", "parallel_tool_calls", "previous_response_id", "store", "metadata", "reasoning",
+        "text", "truncation", "user", "include", "top_logprobs", "prompt_cache_key", "safety_identifier",
+        "max_tool_calls", "stream_options",
+    }
+)  # fmt: skip
+OUTPUT_ALIASES = ("max_output_tokens",)
+ITEM_OVERHEAD_TOKENS = 4
+OUTPUT_EVENTS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+"""Events that carry generated output: their arrival times TTFT and the inter-token gaps."""
+FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
+TEXT_PART_TYPES = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
+
+
+@final
+class ResponsesDialect:
+    """The Responses dialect (module docstring); ``RESPONSES`` is its one instance."""
+
+    __slots__ = ()
+
+    name = "responses"
+    path = "/v1/responses"
+    operation = "chat"
+    fields = FIELDS
+    prompt_field = "input"
+    output_aliases = OUTPUT_ALIASES
+    sse_event_names = True
+    ends_with_done = False
+    keeps_state = True
+
+    def output_field(self, kind: BackendKind) -> str | None:
+        return "max_output_tokens"
+
+    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+        stripped = screen_fields(FIELDS, body, limits)
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
+        return stripped
+
+    def stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:
+        return stream_flag(body), True  # usage is in response.completed, always: nothing to hide
+
+    def prompt_tokens(
+        self, body: dict[str, Any], model: ModelPolicy, limits: RequestLimits, estimator: TokenEstimator
+    ) -> int:
+        items = _items(body)
+        _check_items(items, limits)
+        tools = body.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise InvalidRequest("'tools' must be an array.", param="tools")
+            if len(tools) > limits.max_tools:
+                raise InvalidRequest(
+                    f"'tools' has {len(tools)} entries; the limit is {limits.max_tools}.",
+                    code="too_many_tools",
+                    param="tools",
+                )
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidRequest("'instructions' must be a string.", param="instructions")
+        total = estimator.count(instructions) + ITEM_OVERHEAD_TOKENS if instructions else 0
+        media = limits.media_tokens
+        for item in items:
+            total += ITEM_OVERHEAD_TOKENS + _item_tokens(item, estimator, media.image_url, media.file)
+        if tools:
+            total += json_tokens(tools, estimator)
+        return total
+
+    def render(self, body: dict[str, Any]) -> str | array[int]:
+        out = []
+        tools = body.get("tools")
+        if tools:
+            out.append(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode())
+        instructions = body.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            out.append(f"{MESSAGE_START}system{FIELD_SEPARATOR}{instructions}")
+        for item in _items(body):
+            if isinstance(item, dict):
+                role = item.get("role") or item.get("type") or "user"
+                out.append(f"{MESSAGE_START}{role}{FIELD_SEPARATOR}{_item_text(item)}")
+        return "".join(out)
+
+    def stream_usage_fields(self, body: dict[str, Any], per_chunk: bool) -> Mapping[str, Any]:
+        return {}
+
+    def read_chunk(self, chunk: dict[str, Any]) -> ChunkReading:
+        kind = chunk.get("type")
+        if kind in OUTPUT_EVENTS:
+            return OUTPUT
+        if kind in FINAL_EVENTS:
+            response = chunk.get("response")
+            if not isinstance(response, dict):
+                return NO_OUTPUT
+            return False, response_usage(response), (finish_reason(response),), False
+        return NO_OUTPUT
+
+    def is_answer(self, answer: dict[str, Any]) -> bool:
+        return answer.get("object") == "response" and isinstance(answer.get("output"), list)
+
+    def answer_usage(self, answer: dict[str, Any]) -> Mapping[str, Any] | None:
+        return response_usage(answer)
+
+    def answer_id(self, document: dict[str, Any]) -> str | None:
+        response = document.get("response") if document.get("type") == "response.created" else document
+        if not isinstance(response, dict) or response.get("object") != "response":
+            return None
+        value = response.get("id")
+        return value if isinstance(value, str) else None
+
+    def previous_id(self, body: dict[str, Any]) -> str | None:
+        value = body.get("previous_response_id")
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value or len(value) > 256:
+            raise InvalidRequest("'previous_response_id' must be a response id.", param="previous_response_id")
+        return value
+
+    def can_continue(self, body: dict[str, Any]) -> bool:
+        return False
+
+    def continue_body(self, body: dict[str, Any], partial: str) -> None:
+        raise NotImplementedError("a Responses stream is never continued")
+
+
+RESPONSES = ResponsesDialect()
+
+
+def response_usage(response: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A response's ``usage`` in the gateway's shape (``prompt_tokens``, ``completion_tokens``, ...)."""
+    usage = response.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    out: dict[str, Any] = {
+        "prompt_tokens": usage.get("input_tokens"),
+        "completion_tokens": usage.get("output_tokens"),
+    }
+    if "total_tokens" in usage:
+        out["total_tokens"] = usage["total_tokens"]
+    details = usage.get("input_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        out["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
+    return out
+
+
+def finish_reason(response: Mapping[str, Any]) -> str:
+    """The chat-style finish reason of a final response: ``length`` when cut by its output bound."""
+    status = response.get("status")
+    if status == "completed":
+        return "stop"
+    details = response.get("incomplete_details")
+    if status == "incomplete" and isinstance(details, dict) and details.get("reason") == "max_output_tokens":
+        return "length"
+    return status if isinstance(status, str) else "unknown"
+
+
+def _items(body: Mapping[str, Any]) -> list[Any]:
+    value = body.get("input")
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list):
+        return value
+    raise InvalidRequest("'input' is required: a string or an array of input items.", param="input")
+
+
+def _check_items(items: list[Any], limits: RequestLimits) -> None:
+    """Shapes and counts, by length, before any text is read."""
+    if len(items) > limits.max_messages:
+        raise InvalidRequest(
+            f"'input' has {len(items)} items; the limit is {limits.max_messages}.",
+            code="too_many_messages",
+            param="input",
+        )
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"input[{i}] must be an object.", param=f"input[{i}]")
+        content = item.get("content")
+        if isinstance(content, list) and len(content) > limits.max_content_parts:
+            raise InvalidRequest(
+                f"input[{i}].content has {len(content)} parts; the limit is {limits.max_content_parts}.",
+                code="too_many_content_parts",
+                param=f"input[{i}].content",
+            )
+        if content is not None and not isinstance(content, str | list):
+            raise InvalidRequest(f"input[{i}].content must be a string or an array.", param=f"input[{i}].content")
+
+
+def _item_tokens(item: dict[str, Any], estimator: TokenEstimator, image: int, file: int) -> int:
+    total = 0
+    content = item.get("content")
+    if isinstance(content, str):
+        total += estimator.count(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind == "input_image":
+                total += image
+            elif kind == "input_file":
+                total += file
+            elif isinstance(part.get("text"), str):
+                total += estimator.count(part["text"])
+    for key in ("name", "arguments", "output"):  # function calls and their outputs
+        value = item.get(key)
+        if isinstance(value, str):
+            total += estimator.count(value)
+    return total
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    pieces = []
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+                pieces.append(part["text"])
+            else:
+                pieces.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode())
+    for key in ("name", "arguments", "output"):
+        value = item.get(key)
+        if isinstance(value, str):
+            pieces.append(value)
+    return FIELD_SEPARATOR.join(pieces)
