@@ -345,12 +345,9 @@ class Attempts:
                 ended = await self._relay(request, grant, response, track, report)
                 verdict = ended is None
                 error_code = None if ended is None else ended.value
-                if ended is None:
-                    self._remember(request, state.name)
                 return ended
             await self._pass_through(state, response, report)
             verdict = True
-            self._remember(request, state.name)
             return None
         except StreamBroken as broken:
             verdict, error_code = False, broken.error.code
@@ -376,7 +373,8 @@ class Attempts:
             if self.texts is not None:
                 self.texts.append(answer_text(document))
             if request.api.keeps_state:
-                self.answer_id = request.api.answer_id(document)
+                self._remember(request.api.answer_id(document), state.name, self.model)
+                await self.deps.affinity.shared_now()  # a follow-up may come through another replica at once
         public = self.ctx.route.public_name
         if isinstance(document, dict) and document.get("model", public) != public:
             document["model"] = public  # the client sees the name it asked for, not the engine's
@@ -389,13 +387,15 @@ class Attempts:
         if self.texts is not None:
             self.texts.append(answer_text(event))
         api = self.ctx.request.api
-        if self.answer_id is None and api.keeps_state:
-            self.answer_id = api.answer_id(event)
+        if self.answer_id is None and api.keeps_state and self.records:
+            self._remember(api.answer_id(event), self.records[-1].backend, self.model)
 
-    def _remember(self, request: InferenceRequest, backend: str) -> None:
-        """Where a completed answer of a stateful API lives, for the requests that will name it."""
-        if self.answer_id is not None:
-            self.deps.affinity.remember(self.answer_id, self.ctx.tenant.name, backend, request.model)
+    def _remember(self, answer_id: str | None, backend: str, model: str) -> None:
+        """Where an answer of a stateful API lives, for the requests that will name it: as soon as
+        its id is seen (a stream's first event), so that it is known everywhere before it ends."""
+        if answer_id is not None:
+            self.answer_id = answer_id
+            self.deps.affinity.remember(answer_id, self.ctx.tenant.name, backend, model)
 
     def _target_headers(self) -> None:
         """Which target of its group answered the request, and why it fell back if it did."""

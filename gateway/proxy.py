@@ -236,7 +236,7 @@ class InferenceHandler:
         class_name, priority_class = resolve_class(tenant, headers.priority, snapshot)
         route = self.deps.targets.choose(snapshot, public, tenant, class_name)
         previous = self.api.previous_id(body)
-        held = self._holder(previous, tenant, route) if previous is not None else None
+        held = await self._holder(previous, tenant, route) if previous is not None else None
         if held is not None:  # the answer it continues lives on one backend: go there, and only there
             route = dataclasses.replace(route, primary=snapshot.models[held.model], chain=())
         model_policy = route.primary
@@ -265,11 +265,11 @@ class InferenceHandler:
         deadline = arrival + request_timeout(headers.request_timeout, priority_class.deadline_s)
         return RequestContext(request, tenant, class_name, priority_class, deadline, runtime, span, route)
 
-    def _holder(self, previous: str, tenant: Tenant, route: TargetChoice) -> Holder:
+    async def _holder(self, previous: str, tenant: Tenant, route: TargetChoice) -> Holder:
         """Where the answer ``previous`` lives, if ``tenant`` created it with the model it now asks
         for (a target of the same public name: ``gateway/response_affinity.py``); 404 otherwise,
         the same for an unknown id, another tenant's and another model's."""
-        held = self.deps.attempts.affinity.holder(previous, tenant.name)
+        held = await self.deps.attempts.affinity.holder(previous, tenant.name)
         allowed = {m.name for m in route.targets}
         if route.group is not None:
             allowed |= {t.model for t in route.group.targets}

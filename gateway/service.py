@@ -90,7 +90,7 @@ class Gateway:
             self.metrics, self.costs, trace_log, epoch_offset=self.epoch_offset, enabled=settings.telemetry
         )
         self.in_flight = InFlight()
-        self.affinity = ResponseAffinity(self.clock)
+        self.affinity = self._affinity(snapshot)
         self.shadows = ShadowRunner(self.clock, self.dispatcher, self.upstream, self.metrics)
         self.dispatcher.on_wait = self.shadows.preempt  # a real request never waits behind a shadow
         self.rollouts = self._rollouts(settings, snapshot)
@@ -111,6 +111,16 @@ class Gateway:
         if isinstance(store, RedisLimitStore):
             m.redis_up.set_function(lambda: 1.0 if store.up else 0.0)
         return store
+
+    def _affinity(self, snapshot: PolicySnapshot) -> ResponseAffinity:
+        """Which backend holds each stored response: in Redis too when the limits are there, so that
+        a follow-up may come through any replica (``gateway/response_affinity.py``)."""
+        state = snapshot.policy.state
+        url = state.resolved_url() if state.backend == "redis" else None
+        shared = aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0) if url else None
+        return ResponseAffinity(
+            self.clock, shared=shared, key_prefix=state.key_prefix, timeout_s=max(state.timeout_ms / 1000, 0.05)
+        )
 
     def _rollouts(self, settings: Settings, snapshot: PolicySnapshot) -> Rollouts:
         """The canaries (``gateway/rollout/``): their state in Redis with the tenant limits, else in files."""
@@ -330,6 +340,7 @@ class Gateway:
         await self.upstream.aclose()
         await self.limit_store.aclose()
         await self.rollouts.store.aclose()
+        await self.affinity.aclose()
         if self.fleet is not None:
             await self.fleet.ledger.client.aclose()
         if self.prefix_view is not None:

@@ -55,7 +55,7 @@ from starlette.types import Send
 from gateway.clock import Clock
 from gateway.dialects.base import ChunkReading, Dialect
 from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
-from gateway.errors import GatewayError, UpstreamError, UpstreamRejected, sse_error_event
+from gateway.errors import GatewayError, UpstreamError, UpstreamRejected
 from gateway.outcome import TokenStats
 from gateway.upstream_errors import ERROR_EVENT_TYPES, Redactor, UpstreamFault, event_error
 
@@ -143,6 +143,7 @@ class SseRelay:
         "_buffer",
         "_clock",
         "_done_marker",
+        "_error_event",
         "_failure",
         "_keep_continuous",
         "_named",
@@ -189,6 +190,7 @@ class SseRelay:
         self._clock = clock
         self._read = dialect.read_chunk
         self._named = dialect.sse_event_names
+        self._error_event = dialect.error_event
         self._done_marker = dialect.ends_with_done
         self._strip_usage = strip_usage
         self._keep_continuous = keep_continuous
@@ -274,7 +276,7 @@ class SseRelay:
 
     async def finish(self, failure: GatewayError | None) -> StreamEnd:
         """Close the client's stream: ``[DONE]``, after an error event when ``failure``."""
-        tail = DONE_EVENT if failure is None else sse_error_event(failure) + DONE_EVENT
+        tail = DONE_EVENT if failure is None else self._error_event(failure) + DONE_EVENT
         await self._send({"type": "http.response.body", "body": tail, "more_body": False})
         if failure is not None or self.saw_error:
             return StreamEnd.UPSTREAM_ERROR

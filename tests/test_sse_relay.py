@@ -336,7 +336,7 @@ async def test_a_typed_error_event_becomes_the_gateway_s(failure: bytes) -> None
     assert b"/srv/secret" not in run.body
     assert b"response.failed" not in run.body
     assert run.body.endswith(b"data: [DONE]\n\n")
-    assert b'"error"' in run.body
+    assert b'event: error\ndata: {"type":"error","code":"upstream_error"' in run.body  # the Responses shape
     assert len(run.faults) == 1
 
 

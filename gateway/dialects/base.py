@@ -53,6 +53,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gateway.errors import GatewayError
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
 
@@ -118,6 +119,11 @@ class Dialect(Protocol):
     def ends_with_done(self) -> bool:
         """Whether its streams end with ``data: [DONE]`` (the OpenAI choice-chunk APIs); otherwise a
         stream is complete once an event reported a finish reason (``response.completed``)."""
+        ...
+
+    def error_event(self, error: GatewayError) -> bytes:
+        """The gateway's error as this API's stream reports one (then the relay's ``[DONE]``):
+        OpenAI's choice-chunk APIs ``data: {"error": {...}}``, as vLLM ends a failed stream."""
         ...
 
     @property

@@ -57,7 +57,7 @@ from gateway.dialects.openai_answers import (
     stream_usage_fields,
     usage_flag,
 )
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, sse_error_event
 from gateway.media import check_media_urls
 from gateway.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.policy.model import BackendKind, MediaTokens, ModelPolicy, RequestLimits
@@ -117,6 +117,7 @@ class ChatDialect:
     sse_event_names = False
     ends_with_done = True
     keeps_state = False
+    error_event = staticmethod(sse_error_event)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
     output_aliases = OUTPUT_LENGTH_FIELDS

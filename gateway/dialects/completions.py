@@ -31,6 +31,7 @@ from gateway.dialects.openai_answers import (
     usage_flag,
 )
 from gateway.dialects.text_prompt import render_text_prompt, text_prompt_tokens
+from gateway.errors import sse_error_event
 from gateway.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
@@ -68,6 +69,7 @@ class CompletionsDialect:
     sse_event_names = False
     ends_with_done = True
     keeps_state = False
+    error_event = staticmethod(sse_error_event)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
     output_aliases = OUTPUT_LENGTH_FIELDS

@@ -25,7 +25,7 @@ from gateway.dialects.openai_answers import (
     usage_flag,
 )
 from gateway.dialects.text_prompt import render_text_prompt, text_prompt_tokens
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, sse_error_event
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
 from gateway.upstream_errors import is_openai_answer
@@ -54,6 +54,7 @@ class EmbeddingsDialect:
     sse_event_names = False
     ends_with_done = True
     keeps_state = False
+    error_event = staticmethod(sse_error_event)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
     output_aliases: tuple[str, ...] = ()

@@ -36,7 +36,7 @@ import orjson
 from gateway.body_fields import screen_fields
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START, NO_OUTPUT, OUTPUT, ChunkReading
 from gateway.dialects.openai_answers import stream_flag
-from gateway.errors import InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator, json_tokens
 
@@ -167,6 +167,11 @@ class ResponsesDialect:
         if not isinstance(value, str) or not value or len(value) > 256:
             raise InvalidRequest("'previous_response_id' must be a response id.", param="previous_response_id")
         return value
+
+    def error_event(self, error: GatewayError) -> bytes:
+        """The Responses API's own ``error`` event (``openai`` yields it as a ``ResponseErrorEvent``)."""
+        event = {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
     def can_continue(self, body: dict[str, Any]) -> bool:
         return False

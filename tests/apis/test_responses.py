@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -102,3 +103,16 @@ def test_a_follow_up_goes_to_the_backend_that_holds_the_response(
     assert other_tenant.value.code == unknown.value.code == "previous_response_not_found"
     # Another tenant's id reads exactly as an unknown one: nothing to probe.
     assert other_tenant.value.message.replace(first.id, "<id>") == unknown.value.message.replace("resp_nope", "<id>")
+
+
+def test_a_broken_stream_ends_with_the_responses_error_event(
+    start_gateway: StartGateway, engines: tuple[str, str], tmp_path: Path
+) -> None:
+    for engine in engines:
+        httpx.post(f"{engine}/admin/fault", json={"mode": "close_mid_stream", "after_tokens": 2}).raise_for_status()
+    with start_gateway(policy(engines), health_checks=False, rollout_dir=str(tmp_path)) as url:
+        events = list(sdk(url).responses.create(model=MODEL, input="Hi", max_output_tokens=8, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) == 2
+    assert events[-1].type == "error"  # the SDK's ResponseErrorEvent: the API's own shape
+    assert events[-1].code.startswith("upstream_")  # type: ignore[union-attr]
