@@ -189,7 +189,8 @@ class InferenceHandler:
         known.t_admit = deps.clock.now()
         response.extra_headers = admission.headers
         attempts = known.attempts = Attempts(ctx, deps.attempts, response)
-        shadow = _ShadowStart(deps.shadows, ctx, attempts)
+        group = ctx.route.group
+        shadow = _ShadowStart(deps.shadows, ctx, attempts) if group is not None and group.shadow is not None else None
         ended: ErrorCode | None = ErrorCode.INTERNAL_ERROR
         disconnected = False
         try:
@@ -199,7 +200,8 @@ class InferenceHandler:
             disconnected = True
             raise
         finally:
-            shadow.primary_ended(ended is None)
+            if shadow is not None:
+                shadow.primary_ended(ended is None)
             timer = attempts.timer
             used_tokens = charged_tokens(
                 usage=timer.usage if timer else None,
@@ -322,9 +324,7 @@ class _ShadowStart:
     def __init__(self, shadows: ShadowRunner, ctx: RequestContext, attempts: Attempts) -> None:
         self.shadows, self.ctx, self.attempts = shadows, ctx, attempts
         self.handle: ShadowHandle | None = None
-        group = ctx.route.group
-        if group is not None and group.shadow is not None:
-            attempts.on_dispatched = self.start
+        attempts.on_dispatched = self.start
 
     def start(self) -> None:
         group = self.ctx.route.group

@@ -254,8 +254,9 @@ class SseRelay:
         if out and self._redactor.leaks(out):
             self._fail_protocol("the stream holds a credential of the gateway")
             return b""
-        for served, public in self._rename:
-            out = out.replace(served, public)
+        if self._rename:
+            for served, public in self._rename:
+                out = out.replace(served, public)
         return out
 
     def _take_failure(self) -> GatewayError | None:

@@ -87,12 +87,19 @@ class TargetPicker:
     def __init__(self, candidate_share: CandidateShare | None = None, rng: random.Random | None = None) -> None:
         self.candidate_share = candidate_share
         self._random = (rng or random.Random()).random
+        self._plain: dict[int, TargetChoice] = {}
+        """A plain model's one choice, by the model policy's identity: built once, not per request."""
 
     def choose(
         self, snapshot: PolicySnapshot, public: ModelGroup | ModelPolicy, tenant: Tenant, class_name: str
     ) -> TargetChoice:
         if not isinstance(public, ModelGroup):
-            return TargetChoice(public.name, public)
+            choice = self._plain.get(id(public))
+            if choice is None or choice.primary is not public:
+                if len(self._plain) > 4096:  # policies come and go with reloads: keep it bounded
+                    self._plain.clear()
+                choice = self._plain[id(public)] = TargetChoice(public.name, public)
+            return choice
         group = public
         weights = self.weights(group)
         primary_name = self._draw(weights)

@@ -68,13 +68,29 @@ class ParsedRequest:
     cache_salt: str | None
 
 
-def _get(body: dict[str, Any], key: str, kinds: type | tuple[type, ...], default: Any) -> Any:
+def field_of(body: dict[str, Any], key: str, kinds: type | tuple[type, ...], default: Any) -> Any:
+    """``body[key]`` checked against ``kinds`` (a bool is not an int), ``default`` when absent or null."""
     value = body.get(key, default)
     if value is None:
         return default
-    if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is int):
+    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         raise ApiError(400, f"'{key}' has the wrong type", param=key)
     return value
+
+
+def model_body(raw: bytes, served_model: str) -> dict[str, Any]:
+    """A request body as a JSON object naming the served model (400 otherwise; 404 for another model)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"invalid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = field_of(body, "model", str, served_model)
+    if model != served_model:
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+    return body
 
 
 def _message_text(message: Any, index: int) -> dict[str, str]:
@@ -93,8 +109,8 @@ def _chat_prompt(body: dict[str, Any]) -> list[int]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     rendered = [_message_text(m, i) for i, m in enumerate(messages)]
-    add_prompt = _get(body, "add_generation_prompt", bool, True)
-    cont = _get(body, "continue_final_message", bool, False)
+    add_prompt = field_of(body, "add_generation_prompt", bool, True)
+    cont = field_of(body, "continue_final_message", bool, False)
     if cont and add_prompt:
         raise ApiError(400, "continue_final_message requires add_generation_prompt=false")
     if cont and rendered[-1]["role"] != "assistant":
@@ -115,23 +131,16 @@ def _completion_prompt(body: dict[str, Any], key: str) -> list[int]:
 
 def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_max_tokens: int) -> ParsedRequest:
     """Validate a request body; raise `ApiError` (400, or 404 for another model)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"invalid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    model = _get(body, "model", str, served_model)
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
-    if _get(body, "n", int, 1) != 1:
+    body = model_body(raw, served_model)
+    model = served_model
+    if field_of(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported by the simulator", param="n")
     if endpoint is Endpoint.CHAT:
         tokens = _chat_prompt(body)
-        max_tokens = _get(body, "max_completion_tokens", int, None) or _get(body, "max_tokens", int, None)
+        max_tokens = field_of(body, "max_completion_tokens", int, None) or field_of(body, "max_tokens", int, None)
     elif endpoint is Endpoint.COMPLETION:
         tokens = _completion_prompt(body, "prompt")
-        max_tokens = _get(body, "max_tokens", int, None)
+        max_tokens = field_of(body, "max_tokens", int, None)
     else:
         tokens = _completion_prompt(body, "input")
         max_tokens = 0
@@ -139,8 +148,8 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_
         max_tokens = default_max_tokens
     if max_tokens < 0 or (max_tokens == 0 and endpoint is not Endpoint.EMBEDDING):
         raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
-    options = _get(body, "stream_options", dict, {})
-    salt = _get(body, "cache_salt", str, None)
+    options = field_of(body, "stream_options", dict, {})
+    salt = field_of(body, "cache_salt", str, None)
     if salt == "":
         raise ApiError(400, "cache_salt must be a non-empty string", param="cache_salt")
     return ParsedRequest(
@@ -148,9 +157,9 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_
         model=model,
         token_ids=tokens,
         max_tokens=max_tokens,
-        stream=_get(body, "stream", bool, False),
+        stream=field_of(body, "stream", bool, False),
         include_usage=bool(options.get("include_usage", False)),
-        priority=_get(body, "priority", int, 0),
+        priority=field_of(body, "priority", int, 0),
         continuous_usage=bool(options.get("include_usage")) and bool(options.get("continuous_usage_stats")),
         cache_salt=salt,
     )

@@ -56,7 +56,7 @@ from typing import Any
 
 import orjson
 
-from loadtests.sim.protocol import ApiError
+from loadtests.sim.protocol import ApiError, field_of, model_body
 from loadtests.sim.tokenizer import output_text, render_chat, tokenize
 
 RESPONSES_PATH = "/v1/responses"
@@ -115,19 +115,6 @@ class ResponsesRequest:
 
     def status(self, output_tokens: int) -> str:
         return "incomplete" if self.bounded and output_tokens >= self.max_tokens else "completed"
-
-
-def _field(body: dict[str, Any], key: str, kinds: type | tuple[type, ...], default: Any) -> Any:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
-        raise ApiError(400, f"'{key}' has the wrong type", param=key)
-    return value
-
-
-def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
 def _choice(body: dict[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -196,30 +183,23 @@ def parse_responses_request(
     raw: bytes, *, served_model: str, default_max_tokens: int, max_model_len: int, store: ResponseStore
 ) -> ResponsesRequest:
     """Validate a body; raise `ApiError` (400; 404 for another model or an unknown previous response)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"invalid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    model = _field(body, "model", str, served_model)
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+    body = model_body(raw, served_model)
+    model = served_model
     if "input" not in body:
         raise ApiError(400, "'input' is required", param="input")
     if body.get("prompt") is not None:
         raise ApiError(400, "prompt template is not supported", param="prompt")
     if body.get("background"):
         raise ApiError(400, "background mode is not supported by the simulator", param="background")
-    salt = _field(body, "cache_salt", str, None)
+    salt = field_of(body, "cache_salt", str, None)
     if salt == "":
         raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
-    requested = _field(body, "max_output_tokens", int, None)
+    requested = field_of(body, "max_output_tokens", int, None)
     if requested is not None and requested < 1:
         raise ApiError(400, "max_output_tokens must be at least 1", param="max_output_tokens")
-    instructions = _field(body, "instructions", str, None)
-    previous_id = _field(body, "previous_response_id", str, None)
-    request_id = _field(body, "request_id", str, None) or f"resp_{uuid.uuid4().hex}"
+    instructions = field_of(body, "instructions", str, None)
+    previous_id = field_of(body, "previous_response_id", str, None)
+    request_id = field_of(body, "request_id", str, None) or f"resp_{uuid.uuid4().hex}"
 
     messages: list[Message] = []
     if instructions:
@@ -252,19 +232,19 @@ def parse_responses_request(
 
     echo = {
         "instructions": instructions,
-        "metadata": _field(body, "metadata", dict, None),
-        "parallel_tool_calls": _field(body, "parallel_tool_calls", bool, True),
-        "temperature": float(_field(body, "temperature", (int, float), 1.0)),
-        "tool_choice": _field(body, "tool_choice", (str, dict), "auto"),
-        "tools": _field(body, "tools", list, []),
-        "top_p": float(_field(body, "top_p", (int, float), 1.0)),
-        "max_tool_calls": _field(body, "max_tool_calls", int, None),
+        "metadata": field_of(body, "metadata", dict, None),
+        "parallel_tool_calls": field_of(body, "parallel_tool_calls", bool, True),
+        "temperature": float(field_of(body, "temperature", (int, float), 1.0)),
+        "tool_choice": field_of(body, "tool_choice", (str, dict), "auto"),
+        "tools": field_of(body, "tools", list, []),
+        "top_p": float(field_of(body, "top_p", (int, float), 1.0)),
+        "max_tool_calls": field_of(body, "max_tool_calls", int, None),
         "previous_response_id": previous_id,
-        "reasoning": _field(body, "reasoning", dict, None),
+        "reasoning": field_of(body, "reasoning", dict, None),
         "service_tier": _choice(body, "service_tier", _SERVICE_TIERS, "auto"),
-        "text": _field(body, "text", dict, None),
+        "text": field_of(body, "text", dict, None),
         "truncation": _choice(body, "truncation", _TRUNCATIONS, "disabled"),
-        "user": _field(body, "user", str, None),
+        "user": field_of(body, "user", str, None),
     }
     return ResponsesRequest(
         response_id=request_id,
@@ -273,9 +253,9 @@ def parse_responses_request(
         token_ids=tokens,
         max_tokens=max_tokens,
         bounded=requested is not None or wanted > room,
-        stream=_field(body, "stream", bool, False),
-        store=_field(body, "store", bool, True),
-        priority=_field(body, "priority", int, 0),
+        stream=field_of(body, "stream", bool, False),
+        store=field_of(body, "store", bool, True),
+        priority=field_of(body, "priority", int, 0),
         cache_salt=salt,
         echo=echo,
     )

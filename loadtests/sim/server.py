@@ -29,7 +29,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
@@ -211,26 +211,31 @@ class EngineApp:
         if self.engine is None:
             await self._instant(req, req_id, send)
             return
-        engine = self.engine
-        stall_at, close_at = fault.stall_at(req.max_tokens), fault.close_at(req.max_tokens)
-        if stall_at is not None:
-            self.metrics.faults[fault.mode.value].inc()
-        stream = engine.submit(EngineRequest(req.token_ids, req.max_tokens, req.priority, req.cache_salt, stall_at))
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
-        self.metrics.in_engine[req.priority] = self.metrics.in_engine.get(req.priority, 0) + 1
-        try:
+        close_at = fault.close_at(req.max_tokens)
+        async with self._submitted(req.token_ids, req.max_tokens, req.priority, req.cache_salt, receive) as stream:
             if req.stream and endpoint is not Endpoint.EMBEDDING:
                 await self._stream(req, req_id, stream, send, close_at)
-            else:
-                while close_at is not None and stream.num_tokens < close_at and await stream.drain():
-                    pass
-                if close_at is not None:
-                    await drop_connection(send, stream)
-                await stream.wait_finished()
-                if stream.finish_reason is not FinishReason.ABORT:
-                    await _respond(send, 200, self._unary_body(req, req_id, stream))
+            elif await _finished_whole(stream, send, close_at):
+                await _respond(send, 200, self._unary_body(req, req_id, stream))
+
+    @contextlib.asynccontextmanager
+    async def _submitted(
+        self, token_ids: list[int], max_tokens: int, priority: int, cache_salt: str | None, receive: Receive
+    ) -> AsyncIterator[TokenStream]:
+        """A request in the engine (with the fault in force) for the block's length: a client that
+        disconnects aborts it, and it is aborted if the block ends before it finished."""
+        engine, fault = self.engine, self.fault
+        assert engine is not None
+        stall_at = fault.stall_at(max_tokens)
+        if stall_at is not None:
+            self.metrics.faults[fault.mode.value].inc()
+        stream = engine.submit(EngineRequest(token_ids, max_tokens, priority, cache_salt, stall_at))
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
+        self.metrics.in_engine[priority] = self.metrics.in_engine.get(priority, 0) + 1
+        try:
+            yield stream
         finally:
-            self.metrics.in_engine[req.priority] -= 1
+            self.metrics.in_engine[priority] -= 1
             watcher.cancel()
             if stream.finish_reason is None:  # cancelled from outside: do not leak the request
                 engine.abort(stream)
@@ -277,30 +282,12 @@ class EngineApp:
         if self.engine is None:
             await self._responses_instant(req, created, send)
             return
-        engine = self.engine
-        stall_at, close_at = fault.stall_at(req.max_tokens), fault.close_at(req.max_tokens)
-        if stall_at is not None:
-            self.metrics.faults[fault.mode.value].inc()
-        stream = engine.submit(EngineRequest(req.token_ids, req.max_tokens, req.priority, req.cache_salt, stall_at))
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
-        self.metrics.in_engine[req.priority] = self.metrics.in_engine.get(req.priority, 0) + 1
-        try:
+        close_at = fault.close_at(req.max_tokens)
+        async with self._submitted(req.token_ids, req.max_tokens, req.priority, req.cache_salt, receive) as stream:
             if req.stream:
                 await self._responses_stream(req, created, stream, send, close_at)
-            else:
-                while close_at is not None and stream.num_tokens < close_at and await stream.drain():
-                    pass
-                if close_at is not None:
-                    await drop_connection(send, stream)
-                await stream.wait_finished()
-                if stream.finish_reason is not FinishReason.ABORT:
-                    final = self._finished_response(req, created, stream)
-                    await _respond(send, 200, orjson.dumps(final))
-        finally:
-            self.metrics.in_engine[req.priority] -= 1
-            watcher.cancel()
-            if stream.finish_reason is None:  # cancelled from outside: do not leak the request
-                engine.abort(stream)
+            elif await _finished_whole(stream, send, close_at):
+                await _respond(send, 200, orjson.dumps(self._finished_response(req, created, stream)))
 
     async def _responses_stream(
         self, req: ResponsesRequest, created: int, stream: TokenStream, send: Send, close_at: int | None
@@ -435,3 +422,14 @@ def build_engine_app(
         raise ValueError("time_scale must be positive")
     spec = get_profile(profile, ttft_ms=ttft_ms, itl_ms=itl_ms, gpu_memory_utilization=gpu_memory_utilization)
     return EngineApp(spec, model=model or spec.model.name, index=index, time_scale=time_scale, clock=clock)
+
+
+async def _finished_whole(stream: TokenStream, send: Send, close_at: int | None) -> bool:
+    """Wait for a non-streamed answer's end (dropping the connection at ``close_at`` tokens, the
+    ``close_mid_stream`` fault); True when it finished and is to be sent."""
+    while close_at is not None and stream.num_tokens < close_at and await stream.drain():
+        pass
+    if close_at is not None:
+        await drop_connection(send, stream)
+    await stream.wait_finished()
+    return stream.finish_reason is not FinishReason.ABORT
