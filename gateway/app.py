@@ -23,7 +23,7 @@ from gateway.auth import authenticate
 from gateway.connections import is_operator_request
 from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Overloaded
-from gateway.intake import read_headers
+from gateway.intake import check_headers, credential, read_headers
 from gateway.policy.loader import load_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.proxy import InferenceHandler
@@ -191,7 +191,9 @@ class GatewayApp:
             return starting()
         snapshot = self.gateway.policy()
         try:
-            tenant = authenticate(request.headers.get("authorization", "").encode() or None, snapshot)
+            headers = read_headers(request.scope["headers"])
+            check_headers(headers)
+            tenant = authenticate(credential(headers), snapshot)
         except GatewayError as error:
             return error_response(error)
         created = int(time.time())

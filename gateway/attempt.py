@@ -33,6 +33,7 @@ from gateway.backends import BackendPool, BackendState
 from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock
 from gateway.context import RequestContext
+from gateway.dialects.base import Translation
 from gateway.dialects.openai_answers import answer_text
 from gateway.dispatch import Dispatcher, Grant
 from gateway.errors import ErrorCode, GatewayError, NoHealthyBackend, Overloaded, UpstreamError, code_of
@@ -49,7 +50,7 @@ from gateway.telemetry import Metrics
 from gateway.tracing import AttemptSpan, RequestSpan
 from gateway.types import InferenceRequest
 from gateway.upstream import UpstreamClient, UpstreamResponse, new_engine_request_id
-from gateway.upstream_body import attempt_body
+from gateway.upstream_body import attempt_body, translated_request
 from gateway.upstream_errors import FaultLog
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class Attempts:
     __slots__ = (
         "_failure",
         "_next_target",
+        "_translation",
         "answer_id",
         "ctx",
         "deps",
@@ -112,6 +114,8 @@ class Attempts:
         """The id later requests may name the answer by (``Dialect.answer_id``), once seen."""
         self.on_dispatched: Callable[[], None] | None = None
         """Called once, when the first attempt has its backend (a group's shadow copy starts then)."""
+        self._translation: tuple[InferenceRequest, InferenceRequest] | None = None
+        """The last request translated for a backend of another API, and its translation (``_translated``)."""
         self.texts: list[str] | None = None
         """Set to a list to collect the answer's text (choice 0): a shadow's quality scorer compares it."""
 
@@ -312,7 +316,9 @@ class Attempts:
         runtime = ctx.runtime
         unsalted = runtime.snapshot.policy.cache_isolation.unsalted
         isolation = isolation_fields(backend.kind, unsalted, runtime.salter, ctx.tenant)
-        body = attempt_body(request, backend, isolation=isolation, rank=ctx.rank, track=track)
+        translation = request.api.translation(backend, state.name in runtime.snapshot.multi_scope_backends)
+        sent = request if translation is None else self._translated(request, translation)
+        body = attempt_body(sent, backend, isolation=isolation, rank=ctx.rank, track=track)
         breaker = state.breaker
         if breaker is not None and not breaker.try_acquire():
             span.end(t=deps.clock.now(), error="breaker_open")
@@ -320,7 +326,7 @@ class Attempts:
         report = FaultLog(state.name, request.request_id, engine_id, span)
         try:
             response = await deps.upstream.open(
-                backend, request.api, body, request_id=request.request_id, engine_request_id=engine_id, trace=span
+                backend, sent.api, body, request_id=request.request_id, engine_request_id=engine_id, trace=span
             )
         except GatewayError as error:
             span.end(t=deps.clock.now(), error=error.code)
@@ -342,11 +348,11 @@ class Attempts:
                 self._failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
                 raise await deps.upstream.error_for(backend, response, report)
             if request.stream:
-                ended = await self._relay(request, grant, response, track, report)
+                ended = await self._relay(request, grant, response, track, report, translation)
                 verdict = ended is None
                 error_code = None if ended is None else ended.value
                 return ended
-            await self._pass_through(state, response, report)
+            await self._pass_through(state, response, report, translation)
             verdict = True
             return None
         except StreamBroken as broken:
@@ -362,16 +368,32 @@ class Attempts:
             if breaker is not None:
                 _report_verdict(breaker, verdict)
 
-    async def _pass_through(self, state: BackendState, response: UpstreamResponse, report: FaultLog) -> None:
+    def _translated(self, request: InferenceRequest, translation: Translation) -> InferenceRequest:
+        """``request`` in the API ``translation`` calls the backend with (built once per request state:
+        a retry sends the same body, a fallback's retargeted request gets its own)."""
+        memo = self._translation
+        if memo is not None and memo[0] is request:
+            return memo[1]
+        sent = translated_request(request, translation)
+        self._translation = (request, sent)
+        return sent
+
+    async def _pass_through(
+        self, state: BackendState, response: UpstreamResponse, report: FaultLog, translation: Translation | None
+    ) -> None:
         body = await self.deps.upstream.read_all(state.backend, response)
         request = self.ctx.request
-        document = self.deps.upstream.answer(body, report, request.api)  # raises unless an answer of its API
+        api = request.api if translation is None else translation.upstream
+        document = self.deps.upstream.answer(body, report, api)  # raises unless an answer of its API
         timer = TokenTimer(request.arrival)
-        timer.usage = request.api.answer_usage(document)
+        timer.usage = api.answer_usage(document)
         self.timer = timer
         if isinstance(document, dict):
             if self.texts is not None:
                 self.texts.append(answer_text(document))
+            if translation is not None:
+                document = translation.answer(document)
+                body = orjson.dumps(document)
             if request.api.keeps_state:
                 self._remember(request.api.answer_id(document), state.name, self.model)
                 await self.deps.affinity.shared_now()  # a follow-up may come through another replica at once
@@ -407,7 +429,13 @@ class Attempts:
             headers.append((b"x-gateway-fallback", self.fallback.encode()))
 
     async def _relay(
-        self, request: InferenceRequest, grant: Grant, response: UpstreamResponse, track: bool, report: FaultLog
+        self,
+        request: InferenceRequest,
+        grant: Grant,
+        response: UpstreamResponse,
+        track: bool,
+        report: FaultLog,
+        translation: Translation | None,
     ) -> ErrorCode | None:
         """Relay the stream (or its continuation): None when it completed, else the code it ended
         with (after its error event); raise ``StreamBroken`` when it could go on elsewhere."""
@@ -427,8 +455,10 @@ class Attempts:
                 self.response.send,
                 timer,
                 deps.clock,
-                dialect=request.api,
-                strip_usage=not request.client_wants_usage,
+                dialect=request.api if translation is None else translation.upstream,
+                client=None if translation is None else request.api,
+                translator=None if translation is None else translation.stream(),
+                strip_usage=not request.client_wants_usage and translation is None,
                 track=track,
                 keep_continuous=request.client_wants_continuous_usage,
                 redactor=deps.upstream.redactor,

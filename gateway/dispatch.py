@@ -186,6 +186,7 @@ class Dispatcher:
         neither refused by the queue bound nor by the wait estimate. Never for ``place_now``."""
         self._queues: dict[str, ModelQueues] = {}
         self._lanes: dict[str, list[ModelQueues]] = {}
+        self._api_lanes: dict[tuple[str, str], tuple[Lane, Lane]] = {}
         self._classes: dict[str, PriorityClass] = {}
         self._fresh_s = snapshot.policy.scrape.fresh_s
         self.apply(snapshot)
@@ -470,6 +471,7 @@ class Dispatcher:
                 f"No backend of model '{model}' serves this tenant: the policy dedicates each to other tenants.",
                 code="no_backend_for_tenant",
             )
+        lane = self._api_lane(lane, request)
         pinned = request.pinned_backend
         if pinned is not None:
             states = tuple(s for s in lane.states if s.name == pinned)
@@ -482,6 +484,23 @@ class Dispatcher:
                 )
             lane = Lane(f"{model} @{pinned}", model, states)
         return lane
+
+    def _api_lane(self, lane: Lane, request: InferenceRequest) -> Lane:
+        """``lane`` without the backends whose kind cannot answer the request's API (``Dialect.serves``:
+        ``/tokenize`` or ``/v1/score`` on a llama.cpp server), memoised per lane and API; none left
+        is a 404 at once (no backend of the model serves this API)."""
+        api = request.api
+        memo = self._api_lanes.get((lane.key, api.name))
+        if memo is None or memo[0] is not lane:
+            states = tuple(s for s in lane.states if api.serves(s.backend.kind))
+            served = lane if states == lane.states else Lane(f"{lane.key} @{api.name}", lane.model, states)
+            memo = self._api_lanes[(lane.key, api.name)] = (lane, served)
+        if not memo[1].states and lane.states:
+            raise NotFound(
+                f"No backend of model '{lane.model}' serves {api.path} (its kinds of engine do not answer it).",
+                code="api_not_served",
+            )
+        return memo[1]
 
     def _commit(
         self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision, rank: int, tokens: int

@@ -11,7 +11,7 @@ The tree (status, ``code``):
     │                               | conflicting_max_tokens
     ├── AuthenticationFailed   401  missing_api_key | invalid_api_key
     ├── ModelNotAllowed        403  model_not_allowed
-    ├── NotFound               404  model_not_found | not_found
+    ├── NotFound               404  model_not_found | not_found | previous_response_not_found | api_not_served
     ├── MethodNotAllowed       405  method_not_allowed
     ├── RequestTimeout         408  request_timeout (headers or body too slow: gateway/connections.py)
     ├── PayloadTooLarge        413  request_too_large
@@ -246,6 +246,7 @@ class ErrorCode(StrEnum):
     # 404, 405, 408, 413, 415, 431: the request's shape on the wire
     MODEL_NOT_FOUND = "model_not_found"
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    API_NOT_SERVED = "api_not_served"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TIMEOUT = "request_timeout"

@@ -38,6 +38,8 @@ class RequestHeaders:
     """The few request headers the gateway acts on, found in one pass over the list."""
 
     authorization: bytes | None = None
+    api_key: bytes | None = None
+    """``x-api-key``: the key as Anthropic's SDK sends it (``credential``)."""
     content_length: int | None = None
     request_id: str | None = None
     priority: bytes | None = None
@@ -51,6 +53,7 @@ class RequestHeaders:
 
 _HEADER_FIELDS = {
     b"authorization": "authorization",
+    b"x-api-key": "api_key",
     b"x-request-id": "request_id",
     b"x-priority": "priority",
     b"x-request-timeout": "request_timeout",
@@ -58,7 +61,9 @@ _HEADER_FIELDS = {
     b"traceparent": "traceparent",
     b"content-type": "content_type",
 }
-_SINGLE_HEADERS = frozenset({b"authorization", b"x-priority", b"x-request-timeout", b"x-session-id", b"content-type"})
+_SINGLE_HEADERS = frozenset(
+    {b"authorization", b"x-api-key", b"x-priority", b"x-request-timeout", b"x-session-id", b"content-type"}
+)
 
 
 def read_headers(raw_headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
@@ -96,6 +101,23 @@ def check_headers(headers: RequestHeaders) -> None:
         raise InvalidRequest(
             f"The header '{name}' appears more than once; send it once.", code="duplicate_header", param=name
         )
+
+
+def credential(headers: RequestHeaders) -> bytes | None:
+    """The client's key as an ``Authorization`` value: the bearer header, or ``x-api-key`` (how
+    Anthropic's SDK and the agents built on it send it). Both at once is a 400 unless they agree:
+    a request must not name two tenants."""
+    api_key = headers.api_key
+    if api_key is None:
+        return headers.authorization
+    as_bearer = b"Bearer " + api_key.strip()
+    if headers.authorization is not None and headers.authorization.strip() != as_bearer:
+        raise InvalidRequest(
+            "Send the API key once: 'Authorization: Bearer <key>' or 'x-api-key: <key>', not two different keys.",
+            code="invalid_header",
+            param="x-api-key",
+        )
+    return as_bearer
 
 
 def require_json_content_type(headers: RequestHeaders) -> None:

@@ -44,6 +44,7 @@ from gateway.intake import (
     ClientDisconnected,
     RequestHeaders,
     check_headers,
+    credential,
     parse_json_object,
     read_body,
     read_headers,
@@ -134,7 +135,7 @@ class InferenceHandler:
         runtime = deps.runtime()
         headers = read_headers(scope["headers"])
         assert headers.request_id is not None
-        response = ClientResponse(send, headers.request_id)
+        response = ClientResponse(send, headers.request_id, self.api.error_body)
         span = runtime.tracing.start_request(
             t=arrival,
             request_id=headers.request_id,
@@ -175,7 +176,7 @@ class InferenceHandler:
     ) -> ErrorCode | None:
         deps = self.deps
         check_headers(headers)  # a repeated Authorization would make the tenant ambiguous
-        tenant = authenticate(headers.authorization, runtime.snapshot)
+        tenant = authenticate(credential(headers), runtime.snapshot)
         known.tenant = tenant.name
         deps.limiter.precheck(tenant)  # 429 before reading the body when its rpm is known spent
         try:

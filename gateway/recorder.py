@@ -11,8 +11,10 @@ What is recorded where:
   ``gateway_rejections_total{reason,class,tenant}`` for every 429/503, under the tenant's
   bounded label (``gateway/labels.py``);
 * queue wait and routing decision of the last attempt, when one was dispatched;
-* E2E, TTFT, inter-token gaps and token counts, when a backend answered;
-* goodput (``gateway/goodput.py``): SLO-judged requests, those that met it, and their tokens;
+* E2E, TTFT, inter-token gaps (``{model,api,class}``) and token counts
+  (``{model,api,direction}``), when a backend answered;
+* goodput (``gateway/goodput.py``): SLO-judged requests, those that met it, and their tokens
+  (``{model,api,class}``);
 * the request's cost share (``gateway/cost_meter.py``), its trace-log line
   (``gateway/tracelog.py``) and its server span (``gateway/tracing.py``).
 
@@ -63,10 +65,11 @@ class Recorder:
             return
         m = self.metrics
         p = m.pending
-        model, class_name = outcome.model, outcome.class_name
+        model, api, class_name = outcome.model, outcome.api.name, outcome.class_name
         model_class = (model, class_name)
+        model_api_class = (model, api, class_name)
         label = outcome.label
-        p.inc(m.requests, (model, outcome.api.name, class_name, str(outcome.status), label))
+        p.inc(m.requests, (model, api, class_name, str(outcome.status), label))
         tenant = labels.label(outcome.tenant)  # counts traffic; the busiest keep their name
         if outcome.status in (429, 503):
             p.inc(m.rejections, (label, class_name, tenant))
@@ -81,10 +84,11 @@ class Recorder:
         verdict = judge(outcome)
         tokens = outcome.tokens
         if verdict.judged:
-            p.inc(m.slo_requests, model_class)
+            p.inc(m.slo_requests, model_api_class)
             if verdict.met:
-                p.inc(m.goodput_requests, model_class)
-                p.inc(m.goodput_tokens, model_class, (tokens.usage_int("completion_tokens") or 0) if tokens else 0)
+                output = (tokens.usage_int("completion_tokens") or 0) if tokens else 0
+                p.inc(m.goodput_requests, model_api_class)
+                p.inc(m.goodput_tokens, model_api_class, output)
         self.costs.charge(outcome, tenant, verdict.met)
         ctx = outcome.context
         if ctx is not None and ctx.route.group is not None:
@@ -99,15 +103,15 @@ class Recorder:
             finish_span(outcome.span, outcome, itl)
         if tokens is None:
             return
-        p.observe(m.e2e, model_class, outcome.e2e_s)
+        p.observe(m.e2e, model_api_class, outcome.e2e_s)
         ttft = tokens.ttft
         if ttft is not None:
-            p.observe(m.ttft, model_class, ttft)
+            p.observe(m.ttft, model_api_class, ttft)
             if tokens.gaps:
-                p.observe_all(m.itl, model_class, tokens.gaps)
+                p.observe_all(m.itl, model_api_class, tokens.gaps)
         if tokens.usage:
-            p.inc(m.tokens, (model, "input"), tokens.usage_int("prompt_tokens") or 0)
-            p.inc(m.tokens, (model, "output"), tokens.usage_int("completion_tokens") or 0)
+            p.inc(m.tokens, (model, api, "input"), tokens.usage_int("prompt_tokens") or 0)
+            p.inc(m.tokens, (model, api, "output"), tokens.usage_int("completion_tokens") or 0)
 
     def _write_trace_log(self, log: TraceLog, outcome: RequestOutcome, itl: ItlSummary | None, met: bool) -> None:
         """One line of the request trace log (no prompt or completion text, ever)."""

@@ -8,6 +8,8 @@ those facts; the pipeline and the attempts only call ``start``, ``respond`` and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.types import Send
 
 from gateway.errors import GatewayError
@@ -22,11 +24,15 @@ COMMON_HEADERS: Headers = [(b"x-content-type-options", b"nosniff")]
 class ClientResponse:
     """Sends one response to the client; remembers whether it started and with what status."""
 
-    __slots__ = ("extra_headers", "request_id", "send", "started", "status")
+    __slots__ = ("extra_headers", "render", "request_id", "send", "started", "status")
 
-    def __init__(self, send: Send, request_id: str) -> None:
+    def __init__(
+        self, send: Send, request_id: str, render: Callable[[GatewayError], bytes] = GatewayError.body
+    ) -> None:
         self.send = send
         self.request_id = request_id
+        self.render = render
+        """The error body in the request's API's shape (``Dialect.error_body``)."""
         self.started = False
         self.status = 0
         self.extra_headers: Headers = []
@@ -50,4 +56,4 @@ class ClientResponse:
         headers = [*JSON_HEADERS, *((k.encode(), v.encode()) for k, v in error.headers.items())]
         if error.headers:
             self.extra_headers = [h for h in self.extra_headers if h[0].decode() not in error.headers]
-        await self.respond(error.status, error.body(), headers)
+        await self.respond(error.status, self.render(error), headers)

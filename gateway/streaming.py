@@ -30,8 +30,14 @@ not a JSON object, and anything after ``[DONE]``, is dropped. An event that grow
 ``MAX_EVENT_BYTES`` without ending, or output holding a credential of the gateway's, ends the
 upstream as a protocol error.
 
-The stream the client sees always ends with ``data: [DONE]``. When the upstream fails or
-closes early, an OpenAI-style error event comes first, the way vLLM reports a failure.
+The stream the client sees ends as its API's streams end: ``data: [DONE]`` for the OpenAI
+choice-chunk APIs, the final typed event for Responses and Messages. When the upstream fails or
+closes early, the API's error event comes first (OpenAI-style ``data: {"error": ...}`` as vLLM
+reports a failure, the typed ``error`` event of Responses and Messages).
+
+A translated request (Messages answered through chat completions) is read as the upstream's
+API and written as the client's: each upstream event goes through the translation's stream
+translator (``gateway/dialects/messages_chat.py``), which may make several events of one.
 
 A broken stream can also be *continued* on another backend (``gateway/migration.py``): the
 relay then remembers what the client has seen (choice 0's text, the exact token count from
@@ -53,7 +59,7 @@ import orjson
 from starlette.types import Send
 
 from gateway.clock import Clock
-from gateway.dialects.base import ChunkReading, Dialect
+from gateway.dialects.base import ChunkReading, Dialect, StreamTranslator
 from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
 from gateway.errors import GatewayError, UpstreamError, UpstreamRejected
 from gateway.outcome import TokenStats
@@ -141,6 +147,7 @@ class SseRelay:
 
     __slots__ = (
         "_buffer",
+        "_client_done",
         "_clock",
         "_done_marker",
         "_error_event",
@@ -157,6 +164,7 @@ class SseRelay:
         "_send",
         "_strip_usage",
         "_timer",
+        "_translator",
         "dropped_events",
         "progress",
         "saw_done",
@@ -176,8 +184,12 @@ class SseRelay:
         redactor: Redactor = _NO_REDACTION,
         rename: tuple[tuple[bytes, bytes], ...] = (),
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        client: Dialect | None = None,
+        translator: StreamTranslator | None = None,
     ) -> None:
-        """``dialect`` reads the events; ``track`` records ``progress``; ``keep_continuous=False``
+        """``dialect`` reads the events (the API the backend answers); ``client`` is the client's API
+        when it is another (a translated request): its error events and end, and ``translator``
+        turns each upstream event into its events; ``track`` records ``progress``; ``keep_continuous=False``
         removes per-chunk usage; ``rename`` (from ``renaming``) gives the events the model name the
         client called instead of the engine's; ``on_event`` sees every relayed event's JSON (a
         shadow's quality scorer collects the primary's text through it).
@@ -190,8 +202,10 @@ class SseRelay:
         self._clock = clock
         self._read = dialect.read_chunk
         self._named = dialect.sse_event_names
-        self._error_event = dialect.error_event
+        self._error_event = (client or dialect).error_event
         self._done_marker = dialect.ends_with_done
+        self._client_done = (client or dialect).ends_with_done
+        self._translator = translator
         self._strip_usage = strip_usage
         self._keep_continuous = keep_continuous
         self._buffer = b""
@@ -276,8 +290,15 @@ class SseRelay:
         self.saw_done = self.saw_error = False
 
     async def finish(self, failure: GatewayError | None) -> StreamEnd:
-        """Close the client's stream: ``[DONE]``, after an error event when ``failure``."""
-        tail = DONE_EVENT if failure is None else self._error_event(failure) + DONE_EVENT
+        """Close the client's stream: its API's end (``[DONE]`` for the OpenAI choice-chunk APIs, a
+        translation's closing events), after an error event when ``failure``."""
+        done = DONE_EVENT if self._client_done else b""
+        if failure is not None:
+            tail = self._error_event(failure) + done
+        elif self._translator is not None:
+            tail = self._translator.end()
+        else:
+            tail = done
         await self._send({"type": "http.response.body", "body": tail, "more_body": False})
         if failure is not None or self.saw_error:
             return StreamEnd.UPSTREAM_ERROR
@@ -358,6 +379,9 @@ class SseRelay:
         reading = self._read(document)
         if self._on_event is not None:
             self._on_event(document)
+        if self._translator is not None:
+            self._observe(reading, t)
+            return self._translator.event(document) or False
         if self.progress is None:
             return self._observe(reading, t)
         return self._splice(event, document, reading, t)
@@ -433,6 +457,8 @@ class SseRelay:
         output, usage, reasons, usage_only = reading
         timer = self._timer
         if usage:
+            if usage.get("prompt_tokens") is None and timer.usage:  # Messages: the prompt came first
+                usage = {**usage, "prompt_tokens": timer.usage.get("prompt_tokens")}
             timer.usage = usage
         if usage_only:
             return not self._strip_usage

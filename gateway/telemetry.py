@@ -1,8 +1,11 @@
 """Every metric the gateway exports, with its name, labels and buckets, in one place.
 
 Label sets are bounded: ``model`` and ``backend`` come from the policy (a request for an
-unknown model is counted under ``model="-"``), ``class`` from the policy's classes, and
+unknown model is counted under ``model="-"``), ``class`` from the policy's classes, ``api``
+from the registered dialects (``gateway/dialects/registry.py``: the dialect's ``name``), and
 ``status``/``outcome`` from small fixed sets. Request ids never become labels.
+Every per-request latency, token and goodput metric carries ``api`` beside ``model`` (and
+``class``), so each API can be broken out; queries that ``sum by`` other labels add it up.
 Buckets follow LLM latencies: TTFT from 10 ms to 60 s, inter-token latency from 1 ms to
 2 s, end-to-end up to 10 minutes.
 """
@@ -157,7 +160,7 @@ class Metrics:
         self.pending = PendingSamples(self)
 
     def _declare_request_metrics(self, r: CollectorRegistry) -> None:
-        """Requests and their latencies, by model and class."""
+        """Requests and their latencies, by model, API and class."""
         self.requests = Counter(
             "gateway_requests",
             "Requests answered, by model, API, priority class, HTTP status and outcome.",
@@ -167,28 +170,28 @@ class Metrics:
         self.ttft = Histogram(
             "gateway_ttft_seconds",
             "Time from the gateway accepting a request to the first chunk with generated output.",
-            ["model", "class"],
+            ["model", "api", "class"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
             "gateway_itl_seconds",
             "Gaps between successive output chunks of a stream.",
-            ["model", "class"],
+            ["model", "api", "class"],
             buckets=ITL_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
             "gateway_e2e_seconds",
             "Time from the gateway accepting a request to its last byte.",
-            ["model", "class"],
+            ["model", "api", "class"],
             buckets=E2E_BUCKETS,
             registry=r,
         )
         self.tokens = Counter(
             "gateway_tokens",
-            "Tokens processed, from the backends' usage reports, by direction (input, output).",
-            ["model", "direction"],
+            "Tokens processed, from the backends' usage reports, by API and direction (input, output).",
+            ["model", "api", "direction"],
             registry=r,
         )
 
@@ -311,17 +314,20 @@ class Metrics:
         self.slo_requests = Counter(
             "gateway_slo_requests",
             "Requests judged against their class's SLO (all but those the client caused).",
-            ["model", "class"],
+            ["model", "api", "class"],
             registry=r,
         )
         self.goodput_requests = Counter(
             "gateway_goodput_requests",
             "Requests that succeeded and met every SLO of their class.",
-            ["model", "class"],
+            ["model", "api", "class"],
             registry=r,
         )
         self.goodput_tokens = Counter(
-            "gateway_goodput_output_tokens", "Output tokens of the goodput requests.", ["model", "class"], registry=r
+            "gateway_goodput_output_tokens",
+            "Output tokens of the goodput requests.",
+            ["model", "api", "class"],
+            registry=r,
         )
         self.slo_objective = Gauge(
             "gateway_slo_objective_ratio", "The class's SLO attainment objective.", ["class"], registry=r

@@ -83,9 +83,11 @@ GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+HTTP_ROUTE = "http.route"  # the API's path (HTTP semantic conventions): /v1/messages, /v1/responses, ...
 ERROR_TYPE = "error.type"
 # The gateway's own.
 REQUEST_ID = "gateway.request_id"
+API = "gateway.api"  # the API's short name, as the ``api`` label of the metrics (chat, responses, messages, ...)
 TENANT = "gateway.tenant"
 CLASS = "gateway.class"
 OUTCOME = "gateway.outcome"
@@ -445,7 +447,12 @@ class Tracing:
         operation = api.operation
         encoder = self._encoder
         tables = encoder.attributes  # type: ignore[union-attr]
-        attributes = [tables[GEN_AI_OPERATION_NAME][operation], tables[REQUEST_ID][request_id]]
+        attributes = [
+            tables[GEN_AI_OPERATION_NAME][operation],
+            tables[API][api.name],
+            tables[HTTP_ROUTE][api.path],
+            tables[REQUEST_ID][request_id],
+        ]
         client = _client_context(traceparent) if traceparent else None
         return RequestSpan(
             self, trace_id, span_id, encoder, name=operation, start=t, attributes=attributes,

@@ -25,9 +25,11 @@ are forwarded as they came (no re-serialisation).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.dialects.base import Translation
 from gateway.output_length import output_length_edits
 from gateway.policy.model import Backend, BackendKind
 from gateway.types import InferenceRequest
@@ -56,3 +58,12 @@ def attempt_body(
 ) -> bytes:
     """The bytes of this attempt's request body."""
     return request.encode(attempt_fields(request, backend, isolation=isolation, rank=rank, track=track))
+
+
+def translated_request(request: InferenceRequest, translation: Translation) -> InferenceRequest:
+    """``request`` as the API ``translation`` calls the backend with (Messages as chat completions):
+    its body translated, usage always asked for (the translation turns it into the client's)."""
+    body = translation.request_body(request.body)
+    return dataclasses.replace(
+        request, api=translation.upstream, body=body, body_modified=True, client_wants_usage=True
+    )

@@ -33,7 +33,7 @@ def test_pending_samples_reach_the_exposition_exactly_and_stay_bounded() -> None
     pending.limit = 100
     for i in range(250):
         pending.inc(metrics.requests, ("m", "chat", "interactive", "200", "completed"))
-        pending.observe(metrics.e2e, ("m", "interactive"), 0.01 * (i % 7))
+        pending.observe(metrics.e2e, ("m", "chat", "interactive"), 0.01 * (i % 7))
     assert pending.size < 100, "samples are applied once the limit is reached"
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -42,6 +42,6 @@ def test_pending_samples_reach_the_exposition_exactly_and_stay_bounded() -> None
     }
     request_labels = {"model": "m", "api": "chat", "class": "interactive", "status": "200", "outcome": "completed"}
     assert samples[("gateway_requests_total", tuple(sorted(request_labels.items())))] == 250
-    assert samples[("gateway_e2e_seconds_count", (("class", "interactive"), ("model", "m")))] == 250
+    assert samples[("gateway_e2e_seconds_count", (("api", "chat"), ("class", "interactive"), ("model", "m")))] == 250
     assert pending.size == 0
     assert not pending.counts

@@ -78,6 +78,7 @@ def test_a_streamed_request_is_one_trace_joined_to_the_client_s_and_passed_on_up
     attributes = server.attributes
     assert attributes["gen_ai.request.model"] == CHAT_MODEL
     assert attributes["gen_ai.operation.name"] == "chat"
+    assert (attributes["gateway.api"], attributes["http.route"]) == ("chat", "/v1/chat/completions")
     assert attributes["gen_ai.usage.input_tokens"] == 7
     assert attributes["gen_ai.usage.output_tokens"] == backend.tokens
     assert attributes["gen_ai.response.finish_reasons"] == ["length"]

@@ -1,7 +1,7 @@
 """The ``Dialect`` protocol: everything the request path knows about one API, in one object.
 
 The gateway serves several APIs (``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``; later ``/v1/responses`` and ``/v1/messages``), and each differs in the same
+``/v1/embeddings``, ``/v1/responses``, ``/v1/messages`` and the engines' small endpoints), and each differs in the same
 handful of places: the body fields it takes, where its prompt is and how big it is, which field
 bounds its output, what its stream's chunks look like and where usage is in them, and whether
 a broken stream can be continued. Each API is one module of ``gateway/dialects/`` with one
@@ -35,26 +35,26 @@ optionally ``total_tokens`` and ``prompt_tokens_details``), whatever the API cal
 Members are read on the hot path (every request, every stream event): plain attributes of a
 module-level instance, and a reading that allocates nothing for the common token event.
 
-**The next APIs.** The OpenAI Responses API (``input`` as text or items, ``instructions``,
-``max_output_tokens``; typed events ``response.output_text.delta``, usage as
-``input_tokens``/``output_tokens`` in ``response.completed``) and Anthropic Messages
-(``system``, ``messages`` of content blocks, a required ``max_tokens``; ``content_block_delta``
-events, usage split over ``message_start`` and ``message_delta``) fit these members passed
-through to engines that serve them: ``read_chunk`` and ``answer_usage`` translate their usage
-to the gateway's shape and ``stream_usage_fields`` is empty. What they add to the relay, not to
-this protocol: Messages clients dispatch on the SSE ``event:`` name, which the relay now drops,
-and expect Anthropic-shaped error events; a Messages dialect translated to chat also needs the
-answer translated back (a member to add then).
+**APIs that name their events, keep state, or are translated.** Responses and Messages streams
+name their events (``sse_event_names``: the relay keeps the ``event:`` line) and end without
+``[DONE]`` (``ends_with_done``); Responses answers live on the engine that made them
+(``keeps_state``, ``answer_id``, ``previous_id``: ``gateway/response_affinity.py``); Messages is
+answered natively where that weakens no guarantee and through chat completions elsewhere
+(``translation``: a ``Translation`` turns the body, the answer and each stream event). Each
+API's errors keep its own shape (``error_body``, ``error_event``), and an API only some kinds of
+engine serve says which (``serves``: ``/tokenize``, ``/v1/score``).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+import orjson
+
 from gateway.errors import GatewayError
-from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
+from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
 
 ChunkReading = tuple[bool, Mapping[str, Any] | None, tuple[str, ...], bool]
@@ -77,10 +77,55 @@ looks up a prompt's prefixes ending at these, so a dialect that renders a conver
 FIELD_SEPARATOR = "\x1f"
 """Separates a rendered message's role from its content, and its content from its tool calls."""
 
+
+def render_conversation(tools: Any, turns: Iterable[tuple[object, str]]) -> str:
+    """A conversation's canonical text (``Dialect.render``): the tools as sorted JSON, then each
+    turn as ``MESSAGE_START<role>FIELD_SEPARATOR<text>``."""
+    out = [orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode()] if tools else []
+    out.extend(f"{MESSAGE_START}{role}{FIELD_SEPARATOR}{text}" for role, text in turns)
+    return "".join(out)
+
+
 NO_OUTPUT: ChunkReading = (False, None, (), False)
 """An event with nothing the relay times or counts (a role chunk, a keep-alive payload)."""
 OUTPUT: ChunkReading = (True, None, (), False)
 """The common event: output and nothing else (shared, so that reading it allocates nothing)."""
+
+
+class StreamTranslator(Protocol):
+    """One stream of another API turned into the client's events (``Translation.stream``)."""
+
+    def event(self, chunk: dict[str, Any]) -> bytes:
+        """The client's events (SSE-framed, possibly none) for one parsed upstream event."""
+        ...
+
+    def end(self) -> bytes:
+        """The client's closing events once the upstream stream completed."""
+        ...
+
+
+class Translation(Protocol):
+    """How a request of one API is answered through another API a backend serves (Messages
+    through chat completions, ``gateway/dialects/messages_chat.py``). The request is validated,
+    estimated, routed and counted as the client's API; each attempt to such a backend sends
+    ``request_body``'s body to ``upstream``'s path and translates what comes back."""
+
+    @property
+    def upstream(self) -> Dialect:
+        """The API the backend is called with; it reads the upstream answer and stream events."""
+        ...
+
+    def request_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The upstream API's body for a validated client body (a new object)."""
+        ...
+
+    def answer(self, document: dict[str, Any]) -> dict[str, Any]:
+        """The client's whole answer for the upstream API's whole answer."""
+        ...
+
+    def stream(self) -> StreamTranslator:
+        """A translator for one stream (it holds that stream's state)."""
+        ...
 
 
 class Dialect(Protocol):
@@ -88,7 +133,8 @@ class Dialect(Protocol):
 
     @property
     def name(self) -> str:
-        """Short lower-case name: the ``api`` label of ``gateway_requests_total``, ``policy explain``'s wording."""
+        """Short lower-case name: the ``api`` label of the request metrics (``gateway_requests_total``,
+        the latency histograms, tokens, SLO and goodput counters), ``policy explain``'s wording."""
         ...
 
     @property
@@ -124,6 +170,22 @@ class Dialect(Protocol):
     def error_event(self, error: GatewayError) -> bytes:
         """The gateway's error as this API's stream reports one (then the relay's ``[DONE]``):
         OpenAI's choice-chunk APIs ``data: {"error": {...}}``, as vLLM ends a failed stream."""
+        ...
+
+    def error_body(self, error: GatewayError) -> bytes:
+        """The gateway's error as this API's whole error answer (the status is the error's): the
+        OpenAI shape ``{"error": {...}}`` (``GatewayError.body``), or Anthropic's for Messages."""
+        ...
+
+    def serves(self, kind: BackendKind) -> bool:
+        """Whether a backend of ``kind`` can answer this API (natively or translated): routing offers a
+        request only the backends that can (``Dispatcher.acquire`` skips the others)."""
+        ...
+
+    def translation(self, backend: Backend, multi_scope: bool) -> Translation | None:
+        """How a backend answers this API: None, natively (its request passed through), else the
+        ``Translation`` to use. ``multi_scope``: tenants of several cache scopes reach the
+        backend (``PolicySnapshot.multi_scope_backends``), so its requests must carry their salt."""
         ...
 
     @property

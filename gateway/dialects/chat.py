@@ -50,8 +50,11 @@ from gateway.body_fields import (
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.openai_answers import (
     answer_usage,
+    every_kind,
     no_answer_id,
     no_previous_id,
+    no_translation,
+    openai_error_body,
     read_choices_chunk,
     stream_flag,
     stream_usage_fields,
@@ -118,6 +121,9 @@ class ChatDialect:
     ends_with_done = True
     keeps_state = False
     error_event = staticmethod(sse_error_event)
+    error_body = staticmethod(openai_error_body)
+    serves = staticmethod(every_kind)
+    translation = staticmethod(no_translation)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
     output_aliases = OUTPUT_LENGTH_FIELDS
@@ -143,7 +149,7 @@ class ChatDialect:
         self, body: dict[str, Any], model: ModelPolicy, limits: RequestLimits, estimator: TokenEstimator
     ) -> int:
         _check_messages(body.get("messages"), limits)
-        _check_tools(body, limits.max_tools)
+        check_tools(body, limits.max_tools)
         return chat_prompt_tokens(body, estimator, limits.media_tokens)
 
     def render(self, body: dict[str, Any]) -> str | array[int]:
@@ -232,8 +238,10 @@ def _check_messages(messages: Any, limits: RequestLimits) -> None:
             )
 
 
-def _check_tools(body: dict[str, Any], max_tools: int) -> None:
-    for name in ("tools", "functions"):
+def check_tools(body: dict[str, Any], max_tools: int, names: tuple[str, ...] = ("tools", "functions")) -> None:
+    """Each tool list of ``body`` (chat's ``tools`` and legacy ``functions``; one ``tools`` for the
+    Responses and Messages APIs) is an array of at most ``max_tools`` entries, by length alone."""
+    for name in names:
         tools = body.get(name)
         if tools is None:
             continue

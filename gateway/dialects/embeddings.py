@@ -18,8 +18,11 @@ from typing import Any, final
 from gateway.body_fields import check_stream_options, screen_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
+    every_kind,
     no_answer_id,
     no_previous_id,
+    no_translation,
+    openai_error_body,
     read_choices_chunk,
     stream_flag,
     usage_flag,
@@ -55,6 +58,9 @@ class EmbeddingsDialect:
     ends_with_done = True
     keeps_state = False
     error_event = staticmethod(sse_error_event)
+    error_body = staticmethod(openai_error_body)
+    serves = staticmethod(every_kind)
+    translation = staticmethod(no_translation)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
     output_aliases: tuple[str, ...] = ()

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.dialects.base import NO_OUTPUT, OUTPUT, ChunkReading
-from gateway.errors import InvalidRequest
+from gateway.dialects.base import NO_OUTPUT, OUTPUT, ChunkReading, Translation
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.policy.model import Backend, BackendKind
 
 OUTPUT_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
 """The delta fields that are generated output (a role alone is not)."""
@@ -120,4 +121,19 @@ def no_answer_id(document: dict[str, Any]) -> str | None:
 
 def no_previous_id(body: dict[str, Any]) -> str | None:
     """``Dialect.previous_id`` of an API without conversation state on the engine."""
+    return None
+
+
+def openai_error_body(error: GatewayError) -> bytes:
+    """``Dialect.error_body`` of the OpenAI APIs: ``{"error": {"message", "type", "param", "code"}}``."""
+    return error.body()
+
+
+def every_kind(kind: BackendKind) -> bool:
+    """``Dialect.serves`` of an API every OpenAI-compatible server answers."""
+    return True
+
+
+def no_translation(backend: Backend, multi_scope: bool) -> Translation | None:
+    """``Dialect.translation`` of an API every backend answers natively: always passed through."""
     return None

@@ -17,7 +17,10 @@ from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
 from gateway.dialects.embeddings import EMBEDDINGS
+from gateway.dialects.messages import MESSAGES
+from gateway.dialects.rerank import RERANK, SCORE
 from gateway.dialects.responses import RESPONSES
+from gateway.dialects.tokenize import DETOKENIZE, TOKENIZE
 
 DIALECTS: dict[str, Dialect] = {}
 """Every registered dialect by its path, in registration order."""
@@ -36,3 +39,8 @@ register_dialect(CHAT)
 register_dialect(COMPLETIONS)
 register_dialect(EMBEDDINGS)
 register_dialect(RESPONSES)
+register_dialect(MESSAGES)
+register_dialect(TOKENIZE)
+register_dialect(DETOKENIZE)
+register_dialect(RERANK)
+register_dialect(SCORE)

@@ -34,8 +34,9 @@ from typing import Any, final
 import orjson
 
 from gateway.body_fields import screen_fields
-from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START, NO_OUTPUT, OUTPUT, ChunkReading
-from gateway.dialects.openai_answers import stream_flag
+from gateway.dialects.base import FIELD_SEPARATOR, NO_OUTPUT, OUTPUT, ChunkReading, render_conversation
+from gateway.dialects.chat import check_tools
+from gateway.dialects.openai_answers import every_kind, no_translation, openai_error_body, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator, json_tokens
@@ -79,6 +80,9 @@ class ResponsesDialect:
     sse_event_names = True
     ends_with_done = False
     keeps_state = True
+    error_body = staticmethod(openai_error_body)
+    serves = staticmethod(every_kind)
+    translation = staticmethod(no_translation)
 
     def output_field(self, kind: BackendKind) -> str | None:
         return "max_output_tokens"
@@ -98,16 +102,8 @@ class ResponsesDialect:
     ) -> int:
         items = _items(body)
         _check_items(items, limits)
+        check_tools(body, limits.max_tools, ("tools",))
         tools = body.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list):
-                raise InvalidRequest("'tools' must be an array.", param="tools")
-            if len(tools) > limits.max_tools:
-                raise InvalidRequest(
-                    f"'tools' has {len(tools)} entries; the limit is {limits.max_tools}.",
-                    code="too_many_tools",
-                    param="tools",
-                )
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidRequest("'instructions' must be a string.", param="instructions")
@@ -120,18 +116,14 @@ class ResponsesDialect:
         return total
 
     def render(self, body: dict[str, Any]) -> str | array[int]:
-        out = []
-        tools = body.get("tools")
-        if tools:
-            out.append(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode())
         instructions = body.get("instructions")
-        if isinstance(instructions, str) and instructions:
-            out.append(f"{MESSAGE_START}system{FIELD_SEPARATOR}{instructions}")
+        turns: list[tuple[object, str]] = (
+            [("system", instructions)] if isinstance(instructions, str) and instructions else []
+        )
         for item in _items(body):
             if isinstance(item, dict):
-                role = item.get("role") or item.get("type") or "user"
-                out.append(f"{MESSAGE_START}{role}{FIELD_SEPARATOR}{_item_text(item)}")
-        return "".join(out)
+                turns.append((item.get("role") or item.get("type") or "user", _item_text(item)))
+        return render_conversation(body.get("tools"), turns)
 
     def stream_usage_fields(self, body: dict[str, Any], per_chunk: bool) -> Mapping[str, Any]:
         return {}

@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
+from gateway.routing.isolation import multi_scope_backends
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,8 @@ class PolicySnapshot:
     groups: Mapping[str, ModelGroup] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     internal: frozenset[str] = frozenset()
     """Models that only serve groups (targets, fallbacks, shadows): never called, nor listed, by name."""
+    multi_scope_backends: frozenset[str] = frozenset()
+    """Backends tenants of several cache scopes may reach (``isolation.multi_scope_backends``)."""
 
     @property
     def public_models(self) -> list[str]:
@@ -69,4 +72,5 @@ def index_policy(policy: Policy, source: str, digest: str, warnings: tuple[str, 
         warnings=warnings,
         groups=MappingProxyType({g.name: g for g in policy.model_groups}),
         internal=frozenset(m for g in policy.model_groups for m in g.members()),
+        multi_scope_backends=multi_scope_backends(policy),
     )

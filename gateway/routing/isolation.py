@@ -164,6 +164,14 @@ def check_isolation(policy: Policy) -> IsolationReport:
     return IsolationReport(tuple(problems), tuple(warnings))
 
 
+def multi_scope_backends(policy: Policy) -> frozenset[str]:
+    """The backends that tenants of two cache scopes or more may reach: on these, and only these,
+    a request that reached the engine without its ``cache_salt`` could share cached blocks with
+    another scope's (the Messages API decides passthrough by it, ``gateway/dialects/messages.py``)."""
+    tenants = [t for t in policy.tenants]
+    return frozenset(b.name for b in policy.backends if len({tenant_scope(t) for t in _reaching(tenants, b)}) > 1)
+
+
 def _may_use(tenant: Tenant, model: str) -> bool:
     return "*" in tenant.models or model in tenant.models
 

@@ -54,7 +54,7 @@ from gateway.shadow.scorers import SCORERS, QualityScorer
 from gateway.telemetry import Metrics
 from gateway.types import InferenceRequest
 from gateway.upstream import StreamChunks, UpstreamClient, new_engine_request_id
-from gateway.upstream_body import attempt_body
+from gateway.upstream_body import attempt_body, translated_request
 from gateway.upstream_errors import is_error_document
 
 log = logging.getLogger(__name__)
@@ -195,6 +195,9 @@ class ShadowRunner:
             self._count(group.name, policy.model, "no_room")
             return None
         backend = grant.state.backend
+        translation = copy.api.translation(backend, backend.name in runtime.snapshot.multi_scope_backends)
+        if translation is not None:  # as the request's own attempts do (Messages through chat)
+            copy = translated_request(copy, translation)
         unsalted = runtime.snapshot.policy.cache_isolation.unsalted
         isolation = isolation_fields(backend.kind, unsalted, runtime.salter, ctx.tenant)
         body = attempt_body(copy, backend, isolation=isolation, rank=priority_class.rank, track=False)

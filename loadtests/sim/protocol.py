@@ -11,6 +11,34 @@ far instead of ``null``, as vLLM does: the gateway reads the exact count of toke
 from it when it migrates a broken stream to another engine. Errors use vLLM's shape
 ``{"error": {"message", "type", "param", "code"}}``.
 
+Tool calls, as vLLM makes them when ``tool_choice`` forces one (``"required"``, or a named
+function ``{"type": "function", "function": {"name": ...}}``; vLLM's structured outputs then
+force arguments valid for the tool's ``parameters``). The simulator stands for vLLM started with
+``--enable-auto-tool-choice`` and a tool-call parser: under ``"auto"`` (the default when
+``tools`` is given) or ``"none"`` the simulated model answers in text, as today (the parser finds
+no call in it; without those flags vLLM refuses ``"auto"`` with a 400). A forced call is one call
+to the named function, or with ``"required"`` to the first tool; its arguments are a JSON object
+with a value for each property the schema lists in ``required`` (else for its first property):
+the generated words inside a string, a fixed value otherwise (the first of an ``enum``, 1 for an
+integer, 1.5 for a number, true, [], {}, null). Each generated token is one piece of the
+arguments' text and the pieces end the object exactly at the generation's last token, so token
+counts, TTFT and ITL are as for text. Shapes, as vLLM's:
+
+* whole: ``message`` ``{"role": "assistant", "content": "", "tool_calls": [{"id":
+  "chatcmpl-tool-<32 hex>", "type": "function", "function": {"name", "arguments"}}]}``;
+* streamed: after the role chunk, one chunk per token whose delta is ``{"tool_calls": [{"id",
+  "type": "function", "index": 0, "function": {"name", "arguments": <first piece>}}]}`` for the
+  first token and ``{"tool_calls": [{"index": 0, "function": {"arguments": <piece>}}]}`` after;
+* ``finish_reason``: the generation stops at the end of the object, and vLLM reports
+  ``"tool_calls"`` for ``"required"`` but ``"stop"`` for a named function (as OpenAI does).
+
+Not modelled: with ``"required"`` vLLM's model writes ``[{"name": ..., "parameters": {...}}]``
+and the tokens of that wrapper stream no delta; here every token is an argument piece. The
+engine's ``vllm:request_success_total`` still counts the request under its finished reason
+(``length``). The tools (name, description, parameters) are rendered into the prompt as a
+``tools`` turn before the messages, and an assistant message's ``tool_calls`` as ``name
+arguments`` after its content, as chat templates put both in the prompt.
+
 Content chunks are built from pre-rendered byte templates: the per-token cost is one
 ``orjson.dumps`` of the token text.
 """
@@ -18,12 +46,14 @@ Content chunks are built from pre-rendered byte templates: the per-token cost is
 from __future__ import annotations
 
 import enum
+import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from loadtests.sim.tokenizer import count_tokens, render_chat, tokenize
+from loadtests.sim.tokenizer import count_tokens, output_text, render_chat, tokenize
 
 
 class Endpoint(enum.Enum):
@@ -42,14 +72,17 @@ class ApiError(Exception):
         self.param = param
         self.kind = kind  # the error's "type"; by default derived from the status, as vLLM does
 
-    def body(self) -> bytes:
-        kind = self.kind or {
+    @property
+    def error_type(self) -> str:
+        return self.kind or {
             400: "BadRequestError",
             404: "NotFoundError",
             405: "MethodNotAllowed",
             503: "ServiceUnavailableError",
         }.get(self.status, "InternalServerError")
-        error = {"message": self.message, "type": kind, "param": self.param, "code": self.status}
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}
         return orjson.dumps({"error": error})
 
 
@@ -66,6 +99,140 @@ class ParsedRequest:
     priority: int
     continuous_usage: bool
     cache_salt: str | None
+    tool_call: ToolCall | None = None  # the call a forced tool_choice makes instead of text
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """The one function call of a forced ``tool_choice``: ``pieces[i]`` is the ``i``-th token's
+    text of its arguments (see the module docstring)."""
+
+    call_id: str
+    name: str
+    named: bool  # a named function (finish "stop"), not "required" (finish "tool_calls")
+    pieces: tuple[str, ...]
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.named else "tool_calls"
+
+    def arguments(self, n: int) -> str:
+        """The arguments after ``n`` tokens, as vLLM's whole answer gives them: a named call's text
+        as generated, a required one's object re-serialised (``json.dumps``)."""
+        text = "".join(self.pieces[:n])
+        return text if self.named or n != len(self.pieces) else json.dumps(json.loads(text), ensure_ascii=False)
+
+    def message_call(self, n: int) -> dict[str, Any]:
+        """The call in a whole answer's ``message.tool_calls``."""
+        return {"id": self.call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments(n)}}
+
+    def delta(self, index: int) -> dict[str, Any]:
+        """The streamed delta of token ``index``: the first carries the call's id and name."""
+        if index:
+            return {"tool_calls": [{"index": 0, "function": {"arguments": self.pieces[index]}}]}
+        function = {"name": self.name, "arguments": self.pieces[0]}
+        return {"tool_calls": [{"id": self.call_id, "type": "function", "index": 0, "function": function}]}
+
+
+_STRING = object()  # a string property: it holds the generated words
+_FIXED: dict[str, Any] = {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}, "null": None}
+
+
+def _value_of(schema: Any) -> Any:
+    """The fixed value of a property of ``schema``, or ``_STRING`` for one that takes words."""
+    if not isinstance(schema, dict):
+        return _STRING
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    return _FIXED.get(kind, _STRING) if isinstance(kind, str) else _STRING
+
+
+def argument_pieces(parameters: Any, n: int) -> tuple[str, ...]:
+    """``n`` pieces (``n`` >= 1) whose concatenation is a JSON object valid for ``parameters``:
+    the literal text around the string values, and one generated word per token inside them."""
+    schema = parameters if isinstance(parameters, dict) else {}
+    found = schema.get("properties")
+    properties: dict[str, Any] = found if isinstance(found, dict) else {}
+    required = schema.get("required")
+    names = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
+    literals = ["{"]  # the text between string values
+    for i, name in enumerate(dict.fromkeys(names or list(properties)[:1])):
+        literals[-1] += ("" if i == 0 else ", ") + json.dumps(name) + ": "
+        value = _value_of(properties.get(name))
+        if value is _STRING:
+            literals[-1] += '"'
+            literals.append('"')
+        else:
+            literals[-1] += json.dumps(value, ensure_ascii=False)
+    literals[-1] += "}"
+    slots = len(literals) - 1
+    if slots == 0:  # nothing to hold words: whitespace before the closing brace
+        return (literals[0],) if n == 1 else (literals[0][:-1], *([" "] * (n - 2)), "}")
+    words = max(0, n - len(literals))
+    pieces: list[str] = []
+    for k in range(slots):
+        pieces.append(literals[k])
+        first = k * (words // slots) + min(k, words % slots)
+        count = words // slots + (1 if k < words % slots else 0)
+        pieces.extend(json.dumps(output_text(w))[1:-1] for w in range(first, first + count))
+    pieces.append(literals[-1])
+    if len(pieces) > n:  # fewer tokens than the object's literal parts: the last token has the rest
+        pieces[n - 1 :] = ["".join(pieces[n - 1 :])]
+    return tuple(pieces)
+
+
+def _function_of(tool: Any, index: int) -> dict[str, Any]:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if (
+        not isinstance(function, dict)
+        or tool.get("type", "function") != "function"
+        or not isinstance(function.get("name"), str)
+        or not isinstance(function.get("parameters"), dict | None)
+    ):
+        raise ApiError(400, f"tools[{index}] must be a function tool with a string 'name'", param="tools")
+    return function
+
+
+def _tool_functions(body: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = field_of(body, "tools", list, [])
+    return [_function_of(tool, i) for i, tool in enumerate(tools)]
+
+
+def _forced_call(body: dict[str, Any], functions: list[dict[str, Any]], n: int) -> ToolCall | None:
+    """The call ``tool_choice`` forces, if any (vLLM's ``check_tool_usage`` rules)."""
+    choice = body.get("tool_choice")
+    if choice is None or choice == "none":
+        return None
+    if "tools" not in body or body["tools"] is None:
+        raise ApiError(400, "When using `tool_choice`, `tools` must be set.", param="tool_choice")
+    if choice == "auto" or (choice == "required" and not functions):
+        return None  # auto: the simulated model answers in text; required without tools: as none
+    if choice == "required":
+        function, named = functions[0], False
+    elif isinstance(choice, dict):
+        wanted = choice.get("function")
+        name = wanted.get("name") if isinstance(wanted, dict) else None
+        function = next((f for f in functions if f["name"] == name), {})
+        if not isinstance(name, str) or not function:
+            raise ApiError(
+                400,
+                "The tool specified in `tool_choice` does not match any of the specified `tools`",
+                param="tool_choice",
+            )
+        named = True
+    else:
+        raise ApiError(
+            400,
+            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
+            param="tool_choice",
+        )
+    pieces = argument_pieces(function.get("parameters"), n)
+    return ToolCall(f"chatcmpl-tool-{uuid.uuid4().hex}", function["name"], named, pieces)
 
 
 def field_of(body: dict[str, Any], key: str, kinds: type | tuple[type, ...], default: Any) -> Any:
@@ -101,14 +268,32 @@ def _message_text(message: Any, index: int) -> dict[str, str]:
         content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     if not isinstance(content, str):
         raise ApiError(400, f"messages[{index}].content must be a string or parts", param="messages")
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        content = " ".join([content, *(_call_text(call) for call in calls)])
     return {"role": message["role"], "content": content}
 
 
-def _chat_prompt(body: dict[str, Any]) -> list[int]:
+def _call_text(call: Any) -> str:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return ""
+    return f"{function.get('name') or ''} {function.get('arguments') or ''}"
+
+
+def _tools_turn(functions: list[dict[str, Any]]) -> dict[str, str]:
+    """The tools as the prompt shows them: a ``tools`` turn of their JSON definitions."""
+    defined = [{k: f.get(k) for k in ("name", "description", "parameters")} for f in functions]
+    return {"role": "tools", "content": orjson.dumps(defined).decode()}
+
+
+def _chat_prompt(body: dict[str, Any], functions: list[dict[str, Any]]) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     rendered = [_message_text(m, i) for i, m in enumerate(messages)]
+    if functions:
+        rendered.insert(0, _tools_turn(functions))
     add_prompt = field_of(body, "add_generation_prompt", bool, True)
     cont = field_of(body, "continue_final_message", bool, False)
     if cont and add_prompt:
@@ -131,12 +316,22 @@ def _completion_prompt(body: dict[str, Any], key: str) -> list[int]:
 
 def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_max_tokens: int) -> ParsedRequest:
     """Validate a request body; raise `ApiError` (400, or 404 for another model)."""
-    body = model_body(raw, served_model)
+    return parse_body(
+        endpoint, model_body(raw, served_model), served_model=served_model, default_max_tokens=default_max_tokens
+    )
+
+
+def parse_body(
+    endpoint: Endpoint, body: dict[str, Any], *, served_model: str, default_max_tokens: int
+) -> ParsedRequest:
+    """Validate a request body already read as a JSON object (its model checked); raise `ApiError`."""
     model = served_model
     if field_of(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported by the simulator", param="n")
+    functions: list[dict[str, Any]] = []
     if endpoint is Endpoint.CHAT:
-        tokens = _chat_prompt(body)
+        functions = _tool_functions(body)
+        tokens = _chat_prompt(body, functions)
         max_tokens = field_of(body, "max_completion_tokens", int, None) or field_of(body, "max_tokens", int, None)
     elif endpoint is Endpoint.COMPLETION:
         tokens = _completion_prompt(body, "prompt")
@@ -162,6 +357,7 @@ def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_
         priority=field_of(body, "priority", int, 0),
         continuous_usage=bool(options.get("include_usage")) and bool(options.get("continuous_usage_stats")),
         cache_salt=salt,
+        tool_call=_forced_call(body, functions, max_tokens) if endpoint is Endpoint.CHAT else None,
     )
 
 
@@ -230,6 +426,13 @@ class StreamRenderer:
         choice.update(finish_reason=finish_reason, stop_reason=None)
         return self._event({**self._head, "choices": [choice]}, completion_tokens)
 
+    def tool_chunk(self, call: ToolCall, index: int, last: bool) -> bytes:
+        """Token ``index`` of a forced tool call (the last one carries the finish reason)."""
+        choice: dict[str, Any] = {"index": 0, "delta": call.delta(index), "logprobs": None, "finish_reason": None}
+        if last:
+            choice.update(finish_reason=call.finish_reason, stop_reason=None)
+        return self._event({**self._head, "choices": [choice]}, index + 1)
+
     def usage_chunk(self, prompt: int, completion: int, cached: int) -> bytes:
         return self._event({**self._head, "choices": [], "usage": usage(prompt, completion, cached)}, completion)
 
@@ -244,11 +447,19 @@ DONE = b"data: [DONE]\n\n"
 
 
 def full_response(
-    endpoint: Endpoint, req_id: str, model: str, created: int, text: str, finish_reason: str, use: dict[str, Any]
+    endpoint: Endpoint,
+    req_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str,
+    use: dict[str, Any],
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> bytes:
-    """A non-streaming `chat.completion` or `text_completion` body."""
+    """A non-streaming `chat.completion` or `text_completion` body; with ``tool_calls`` (chat), a
+    message that makes them (``text`` is then its content: vLLM's ``""``)."""
     if endpoint is Endpoint.CHAT:
-        message = {"role": "assistant", "content": text, "tool_calls": []}
+        message = {"role": "assistant", "content": text, "tool_calls": tool_calls or []}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
         obj = "chat.completion"
     else:
@@ -294,4 +505,15 @@ def models_response(model: str, created: int, max_model_len: int) -> bytes:
     return orjson.dumps({"object": "list", "data": [card]})
 
 
-__all__ = ["DONE", "ApiError", "Endpoint", "ParsedRequest", "StreamRenderer", "count_tokens", "parse_request"]
+__all__ = [
+    "DONE",
+    "ApiError",
+    "Endpoint",
+    "ParsedRequest",
+    "StreamRenderer",
+    "ToolCall",
+    "argument_pieces",
+    "count_tokens",
+    "parse_body",
+    "parse_request",
+]

@@ -9,7 +9,9 @@ task reads ``receive()`` and, on ``http.disconnect``, aborts the request in the 
 frees its KV blocks at once.
 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/responses``
-(the Responses API, see ``responses.py``); ``GET /health`` (200, empty body), ``/metrics``,
+(the Responses API, see ``responses.py``), ``/tokenize``, ``/detokenize``, ``/v1/rerank`` and
+``/v1/score`` (the small endpoints, see ``pooling.py``), ``/v1/messages`` (Anthropic's Messages
+API as vLLM serves it, see ``messages.py``); ``GET /health`` (200, empty body), ``/metrics``,
 ``/v1/models``, ``/version``.
 
 Fault injection (not in vLLM): ``POST /admin/fault`` with ``{"mode", "after_tokens"}`` sets
@@ -38,7 +40,16 @@ from loadtests.sim.clock import Clock
 from loadtests.sim.engine import Engine, EngineRequest, build_engine
 from loadtests.sim.faults import Fault, FaultMode, drop_connection, unavailable
 from loadtests.sim.kvcache import KVCache, chain_hashes, salt_root
+from loadtests.sim.messages import (
+    MESSAGES_PATH,
+    AnthropicError,
+    MessageEvents,
+    message_answer,
+    parse_messages_request,
+    stream_answer,
+)
 from loadtests.sim.metrics import EngineMetrics
+from loadtests.sim.pooling import PoolingEndpoints
 from loadtests.sim.profiles import Profile, ProfileKind, get_profile
 from loadtests.sim.protocol import (
     DONE,
@@ -99,6 +110,7 @@ class EngineApp:
         self._texts: dict[int, str] = {}
         self.fault = Fault()
         self.response_store = ResponseStore()  # finished responses, for previous_response_id
+        self.pooling = PoolingEndpoints(model, self.max_model_len, self.metrics)  # /tokenize, /v1/rerank, ...
 
     def set_fault(self, fault: Fault) -> None:
         """Inject ``fault`` into the requests that arrive from now on (see ``faults.py``)."""
@@ -152,6 +164,18 @@ class EngineApp:
             body = await _read_body(receive)
             if body is not None:
                 await self._responses(body, receive, send)
+        elif path in self.pooling.paths:
+            if method != "POST":
+                raise ApiError(405, "Method Not Allowed")
+            body = await _read_body(receive)
+            if body is not None:
+                await _respond(send, 200, self.pooling.answer(path, body, self.fault))
+        elif path == MESSAGES_PATH:
+            if method != "POST":
+                raise ApiError(405, "Method Not Allowed")
+            body = await _read_body(receive)
+            if body is not None:
+                await self._messages(body, receive, send)
         elif endpoint is not None:
             if method != "POST":
                 raise ApiError(405, "Method Not Allowed")
@@ -201,12 +225,7 @@ class EngineApp:
             self.metrics.faults[fault.mode.value].inc()
             raise unavailable()
         req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=self.profile.default_max_tokens)
-        if len(req.token_ids) + req.max_tokens > self.max_model_len:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {self.max_model_len} tokens; the request "
-                f"has {len(req.token_ids)} prompt tokens and asks for {req.max_tokens}.",
-            )
+        self._check_context(req)
         req_id = f"{_ID_PREFIX[endpoint]}{self._id_base}{next(self._ids):x}"
         if self.engine is None:
             await self._instant(req, req_id, send)
@@ -217,6 +236,52 @@ class EngineApp:
                 await self._stream(req, req_id, stream, send, close_at)
             elif await _finished_whole(stream, send, close_at):
                 await _respond(send, 200, self._unary_body(req, req_id, stream))
+
+    def _check_context(self, req: ParsedRequest) -> None:
+        if len(req.token_ids) + req.max_tokens > self.max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens; the request "
+                f"has {len(req.token_ids)} prompt tokens and asks for {req.max_tokens}.",
+            )
+
+    async def _messages(self, body: bytes, receive: Receive, send: Send) -> None:
+        """``POST /v1/messages``: the chat path (faults, engine, disconnects) with vLLM's Messages
+        conversion; the body's ``cache_salt`` and ``priority`` are not passed on (see ``messages.py``)."""
+        fault = self.fault
+        if fault.mode is FaultMode.FAIL_503:
+            self.metrics.faults[fault.mode.value].inc()
+            raise AnthropicError.of(unavailable())
+        default = self.profile.default_max_tokens
+        req = parse_messages_request(body, served_model=self.model, default_max_tokens=default)
+        try:
+            self._check_context(req)
+        except ApiError as error:
+            raise AnthropicError.of(error) from error
+        msg_id = f"{_ID_PREFIX[Endpoint.CHAT]}{self._id_base}{next(self._ids):x}"
+        if self.engine is None:
+            await self._messages_instant(req, msg_id, send)
+            return
+        close_at = fault.close_at(req.max_tokens)
+        async with self._submitted(req.token_ids, req.max_tokens, req.priority, req.cache_salt, receive) as stream:
+            if req.stream:
+                await stream_answer(MessageEvents(req, msg_id), stream, send, close_at)
+            elif await _finished_whole(stream, send, close_at):
+                n = stream.num_tokens
+                await _respond(send, 200, message_answer(req, msg_id, self._text(n), stream.prompt_tokens, n))
+
+    async def _messages_instant(self, req: ParsedRequest, msg_id: str, send: Send) -> None:
+        """A Messages answer at once, without an engine (the ``instant`` profile)."""
+        prompt, n = len(req.token_ids), req.max_tokens
+        self.metrics.prompt_tokens.inc(prompt)
+        self.metrics.generation_tokens.inc(n)
+        self.metrics.success["length"].inc()
+        if not req.stream:
+            await _respond(send, 200, message_answer(req, msg_id, self._text(n), prompt, n))
+            return
+        events = MessageEvents(req, msg_id)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        await send({"type": "http.response.body", "body": events.tokens(range(n), prompt) + events.finish(prompt, n)})
 
     @contextlib.asynccontextmanager
     async def _submitted(
@@ -247,12 +312,16 @@ class EngineApp:
         continuous = stream.prompt_tokens if req.continuous_usage else None
         renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage, continuous)
         last = req.max_tokens - 1
+        call = req.tool_call
         first = True
         sent = 0
         while sent != close_at and (batch := await stream.drain()):
             parts = [renderer.role_chunk()] if first and renderer.chat else []
             first = False
             for i in batch:
+                if call is not None:
+                    parts.append(renderer.tool_chunk(call, i, i == last))
+                    continue
                 text = output_text(i)
                 parts.append(renderer.final(text, "length", i + 1) if i == last else renderer.content(text, i + 1))
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
@@ -337,8 +406,12 @@ class EngineApp:
         created = int(time.time())
         if req.endpoint is Endpoint.EMBEDDING:
             return embedding_response(req_id, req.model, created, embed(req.token_ids), len(req.token_ids))
-        use = usage(stream.prompt_tokens, stream.num_tokens, stream.cached_tokens)
-        return full_response(req.endpoint, req_id, req.model, created, self._text(stream.num_tokens), "length", use)
+        n = stream.num_tokens
+        use = usage(stream.prompt_tokens, n, stream.cached_tokens)
+        if req.tool_call is not None:
+            calls = [req.tool_call.message_call(n)]
+            return full_response(req.endpoint, req_id, req.model, created, "", req.tool_call.finish_reason, use, calls)
+        return full_response(req.endpoint, req_id, req.model, created, self._text(n), "length", use)
 
     def _text(self, n: int) -> str:
         text = self._texts.get(n)
@@ -363,8 +436,12 @@ class EngineApp:
         continuous = prompt if req.continuous_usage else None
         renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage, continuous)
         parts = [renderer.role_chunk()] if renderer.chat else []
-        parts.extend(renderer.content(output_text(i), i + 1) for i in range(n - 1))
-        parts.append(renderer.final(output_text(n - 1), "length", n))
+        call = req.tool_call
+        if call is not None:
+            parts.extend(renderer.tool_chunk(call, i, i == n - 1) for i in range(n))
+        else:
+            parts.extend(renderer.content(output_text(i), i + 1) for i in range(n - 1))
+            parts.append(renderer.final(output_text(n - 1), "length", n))
         if req.include_usage:
             parts.append(renderer.usage_chunk(prompt, n, 0))
         parts.append(DONE)

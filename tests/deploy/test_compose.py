@@ -73,6 +73,13 @@ MAY_BE_EMPTY = {
         "breaker's consecutive rule off"
     ),
 }
+# Rows whose panels may all stay empty here, with why: checked as MAY_BE_EMPTY's panels are.
+ROWS_MAY_BE_EMPTY = {
+    "Model groups and rollouts": (
+        "the stack's policy has no model_groups, so no group, shadow or rollout series exists; "
+        "tests/groups/ and tests/rollout/ drive those metrics"
+    ),
+}
 
 
 # -- structure ----------------------------------------------------------------------------------
@@ -332,7 +339,8 @@ def test_prometheus_loads_the_alert_rules_and_scrapes_every_target(running: Runn
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_every_dashboard_query_returns_series_from_the_stacks_prometheus(stack: Stack, running: Running) -> None:
-    queries = _dashboard_queries(stack)
+    queries, rows = _dashboard_queries(stack)
+    may_be_empty = set(MAY_BE_EMPTY) | {key for key, row in rows.items() if row in ROWS_MAY_BE_EMPTY}
     prometheus = running.prometheus
     refused = {key: error for key, expr in queries.items() if (error := prometheus.query_error(expr))}
     assert refused == {}
@@ -348,35 +356,69 @@ def test_every_dashboard_query_returns_series_from_the_stacks_prometheus(stack: 
             for key, expr in queries.items():
                 if key not in seen and (sample := _valued(prometheus.query(expr))):
                     seen[key] = sample
-            return set(queries) - set(seen) <= set(MAY_BE_EMPTY)
+            return set(queries) - set(seen) <= may_be_empty
 
         try:
             wait_until(every_query_answered, timeout=240, what="every dashboard query to return a series")
         except AssertionError:
-            missing = {k: queries[k] for k in queries if k not in seen and k not in MAY_BE_EMPTY}
+            missing = {k: queries[k] for k in queries if k not in seen and k not in may_be_empty}
             raise AssertionError(f"no series for {json.dumps(missing, indent=1)} (logs: {running.logs})") from None
     assert set(MAY_BE_EMPTY) <= set(queries), "an allow-listed panel is gone: drop it from MAY_BE_EMPTY"
+    assert set(ROWS_MAY_BE_EMPTY) <= set(rows.values()), "an allow-listed row is gone: drop it from ROWS_MAY_BE_EMPTY"
     assert traffic.failures == Counter(), f"requests that failed: {traffic.failures} of {traffic.sent}"
     assert traffic.sent["stream"] > 0
     assert traffic.sent["whole"] > 0
 
 
-def _dashboard_queries(stack: Stack) -> dict[str, str]:
+def test_the_dashboard_queries_include_the_panels_of_collapsed_rows(stack: Stack) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    collapsed = {p["title"]: p["panels"] for p in dashboard["panels"] if p["type"] == "row" and p.get("collapsed")}
+    assert {"Model groups and rollouts", "APIs"} <= set(collapsed)
+    queries, rows = _dashboard_queries(stack)
+    for row, panels in collapsed.items():
+        expected = {f"{panel['title']}/{target['refId']}" for panel in panels for target in panel.get("targets", [])}
+        assert expected
+        assert {key for key, of in rows.items() if of == row} == expected
+    assert not [expr for expr in queries.values() if re.search(r"\$\{?(?!\d)\w", expr)], "a variable left unset"
+
+
+def _dashboard_queries(stack: Stack) -> tuple[dict[str, str], dict[str, str]]:
     """'panel title/refId' -> its PromQL, with Grafana's variables as Grafana sends them: each
-    variable at its default ("All": its allValue), $__rate_interval at 4 x the scrape interval."""
+    variable at its default ("All": its allValue), $__rate_interval at 4 x the scrape interval,
+    $__range the dashboard's time range, any other ``$name`` left as it is (as Grafana does: the
+    ``$1`` of a ``label_replace``); and 'panel title/refId' -> the title of its row. Panels inside
+    collapsed rows count as the others do."""
     dashboard = json.loads(DASHBOARD.read_text())
     scrape_s = _seconds(prometheus_config(stack)["global"]["scrape_interval"])
-    values = {"__rate_interval": f"{4 * scrape_s}s", "__interval": f"{scrape_s}s"}
+    values = {
+        "__rate_interval": f"{4 * scrape_s}s",
+        "__interval": f"{scrape_s}s",
+        "__range": dashboard["time"]["from"].removeprefix("now-"),
+    }
     for variable in dashboard["templating"]["list"]:
         if variable.get("includeAll") and variable["current"].get("value") == "$__all":
             values[variable["name"]] = variable["allValue"]
-    targets = [(panel["title"], target) for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    targets = [
+        (row, panel["title"], target) for row, panel in _panels(dashboard) for target in panel.get("targets", [])
+    ]
     queries = {
-        f"{title}/{target['refId']}": re.sub(r"\$\{?(\w+)\}?", lambda m: values[m[1]], target["expr"])
-        for title, target in targets
+        f"{title}/{target['refId']}": re.sub(r"\$\{?(\w+)\}?", lambda m: values.get(m[1], m[0]), target["expr"])
+        for _, title, target in targets
     }
     assert len(queries) == len(targets), "two panels with one title: name them apart"
-    return queries
+    return queries, {f"{title}/{target['refId']}": row for row, title, target in targets}
+
+
+def _panels(dashboard: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every panel with the title of its row: an open row's panels follow it, a collapsed row keeps
+    its own in its ``panels``."""
+    row = ""
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+            yield from ((row, inner) for inner in panel.get("panels", ()))
+        else:
+            yield row, panel
 
 
 def _valued(result: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -37,14 +37,14 @@ class DialectSamples:
     and adds ``second``). ``stream``: the events of a streamed answer (None: never streamed),
     whose first output is ``stream[first_output]``; ``stream_usage`` its usage in the gateway's
     shape, ``finish_reasons`` its finish reasons. ``answer``/``answer_usage``: a whole answer and
-    its usage.
+    its usage (None: the API's answer reports none, as vLLM's ``/detokenize``).
     """
 
     with_prompt: Callable[[str], Body]
     turns: Callable[[str, str, str], tuple[Body, Body]]
     refused: list[Refusal]
     answer: Body
-    answer_usage: dict[str, int]
+    answer_usage: dict[str, int] | None
     stream: list[Body] | None = None
     first_output: int = 0
     stream_usage: dict[str, int] = field(default_factory=dict)
@@ -297,10 +297,257 @@ RESPONSES = DialectSamples(
     finish_reasons=("length",),
 )
 
+# --- messages ------------------------------------------------------------------------------
+# vLLM's Anthropic Messages objects and events (``vllm/entrypoints/anthropic/serving.py``).
+
+
+def _messages(text: str) -> Body:
+    return {"model": MODEL, "max_tokens": 16, "system": SYSTEM, "messages": [{"role": "user", "content": text}]}
+
+
+def _messages_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    turn = _messages(first)
+    following = {
+        **turn,
+        "messages": [
+            *turn["messages"],
+            {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+            {"role": "user", "content": [{"type": "text", "text": second}]},
+        ],
+    }
+    return turn, following
+
+
+def _anthropic(kind: str, **fields: Any) -> Body:
+    return {"type": kind, **fields}
+
+
+_ANTHROPIC_MESSAGE = {
+    "id": "chatcmpl-1",
+    "type": "message",
+    "role": "assistant",
+    "content": [{"type": "text", "text": " Once upon"}],
+    "model": MODEL,
+    "stop_reason": "max_tokens",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 9, "output_tokens": 2},
+}
+
+MESSAGES = DialectSamples(
+    with_prompt=_messages,
+    turns=_messages_turns,
+    refused=[
+        Refusal({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, "invalid_field", "max_tokens",
+                "no max_tokens (the API requires it)"),
+        Refusal({"model": MODEL, "max_tokens": 8}, "invalid_field", "messages", "no messages"),
+        Refusal({**_messages("Hi"), "messages": [{"role": "system", "content": "Hi"}]}, "invalid_field",
+                "messages[0].role", "a system message (system is a top-level field)"),
+        Refusal({**_messages("Hi"), "messages": [{"role": "user", "content": [{"text": "Hi"}]}]}, "invalid_field",
+                "messages[0].content[0]", "a block without a type"),
+        Refusal({**_messages("Hi"), "max_tokens": 0}, "invalid_field", "max_tokens", "a non-positive bound"),
+    ],
+    answer=_ANTHROPIC_MESSAGE,
+    answer_usage={"prompt_tokens": 9, "completion_tokens": 2},
+    stream=[
+        _anthropic("message_start", message={**_ANTHROPIC_MESSAGE, "content": [], "stop_reason": None,
+                                             "usage": {"input_tokens": 9, "output_tokens": 0}}),
+        _anthropic("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+        _anthropic("content_block_delta", index=0, delta={"type": "text_delta", "text": " Once"}),
+        _anthropic("content_block_delta", index=0, delta={"type": "text_delta", "text": " upon"}),
+        _anthropic("content_block_stop", index=0),
+        _anthropic("message_delta", delta={"stop_reason": "max_tokens"}, usage={"input_tokens": 9, "output_tokens": 2}),
+        _anthropic("message_stop"),
+    ],
+    first_output=2,
+    stream_usage={"prompt_tokens": 9, "completion_tokens": 2},
+    finish_reasons=("length",),
+)  # fmt: skip
+
+# --- tokenize, detokenize ------------------------------------------------------------------
+# vLLM's tokenizer endpoints (``vllm/entrypoints/serve/tokenize/protocol.py``).
+
+
+def _tokenize(text: str) -> Body:
+    return {"model": MODEL, "prompt": text, "add_special_tokens": False, "return_token_strs": True}
+
+
+def _tokenize_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    return _tokenize(first), _tokenize(first + answer + second)
+
+
+_USER_HI = [{"role": "user", "content": "Hi"}]
+
+TOKENIZE = DialectSamples(
+    with_prompt=_tokenize,
+    turns=_tokenize_turns,
+    refused=[
+        Refusal({"model": MODEL}, "invalid_field", "prompt", "neither a prompt nor messages"),
+        Refusal({**_tokenize("Hi"), "messages": _USER_HI}, "invalid_field", "messages", "both a prompt and messages"),
+        Refusal({"model": MODEL, "prompt": [1, 2]}, "invalid_field", "prompt", "token ids, not text"),
+        Refusal(
+            {**_tokenize("Hi"), "add_generation_prompt": True},
+            "invalid_field",
+            "add_generation_prompt",
+            "a chat template switch with a prompt (vLLM would ignore it)",
+        ),
+        Refusal(
+            {"model": MODEL, "messages": [{"role": "wizard", "content": "Hi"}]},
+            "invalid_field",
+            "messages[0].role",
+            "the chat form's messages checked as chat's",
+        ),
+        Refusal(
+            {"model": MODEL, "messages": _USER_HI, "chat_template": "{{ x }}"},
+            "unsupported_field",
+            "chat_template",
+            "a template of the request's own",
+        ),
+    ],
+    answer={"count": 2, "max_model_len": 4096, "tokens": [9906, 1917], "token_strs": ["Hello", " world"]},
+    answer_usage={"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2},
+)
+
+
+def _detokenize(text: str) -> Body:
+    return {"model": MODEL, "tokens": list(text.encode())}  # a byte-level tokenizer's ids
+
+
+def _detokenize_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    return _detokenize(first), _detokenize(first + answer + second)
+
+
+DETOKENIZE = DialectSamples(
+    with_prompt=_detokenize,
+    turns=_detokenize_turns,
+    refused=[
+        Refusal({"model": MODEL}, "invalid_field", "tokens", "no token ids"),
+        Refusal({"model": MODEL, "tokens": "Hi"}, "invalid_field", "tokens", "text instead of token ids"),
+        Refusal({"model": MODEL, "tokens": [1, -2]}, "invalid_field", "tokens", "a negative id"),
+        Refusal({"model": MODEL, "tokens": [1, True]}, "invalid_field", "tokens", "a boolean for an id"),
+        Refusal(
+            {"model": MODEL, "tokens": list(range(100_001))},
+            "prompt_too_long",
+            "tokens",
+            "more ids than the model's prompt cap, refused before they are read",
+        ),
+    ],
+    answer={"prompt": "Hello world"},
+    answer_usage=None,  # vLLM's answer carries no usage: the reservation (the ids' count) is charged
+)
+
+# --- rerank, score -------------------------------------------------------------------------
+# vLLM's ``RerankResponse`` and ``ScoreResponse`` (``vllm/entrypoints/pooling/scoring/protocol.py``).
+
+_DOCUMENTS = ["The quick fox jumps.", "A lazy dog sleeps."]
+_QUERY = "Which one is about the fox?"
+
+
+def _rerank(text: str) -> Body:
+    return {"model": MODEL, "query": text, "documents": _DOCUMENTS, "top_n": 1}
+
+
+def _rerank_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    # No conversation here: a longer last document extends the rendered pairs all the same.
+    turn = {"model": MODEL, "query": _QUERY, "documents": [first]}
+    return turn, {**turn, "documents": [first + answer + second]}
+
+
+def _image(url: str) -> Body:
+    return {"content": [{"type": "image_url", "image_url": {"url": url}}]}
+
+
+RERANK = DialectSamples(
+    with_prompt=_rerank,
+    turns=_rerank_turns,
+    refused=[
+        Refusal({"model": MODEL, "query": "q"}, "invalid_field", "documents", "no documents"),
+        Refusal({"model": MODEL, "documents": ["d"]}, "invalid_field", "query", "no query"),
+        Refusal({**_rerank("q"), "query": ["q", "r"]}, "invalid_field", "query", "a list of queries"),
+        Refusal(
+            {**_rerank("q"), "documents": ["d"] * 513},
+            "too_many_messages",
+            "documents",
+            "more documents than limits.max_messages, refused before they are read",
+        ),
+        Refusal(
+            {**_rerank("q"), "documents": ["d", {"text": "e"}]},
+            "invalid_field",
+            "documents[1]",
+            "a document object without content parts",
+        ),
+        Refusal({**_rerank("q"), "top_n": -1}, "invalid_field", "top_n", "a negative top_n"),
+        Refusal(
+            {**_rerank("q"), "documents": ["d", _image("https://evil.test/a.png")]},
+            "media_url_not_allowed",
+            "documents[1].content[0].image_url.url",
+            "a media URL off the allowlist",
+        ),
+    ],
+    answer={
+        "id": "rerank-1",
+        "model": MODEL,
+        "usage": {"prompt_tokens": 21, "total_tokens": 21},
+        "results": [{"index": 0, "document": {"text": _DOCUMENTS[0], "multi_modal": None}, "relevance_score": 0.97}],
+    },
+    answer_usage={"prompt_tokens": 21, "completion_tokens": 0, "total_tokens": 21},
+)
+
+
+def _score(text: str) -> Body:
+    return {"model": MODEL, "text_1": text, "text_2": _DOCUMENTS}
+
+
+def _score_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    turn = {"model": MODEL, "queries": _QUERY, "documents": [first]}
+    return turn, {**turn, "documents": [first + answer + second]}
+
+
+SCORE = DialectSamples(
+    with_prompt=_score,
+    turns=_score_turns,
+    refused=[
+        Refusal({"model": MODEL, "text_1": "q"}, "invalid_field", "text_2", "one side only"),
+        Refusal({"model": MODEL, "items": ["d"]}, "invalid_field", "queries", "no first side"),
+        Refusal(
+            {"model": MODEL, "queries": "q", "documents": ["d"], "text_2": ["e"]},
+            "invalid_field",
+            "text_2",
+            "sides named two ways",
+        ),
+        Refusal(
+            {"model": MODEL, "text_1": ["a", "b"], "text_2": ["c", "d", "e"]},
+            "invalid_field",
+            "text_2",
+            "two queries for three documents (neither 1:N nor N:N)",
+        ),
+        Refusal({"model": MODEL, "data_1": [], "data_2": ["d"]}, "invalid_field", "data_1", "an empty side"),
+        Refusal(
+            {"model": MODEL, "data_1": "q", "data_2": ["d"] * 513},
+            "too_many_messages",
+            "data_2",
+            "more items than limits.max_messages, refused before they are read",
+        ),
+    ],
+    answer={
+        "id": "score-1",
+        "object": "list",
+        "created": 1,
+        "model": MODEL,
+        "data": [{"index": 0, "object": "score", "score": 0.97}, {"index": 1, "object": "score", "score": 0.02}],
+        "usage": {"prompt_tokens": 30, "total_tokens": 30, "completion_tokens": 0, "prompt_tokens_details": None},
+    },
+    answer_usage={"prompt_tokens": 30, "completion_tokens": 0, "total_tokens": 30},
+)
+
 SAMPLES: dict[str, DialectSamples] = {
     "chat": CHAT,
     "completions": COMPLETIONS,
     "embeddings": EMBEDDINGS,
     "responses": RESPONSES,
+    "messages": MESSAGES,
+    "tokenize": TOKENIZE,
+    "detokenize": DETOKENIZE,
+    "rerank": RERANK,
+    "score": SCORE,
 }
 """Samples by dialect name."""

@@ -36,6 +36,11 @@ from tests.routing.conftest import routing_policy, tenant
 GENAI_OPERATIONS = {
     "chat", "create_agent", "embeddings", "execute_tool", "generate_content", "invoke_agent", "text_completion",
 }  # fmt: skip
+# "If one of them applies, then that value MUST be used. Otherwise a custom value MAY be used":
+# the engines' own endpoints, which no well-known value describes, are named by their operation.
+CUSTOM_OPERATIONS = {"tokenize", "detokenize", "rerank", "score"}
+ROOT_PATHS = {"/tokenize", "/detokenize"}
+"""The engine endpoints vLLM serves at the root, not under ``/v1/``."""
 WORDS = "The quick brown fox jumps over the lazy dog. "
 
 dialects = pytest.mark.parametrize("dialect", list(DIALECTS.values()), ids=lambda d: d.name)
@@ -90,7 +95,7 @@ def test_every_registered_dialect_has_samples_for_this_suite(dialect: Dialect) -
 @dialects
 def test_a_dialect_is_served_at_its_own_path_under_a_name_no_other_has(dialect: Dialect) -> None:
     assert DIALECTS[dialect.path] is dialect
-    assert dialect.path.startswith("/v1/")
+    assert dialect.path.startswith("/v1/") or dialect.path in ROOT_PATHS
     assert "%" not in dialect.path
     assert [d.name for d in DIALECTS.values()].count(dialect.name) == 1
     assert dialect.name == dialect.name.lower()
@@ -99,7 +104,7 @@ def test_a_dialect_is_served_at_its_own_path_under_a_name_no_other_has(dialect: 
 
 @dialects
 def test_its_trace_operation_is_a_genai_operation_name(dialect: Dialect) -> None:
-    assert dialect.operation in GENAI_OPERATIONS
+    assert dialect.operation in GENAI_OPERATIONS | CUSTOM_OPERATIONS
 
 
 def test_a_path_or_a_name_registered_twice_is_refused() -> None:
@@ -138,7 +143,9 @@ def test_a_valid_body_is_accepted_into_a_request_of_that_api(dialect: Dialect, s
     assert request.api is dialect
     assert request.prompt_tokens > 0
     model = snapshot.models[MODEL]
-    assert request.max_tokens == (model.max_output_tokens if dialect.output_aliases else 0)
+    # the body's own bound where the API requires one (Messages' max_tokens), else the model's
+    named = [body[alias] for alias in dialect.output_aliases if body.get(alias) is not None]
+    assert request.max_tokens == ((named[0] if named else model.max_output_tokens) if dialect.output_aliases else 0)
 
 
 @dialects
@@ -150,9 +157,11 @@ def test_an_unknown_field_is_refused_naming_it(dialect: Dialect, snapshot: Polic
 
 @dialects
 def test_a_field_the_policy_lists_passes(dialect: Dialect, snapshot: PolicySnapshot) -> None:
-    limits = snapshot.policy.limits.model_copy(update={"extra_body_fields": frozenset({"documents"})})
-    body = {**samples_of(dialect).with_prompt("Hi"), "documents": [{"title": "t"}]}
-    assert accept(dialect, body, snapshot, limits).body["documents"] == [{"title": "t"}]
+    # a field the API does not take itself (rerank's and score's own 'documents' is no extra)
+    extra = next(name for name in ("documents", "mm_processor_kwargs") if name not in dialect.fields)
+    limits = snapshot.policy.limits.model_copy(update={"extra_body_fields": frozenset({extra})})
+    body = {**samples_of(dialect).with_prompt("Hi"), extra: [{"title": "t"}]}
+    assert accept(dialect, body, snapshot, limits).body[extra] == [{"title": "t"}]
 
 
 @dialects
@@ -282,7 +291,11 @@ async def test_a_stream_is_timed_from_its_first_output_and_gives_its_usage_and_f
     assert len(timer.gaps) == outputs - 1, "every output event after the first is an inter-token gap"
     assert timer.usage == samples.stream_usage
     assert tuple(timer.finish_reasons) == samples.finish_reasons
-    assert client.events[-1] == b"data: [DONE]"
+    if dialect.ends_with_done:
+        assert client.events[-1] == b"data: [DONE]"
+    else:  # the API's final event ends the client's stream, as the engine's
+        assert b"[DONE]" not in b"".join(client.events)
+        assert orjson.loads(client.events[-1].split(b"data: ", 1)[1]) == samples.stream[-1]
 
 
 @dialects

@@ -17,7 +17,7 @@ def page(requests: int) -> str:
     metrics = Metrics()
     for _ in range(requests):
         metrics.requests.labels("test/chat", "chat", "interactive", "200", "completed").inc()
-    metrics.ttft.labels("test/chat", "interactive").observe(0.2)
+    metrics.ttft.labels("test/chat", "chat", "interactive").observe(0.2)
     return metrics.exposition().decode()
 
 
