@@ -36,7 +36,15 @@ from gateway.context import RequestContext
 from gateway.dialects.base import Translation
 from gateway.dialects.openai_answers import answer_text
 from gateway.dispatch import Dispatcher, Grant
-from gateway.errors import ErrorCode, GatewayError, NoHealthyBackend, Overloaded, UpstreamError, code_of
+from gateway.errors import (
+    ErrorCode,
+    GatewayError,
+    NoHealthyBackend,
+    NotFound,
+    Overloaded,
+    UpstreamError,
+    code_of,
+)
 from gateway.migration import can_continue, continuation
 from gateway.outcome import AttemptRecord
 from gateway.response import SSE_HEADERS, ClientResponse
@@ -346,7 +354,8 @@ class Attempts:
                 verdict = False if status >= 500 else None
                 error_code = "upstream_status"
                 self._failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
-                raise await deps.upstream.error_for(backend, response, report)
+                answered = await deps.upstream.error_for(backend, response, report)
+                raise _lost_previous(request) if status == 404 and request.pinned_backend is not None else answered
             if request.stream:
                 ended = await self._relay(request, grant, response, track, report, translation)
                 verdict = ended is None
@@ -477,6 +486,18 @@ class Attempts:
         if await relay.finish(failure) is StreamEnd.COMPLETED:
             return None
         return code_of(failure) if failure is not None else ErrorCode.UPSTREAM_ERROR
+
+
+def _lost_previous(request: InferenceRequest) -> NotFound:
+    """The 404 of the engine that held the earlier answer ``request`` continues: it no longer has it
+    (it restarted, or evicted it). Not the gateway's misconfiguration, nor worth a retry elsewhere:
+    the client's conversation state is gone."""
+    return NotFound(
+        f"The backend '{request.pinned_backend}' that held the earlier response no longer has it (it restarted "
+        "or evicted it); start the conversation again.",
+        code="previous_response_not_found",
+        param="previous_response_id",
+    )
 
 
 def _refused(failure: Failure) -> bool:

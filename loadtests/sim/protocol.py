@@ -126,6 +126,13 @@ class ToolCall:
         """The call in a whole answer's ``message.tool_calls``."""
         return {"id": self.call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments(n)}}
 
+    @classmethod
+    def forced(cls, function: dict[str, Any], named: bool, n: int) -> ToolCall:
+        """The call to ``function`` (a definition with a ``name`` and ``parameters``) over ``n``
+        tokens, with a fresh id in vLLM's form."""
+        pieces = argument_pieces(function.get("parameters"), n)
+        return cls(f"chatcmpl-tool-{uuid.uuid4().hex}", function["name"], named, pieces)
+
     def delta(self, index: int) -> dict[str, Any]:
         """The streamed delta of token ``index``: the first carries the call's id and name."""
         if index:
@@ -231,8 +238,7 @@ def _forced_call(body: dict[str, Any], functions: list[dict[str, Any]], n: int) 
             f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
             param="tool_choice",
         )
-    pieces = argument_pieces(function.get("parameters"), n)
-    return ToolCall(f"chatcmpl-tool-{uuid.uuid4().hex}", function["name"], named, pieces)
+    return ToolCall.forced(function, named, n)
 
 
 def field_of(body: dict[str, Any], key: str, kinds: type | tuple[type, ...], default: Any) -> Any:
@@ -281,7 +287,7 @@ def _call_text(call: Any) -> str:
     return f"{function.get('name') or ''} {function.get('arguments') or ''}"
 
 
-def _tools_turn(functions: list[dict[str, Any]]) -> dict[str, str]:
+def tools_turn(functions: list[dict[str, Any]]) -> dict[str, str]:
     """The tools as the prompt shows them: a ``tools`` turn of their JSON definitions."""
     defined = [{k: f.get(k) for k in ("name", "description", "parameters")} for f in functions]
     return {"role": "tools", "content": orjson.dumps(defined).decode()}
@@ -293,7 +299,7 @@ def _chat_prompt(body: dict[str, Any], functions: list[dict[str, Any]]) -> list[
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     rendered = [_message_text(m, i) for i, m in enumerate(messages)]
     if functions:
-        rendered.insert(0, _tools_turn(functions))
+        rendered.insert(0, tools_turn(functions))
     add_prompt = field_of(body, "add_generation_prompt", bool, True)
     cont = field_of(body, "continue_final_message", bool, False)
     if cont and add_prompt:
@@ -516,4 +522,5 @@ __all__ = [
     "count_tokens",
     "parse_body",
     "parse_request",
+    "tools_turn",
 ]

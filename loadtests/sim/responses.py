@@ -39,11 +39,37 @@ or tool parser: vLLM's "simple" path, not gpt-oss's Harmony one. With
   (vLLM keeps all, forever). An unknown id is vLLM's 404
   ``{"error": {"message": "Response with id '<id>' not found.", "type": "invalid_request_error",
   "param": "response_id", "code": 404}}``. The store is per engine, as vLLM's is per server.
+* **Function calls.** The function tools of ``tools`` (``{"type": "function", "name",
+  "description", "parameters"}``; other kinds are echoed, without effect) are rendered into the
+  prompt as chat's are (a ``tools`` turn before the messages; not stored for a follow-up, which
+  renders its own). A ``tool_choice`` that forces a call (``"required"``: the first function
+  tool; ``{"type": "function", "name": ...}``: that one, a 400 if no function tool has the name)
+  makes the answer one call, as chat's forced call (``protocol.py``): its arguments, a JSON
+  object valid for the tool's ``parameters``, one piece a token, ending at the last token, so
+  the status is ``completed`` (the object ends the generation) whatever the bound; ``"auto"``,
+  ``"none"`` and other choices answer text. Shapes, as vLLM's (``build_response_output_items``
+  and the simple path's streaming processor):
 
-Accepted and echoed in the response, without effect: ``temperature``, ``top_p``, ``tools``,
-``tool_choice``, ``parallel_tool_calls``, ``metadata``, ``reasoning``, ``text``, ``user``,
-``max_tool_calls``, ``service_tier``, ``truncation``; ``include`` and the other sampling fields
-are ignored (no logprobs). ``background`` and ``prompt`` are 400s.
+  - whole: ``output`` is the one item ``{"arguments", "call_id": "chatcmpl-tool-<32 hex>",
+    "name", "type": "function_call", "id": "fc_<32 hex>", "status": "completed"}`` (no message);
+    ``"required"`` re-serialises the arguments (``json.dumps``), a named call keeps them as
+    generated;
+  - streamed: with the first token ``response.output_item.added`` (the item with ``"arguments":
+    ""`` and ``"status": "in_progress"``), one ``response.function_call_arguments.delta``
+    ``{"delta", "item_id", "output_index", "sequence_number", "type"}`` per token, then
+    ``response.function_call_arguments.done`` (``arguments``: the deltas joined, and ``name``),
+    ``response.output_item.done`` (the item ``completed``) and ``response.completed``. As for a
+    message, the streamed item is vLLM's own: a bare hex ``id`` and a ``call_<32 hex>``
+    ``call_id``, while ``response.completed`` carries the whole answer's fresh ids.
+
+  A follow-up by ``previous_response_id`` to a function call continues the stored conversation
+  without the call, as vLLM's does (it adds only a previous output's messages); the call's
+  result comes as a ``function_call_output`` item, a tool message.
+
+Accepted and echoed in the response, without effect: ``temperature``, ``top_p``,
+``parallel_tool_calls``, ``metadata``, ``reasoning``, ``text``, ``user``, ``max_tool_calls``,
+``service_tier``, ``truncation``; ``include`` and the other sampling fields are ignored (no
+logprobs). ``background`` and ``prompt`` are 400s.
 """
 
 from __future__ import annotations
@@ -56,7 +82,7 @@ from typing import Any
 
 import orjson
 
-from loadtests.sim.protocol import ApiError, field_of, model_body
+from loadtests.sim.protocol import ApiError, ToolCall, field_of, model_body, tools_turn
 from loadtests.sim.tokenizer import output_text, render_chat, tokenize
 
 RESPONSES_PATH = "/v1/responses"
@@ -73,6 +99,7 @@ class StoredResponse:
 
     messages: tuple[Message, ...]
     output_tokens: int
+    called: bool = False  # the output was a function call, which a follow-up leaves out (as vLLM)
 
 
 class ResponseStore:
@@ -90,8 +117,9 @@ class ResponseStore:
     def get(self, response_id: str) -> StoredResponse | None:
         return self._items.get(response_id)
 
-    def put(self, response_id: str, messages: Sequence[Message], output_tokens: int) -> None:
-        self._items[response_id] = StoredResponse(tuple(messages), output_tokens)
+    def put(self, response_id: str, messages: Sequence[Message], output_tokens: int, *, called: bool = False) -> None:
+        """Store a finished response; ``called``: its output was a function call (a follow-up leaves it out)."""
+        self._items[response_id] = StoredResponse(tuple(messages), output_tokens, called)
         self._items.move_to_end(response_id)
         while len(self._items) > self.limit:
             self._items.popitem(last=False)
@@ -112,8 +140,12 @@ class ResponsesRequest:
     priority: int
     cache_salt: str | None
     echo: dict[str, Any]  # request fields the response object repeats
+    tool_call: ToolCall | None = None  # the call a forced tool_choice makes instead of text
 
     def status(self, output_tokens: int) -> str:
+        """``incomplete`` when the bound cut the text; a call's object ends the generation."""
+        if self.tool_call is not None:
+            return "completed"
         return "incomplete" if self.bounded and output_tokens >= self.max_tokens else "completed"
 
 
@@ -174,6 +206,34 @@ def _input_messages(value: Any) -> tuple[list[Message], bool]:
     return messages, cont
 
 
+def _function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The function tools of ``tools``; the other kinds (built-in tools) are echoed, without effect."""
+    functions = []
+    for i, tool in enumerate(field_of(body, "tools", list, [])):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            continue
+        if not isinstance(tool.get("name"), str) or not isinstance(tool.get("parameters"), dict | None):
+            raise ApiError(400, f"tools[{i}] must be a function tool with a string 'name'", param="tools")
+        functions.append(tool)
+    return functions
+
+
+def _forced_call(choice: Any, functions: list[dict[str, Any]], n: int) -> ToolCall | None:
+    """The call of ``n`` tokens that ``tool_choice`` forces, if any (see the module docstring)."""
+    if choice == "required":
+        return ToolCall.forced(functions[0], False, n) if functions else None
+    if not isinstance(choice, dict) or choice.get("type") != "function":
+        return None
+    function = next((f for f in functions if f["name"] == choice.get("name")), None)
+    if function is None:
+        raise ApiError(
+            400,
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            param="tool_choice",
+        )
+    return ToolCall.forced(function, True, n)
+
+
 def generated_text(output_tokens: int) -> str:
     """The text of a response's ``output_tokens`` generated tokens."""
     return "".join(output_text(i) for i in range(output_tokens))
@@ -200,6 +260,7 @@ def parse_responses_request(
     instructions = field_of(body, "instructions", str, None)
     previous_id = field_of(body, "previous_response_id", str, None)
     request_id = field_of(body, "request_id", str, None) or f"resp_{uuid.uuid4().hex}"
+    functions = _function_tools(body)
 
     messages: list[Message] = []
     if instructions:
@@ -214,11 +275,12 @@ def parse_responses_request(
                 kind="invalid_request_error",
             )
         messages.extend(m for m in previous.messages if m["role"] != "system")
-        if previous.output_tokens:
+        if previous.output_tokens and not previous.called:
             messages.append({"role": "assistant", "content": generated_text(previous.output_tokens)})
     new, cont = _input_messages(body["input"])
     messages.extend(new)
-    tokens = tokenize(render_chat(messages, add_generation_prompt=not cont, continue_final_message=cont))
+    rendered = [tools_turn(functions), *messages] if functions else messages
+    tokens = tokenize(render_chat(rendered, add_generation_prompt=not cont, continue_final_message=cont))
     room = max_model_len - len(tokens)
     if room <= 0:
         raise ApiError(
@@ -246,7 +308,7 @@ def parse_responses_request(
         "truncation": _choice(body, "truncation", _TRUNCATIONS, "disabled"),
         "user": field_of(body, "user", str, None),
     }
-    return ResponsesRequest(
+    req = ResponsesRequest(
         response_id=request_id,
         model=model,
         messages=tuple(messages),
@@ -258,7 +320,9 @@ def parse_responses_request(
         priority=field_of(body, "priority", int, 0),
         cache_salt=salt,
         echo=echo,
+        tool_call=_forced_call(body.get("tool_choice"), functions, max_tokens),
     )
+    return req
 
 
 def response_usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -326,7 +390,13 @@ def response_object(
 def final_response(
     req: ResponsesRequest, created: int, text: str, input_tokens: int, output_tokens: int, cached_tokens: int
 ) -> dict[str, Any]:
-    """The finished response: the body of a non-streaming answer and of ``response.completed``."""
+    """The finished response: the body of a non-streaming answer and of ``response.completed``;
+    its output is the message of ``text`` or, for a forced call, the call (``text`` unused)."""
+    use = response_usage(input_tokens, output_tokens, cached_tokens)
+    call = req.tool_call
+    if call is not None:
+        item = _call_item(call, call.arguments(output_tokens), call.call_id, f"fc_{uuid.uuid4().hex}", "completed")
+        return response_object(req, created, status=req.status(output_tokens), output=[item], usage=use)
     content: list[dict[str, Any]] = (
         [{"annotations": [], "text": text, "type": "output_text", "logprobs": None}] if text else []
     )
@@ -337,15 +407,27 @@ def final_response(
         "status": "completed",
         "type": "message",
     }
-    use = response_usage(input_tokens, output_tokens, cached_tokens)
     return response_object(req, created, status=req.status(output_tokens), output=[message], usage=use)
 
 
+def _call_item(call: ToolCall, arguments: str, call_id: str, item_id: str, status: str) -> dict[str, Any]:
+    """A ``function_call`` output item, the fields in the SDK's order."""
+    return {
+        "arguments": arguments,
+        "call_id": call_id,
+        "name": call.name,
+        "type": "function_call",
+        "id": item_id,
+        "status": status,
+    }
+
+
 class ResponseEvents:
-    """The SSE events of one streamed response, in vLLM's order (see the module docstring).
+    """The SSE events of one streamed response, in vLLM's order (see the module docstring): a
+    message's, or a forced function call's.
 
     A delta event is built from byte templates: its per-token cost is one ``orjson.dumps`` of
-    the token text, as for chat chunks.
+    the token text (or argument piece), as for chat chunks.
     """
 
     def __init__(self, req: ResponsesRequest, created: int) -> None:
@@ -354,10 +436,17 @@ class ResponseEvents:
         self._seq = 0
         self._item_id = uuid.uuid4().hex
         self._pieces: list[str] = []
+        self._call = req.tool_call
         item = orjson.dumps(self._item_id)
-        self._delta_open = b'event: response.output_text.delta\ndata: {"content_index":0,"delta":'
-        self._delta_mid = b',"item_id":' + item + b',"logprobs":[],"output_index":0,"sequence_number":'
-        self._delta_close = b',"type":"response.output_text.delta"}\n\n'
+        if self._call is None:
+            self._delta_open = b'event: response.output_text.delta\ndata: {"content_index":0,"delta":'
+            self._delta_mid = b',"item_id":' + item + b',"logprobs":[],"output_index":0,"sequence_number":'
+            self._delta_close = b',"type":"response.output_text.delta"}\n\n'
+        else:
+            self._call_id = f"call_{uuid.uuid4().hex}"
+            self._delta_open = b'event: response.function_call_arguments.delta\ndata: {"delta":'
+            self._delta_mid = b',"item_id":' + item + b',"output_index":0,"sequence_number":'
+            self._delta_close = b',"type":"response.function_call_arguments.delta"}\n\n'
         self._opened = False
 
     def start(self) -> bytes:
@@ -368,8 +457,11 @@ class ResponseEvents:
         return _event(created) + _event(progress)
 
     def delta(self, text: str) -> bytes:
-        """One token's ``response.output_text.delta``, after the item's opening events for the first."""
+        """One token's delta event, after the item's opening events for the first: the token's
+        ``text``, or for a call its next argument piece (``text`` unused)."""
         head = b"" if self._opened else self._open()
+        if self._call is not None:
+            text = self._call.pieces[len(self._pieces)]
         self._pieces.append(text)
         seq = str(self._next()).encode()
         return head + self._delta_open + orjson.dumps(text) + self._delta_mid + seq + self._delta_close
@@ -378,47 +470,59 @@ class ResponseEvents:
         """The done events of the item (if one was opened) and ``response.completed`` with ``final``."""
         parts: list[bytes] = []
         if self._opened:
-            text = "".join(self._pieces)
-            part: dict[str, Any] = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
-            common: dict[str, Any] = {"content_index": 0, "item_id": self._item_id}
-            done_text = {
-                **common,
-                "logprobs": [],
-                "output_index": 0,
-                "sequence_number": self._next(),
-                "text": text,
-                "type": "response.output_text.done",
-            }
-            done_part = {
-                **common,
-                "output_index": 0,
-                "part": part,
-                "sequence_number": self._next(),
-                "type": "response.content_part.done",
-            }
-            item = {
-                "id": self._item_id,
-                "content": [part] if text else [],
-                "role": "assistant",
-                "status": "completed",
-                "type": "message",
-                "summary": [],
-            }
-            done_item = {
-                "item": item,
-                "output_index": 0,
-                "sequence_number": self._next(),
-                "type": "response.output_item.done",
-            }
-            parts += [_event(done_text), _event(done_part), _event(done_item)]
+            parts += self._message_done() if self._call is None else self._call_done(self._call)
         completed = {"response": final, "sequence_number": self._next(), "type": "response.completed"}
         parts.append(_event(completed))
         return b"".join(parts)
 
+    def _message_done(self) -> list[bytes]:
+        text = "".join(self._pieces)
+        part: dict[str, Any] = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+        common: dict[str, Any] = {"content_index": 0, "item_id": self._item_id}
+        done_text = {
+            **common,
+            "logprobs": [],
+            "output_index": 0,
+            "sequence_number": self._next(),
+            "text": text,
+            "type": "response.output_text.done",
+        }
+        done_part = {
+            **common,
+            "output_index": 0,
+            "part": part,
+            "sequence_number": self._next(),
+            "type": "response.content_part.done",
+        }
+        item = {
+            "id": self._item_id,
+            "content": [part] if text else [],
+            "role": "assistant",
+            "status": "completed",
+            "type": "message",
+            "summary": [],
+        }
+        return [_event(done_text), _event(done_part), self._item_event("done", item)]
+
+    def _call_done(self, call: ToolCall) -> list[bytes]:
+        arguments = "".join(self._pieces)
+        done_arguments = {
+            "arguments": arguments,
+            "item_id": self._item_id,
+            "output_index": 0,
+            "sequence_number": self._next(),
+            "type": "response.function_call_arguments.done",
+            "name": call.name,  # vLLM's extra field, after the SDK's
+        }
+        item = _call_item(call, arguments, self._call_id, self._item_id, "completed")
+        return [_event(done_arguments), self._item_event("done", item)]
+
     def _open(self) -> bytes:
         self._opened = True
+        if self._call is not None:
+            return self._item_event("added", _call_item(self._call, "", self._call_id, self._item_id, "in_progress"))
         item = {"id": self._item_id, "content": [], "role": "assistant", "status": "in_progress", "type": "message"}
-        added = {"item": item, "output_index": 0, "sequence_number": self._next(), "type": "response.output_item.added"}
+        added = self._item_event("added", item)
         part: dict[str, Any] = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
         part_added = {
             "content_index": 0,
@@ -428,7 +532,12 @@ class ResponseEvents:
             "sequence_number": self._next(),
             "type": "response.content_part.added",
         }
-        return _event(added) + _event(part_added)
+        return added + _event(part_added)
+
+    def _item_event(self, kind: str, item: dict[str, Any]) -> bytes:
+        """``response.output_item.added`` or ``.done`` (``kind``) with ``item``."""
+        seq = self._next()
+        return _event({"item": item, "output_index": 0, "sequence_number": seq, "type": f"response.output_item.{kind}"})
 
     def _next(self) -> int:
         seq = self._seq

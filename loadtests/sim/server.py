@@ -399,7 +399,7 @@ class EngineApp:
         """The finished response object, stored for follow-ups when the request asked to be."""
         n = stream.num_tokens
         if req.store:
-            self.response_store.put(req.response_id, req.messages, n)
+            self.response_store.put(req.response_id, req.messages, n, called=req.tool_call is not None)
         return final_response(req, created, self._text(n), stream.prompt_tokens, n, stream.cached_tokens)
 
     def _unary_body(self, req: ParsedRequest, req_id: str, stream: TokenStream) -> bytes:

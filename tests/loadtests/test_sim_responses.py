@@ -6,6 +6,8 @@ itself is the point. See ``loadtests/sim/responses.py`` for the vLLM formats rep
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -19,6 +21,9 @@ from openai.types.responses import (
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
     ResponseInProgressEvent,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
@@ -27,6 +32,7 @@ from openai.types.responses import (
 )
 
 from loadtests.sim.profiles import BLOCK_SIZE
+from loadtests.sim.protocol import argument_pieces
 from loadtests.sim.responses import ResponseStore, generated_text
 from loadtests.sim.server import EngineApp
 from loadtests.sim.tokenizer import count_tokens, render_chat
@@ -38,6 +44,20 @@ DEFAULT_MAX_TOKENS = 128  # the fixed profile's, as for chat
 Engine = Callable[..., AbstractContextManager[tuple[str, EngineApp]]]
 Client = Callable[..., openai.OpenAI]
 LONG = "Summarise the following notes about the quarterly capacity review. " * 4  # 40 tokens
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TIME = {"type": "object", "properties": {"zone": {"type": "string"}}}
+TOOLS: list[Any] = [
+    {"type": "function", "name": "get_weather", "description": "The forecast.", "parameters": WEATHER},
+    {"type": "function", "name": "get_time", "parameters": TIME},
+]
+NAMED: Any = {"type": "function", "name": "get_time"}
+ASK = "What is the weather in Paris?"
+CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{32}")  # the whole answer's call id, as chat's
+ITEM_ID = re.compile(r"fc_[0-9a-f]{32}")
 
 
 @pytest.fixture
@@ -326,6 +346,12 @@ def test_a_response_cut_by_the_context_is_incomplete(sim_engine: Engine) -> None
         ("POST", orjson.dumps({"model": SIM, "input": "x", "cache_salt": ""}), 400),
         ("POST", orjson.dumps({"model": SIM, "input": "x", "background": True}), 400),
         ("POST", orjson.dumps({"model": SIM, "input": [{"type": "computer_call"}]}), 400),
+        ("POST", orjson.dumps({"model": SIM, "input": "x", "tools": TOOLS, "tool_choice": {"type": "function"}}), 400),
+        (
+            "POST",
+            orjson.dumps({"model": SIM, "input": "x", "tools": [{"type": "function"}], "tool_choice": "auto"}),
+            400,
+        ),
         ("GET", b"", 405),
     ],
     ids=[
@@ -336,6 +362,8 @@ def test_a_response_cut_by_the_context_is_incomplete(sim_engine: Engine) -> None
         "an empty cache_salt is a 400",
         "background mode is a 400",
         "an unsupported input item is a 400",
+        "a tool_choice naming no function tool is a 400",
+        "a function tool without a name is a 400",
         "GET is a 405",
     ],
 )
@@ -361,3 +389,204 @@ def test_input_items_and_a_partial_assistant_turn(sim_engine: Engine, client: Cl
     )
     assert reply.usage is not None
     assert reply.usage.input_tokens == count_tokens(continued)
+
+
+def tools_prompt_tokens(*messages: dict[str, str]) -> int:
+    """Tokens of ``messages`` after the tools turn of ``TOOLS``, as chat renders its tools."""
+    definitions = [{k: t.get(k) for k in ("name", "description", "parameters")} for t in TOOLS]
+    rendered = [{"role": "tools", "content": orjson.dumps(definitions).decode()}, *messages]
+    return count_tokens(render_chat(rendered, add_generation_prompt=True, continue_final_message=False))
+
+
+@pytest.mark.parametrize(
+    ("choice", "name", "arguments"),
+    [
+        (NAMED, "get_time", {"zone": generated_text(2)}),
+        ("required", "get_weather", {"city": generated_text(2), "unit": "celsius"}),
+    ],
+    ids=["a named function is called", "required calls the first function tool"],
+)
+def test_a_forced_tool_choice_answers_one_function_call_item(
+    sim_engine: Engine, client: Client, choice: Any, name: str, arguments: dict[str, Any]
+) -> None:
+    with sim_engine("fixed", **FAST) as (url, _):
+        reply = client(url).responses.create(model=SIM, input=ASK, tools=TOOLS, tool_choice=choice, max_output_tokens=4)
+    assert len(reply.output) == 1  # the call and no message
+    item = reply.output[0]
+    assert isinstance(item, ResponseFunctionToolCall)
+    assert (item.type, item.name, item.status) == ("function_call", name, "completed")
+    assert item.id is not None
+    assert ITEM_ID.fullmatch(item.id)
+    assert CALL_ID.fullmatch(item.call_id)
+    assert json.loads(item.arguments) == arguments  # 4 tokens: 2 literal pieces and 2 words in the string
+    if choice == "required":
+        assert item.arguments == json.dumps(json.loads(item.arguments))  # re-serialised, as vLLM's required path
+    else:
+        assert item.arguments == "".join(argument_pieces(TIME, 4))  # as generated
+    assert reply.output_text == ""
+    # the object ends the generation: completed, not cut by max_output_tokens
+    assert reply.status == "completed"
+    assert reply.incomplete_details is None
+    assert reply.usage is not None
+    assert reply.usage.output_tokens == 4
+    assert reply.usage.input_tokens == tools_prompt_tokens({"role": "user", "content": ASK})
+
+
+@pytest.mark.parametrize("profile", ["fixed", "instant"], ids=["on an engine", "on the instant profile"])
+def test_a_streamed_call_is_vllms_function_call_events(sim_engine: Engine, profile: str) -> None:
+    body = {"model": SIM, "input": ASK, "tools": TOOLS, "tool_choice": NAMED, "max_output_tokens": 3, "stream": True}
+    with sim_engine(profile, **(FAST if profile == "fixed" else {})) as (url, _):
+        events = sse(url, body)
+    assert [name for name, data in events] == [data["type"] for name, data in events]
+    assert [name for name, _ in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [data["sequence_number"] for _, data in events] == list(range(9))
+    added, *deltas, done, item_done = [data for _, data in events[2:-1]]
+    item = added["item"]
+    item_id, call_id = item["id"], item["call_id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", item_id)  # vLLM's streamed item: a bare hex id ...
+    assert re.fullmatch(r"call_[0-9a-f]{32}", call_id)  # ... and its own call id
+    assert added == {
+        "item": {
+            "arguments": "",
+            "call_id": call_id,
+            "name": "get_time",
+            "type": "function_call",
+            "id": item_id,
+            "status": "in_progress",
+        },
+        "output_index": 0,
+        "sequence_number": 2,
+        "type": "response.output_item.added",
+    }
+    pieces = argument_pieces(TIME, 3)
+    assert deltas == [
+        {
+            "delta": piece,
+            "item_id": item_id,
+            "output_index": 0,
+            "sequence_number": 3 + i,
+            "type": "response.function_call_arguments.delta",
+        }
+        for i, piece in enumerate(pieces)
+    ]
+    arguments = "".join(pieces)
+    assert json.loads(arguments) == {"zone": generated_text(1)}
+    assert done == {
+        "arguments": arguments,
+        "item_id": item_id,
+        "output_index": 0,
+        "sequence_number": 6,
+        "type": "response.function_call_arguments.done",
+        "name": "get_time",
+    }
+    assert item_done == {
+        "item": {**added["item"], "arguments": arguments, "status": "completed"},
+        "output_index": 0,
+        "sequence_number": 7,
+        "type": "response.output_item.done",
+    }
+    final = events[-1][1]["response"]
+    assert final["status"] == "completed"
+    assert final["usage"]["output_tokens"] == 3
+    (output,) = final["output"]
+    # the whole answer's item, with fresh ids as vLLM builds it
+    assert output == {**item_done["item"], "call_id": output["call_id"], "id": output["id"]}
+    assert CALL_ID.fullmatch(output["call_id"])
+    assert ITEM_ID.fullmatch(output["id"])
+
+
+def test_the_sdk_reads_a_streamed_call_whose_deltas_make_its_arguments(sim_engine: Engine, client: Client) -> None:
+    n = 9
+    with sim_engine("fixed", **FAST) as (url, _):
+        events = list(
+            client(url).responses.create(
+                model=SIM, input=ASK, tools=TOOLS, tool_choice="required", max_output_tokens=n, stream=True
+            )
+        )
+    created, progress, added, *deltas, done, item_done, completed = events
+    assert isinstance(created, ResponseCreatedEvent)
+    assert isinstance(progress, ResponseInProgressEvent)
+    assert isinstance(added, ResponseOutputItemAddedEvent)
+    assert isinstance(added.item, ResponseFunctionToolCall)
+    assert added.item.name == "get_weather"
+    assert all(isinstance(d, ResponseFunctionCallArgumentsDeltaEvent) for d in deltas)
+    assert len(deltas) == n  # one a token
+    streamed = "".join(d.delta for d in deltas if isinstance(d, ResponseFunctionCallArgumentsDeltaEvent))
+    assert json.loads(streamed) == {"city": generated_text(n - 2), "unit": "celsius"}
+    assert isinstance(done, ResponseFunctionCallArgumentsDoneEvent)
+    assert done.arguments == streamed
+    assert isinstance(item_done, ResponseOutputItemDoneEvent)
+    assert isinstance(item_done.item, ResponseFunctionToolCall)
+    assert (item_done.item.id, item_done.item.arguments) == (added.item.id, streamed)
+    assert isinstance(completed, ResponseCompletedEvent)
+    (final,) = completed.response.output
+    assert isinstance(final, ResponseFunctionToolCall)
+    assert final.arguments == json.dumps(json.loads(streamed))  # required: re-serialised in the whole answer
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_call_is_followed_up_by_its_output_by_id_or_with_the_items_resent(sim_engine: Engine, client: Client) -> None:
+    with sim_engine("fixed", **FAST) as (url, _):
+        sdk = client(url)
+        call = sdk.responses.create(model=SIM, input=ASK, tools=TOOLS, tool_choice=NAMED, max_output_tokens=4)
+        item = call.output[0]
+        assert isinstance(item, ResponseFunctionToolCall)
+        result: Any = {"type": "function_call_output", "call_id": item.call_id, "output": "18C"}
+        by_id = sdk.responses.create(model=SIM, input=[result], previous_response_id=call.id, max_output_tokens=3)
+        resent_items: Any = [{"role": "user", "content": ASK}, item.model_dump(exclude_none=True), result]
+        resent = sdk.responses.create(model=SIM, input=resent_items, tools=TOOLS, max_output_tokens=3)
+    for reply in (by_id, resent):
+        assert reply.output_text == generated_text(3)
+        assert [o.type for o in reply.output] == ["message"]
+        assert reply.usage is not None
+    assert by_id.usage is not None
+    assert resent.usage is not None
+    # by id: the stored conversation without the call (vLLM adds only a previous output's
+    # messages), then the result as a tool message; no tools given, none rendered
+    assert by_id.usage.input_tokens == prompt_tokens(("user", ASK), ("tool", "18C"))
+    # resent: the call is an assistant turn of its name and arguments
+    assert resent.usage.input_tokens == tools_prompt_tokens(
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": f"get_time {item.arguments}"},
+        {"role": "tool", "content": "18C"},
+    )
+
+
+@pytest.mark.parametrize(
+    "choice", ["auto", "none", {"type": "file_search"}, None], ids=["auto", "none", "a built-in tool", "absent"]
+)
+def test_without_a_forced_choice_the_answer_is_text_with_the_tools_in_the_prompt(
+    sim_engine: Engine, client: Client, choice: Any
+) -> None:
+    extra: dict[str, Any] = {} if choice is None else {"tool_choice": choice}
+    with sim_engine("fixed", **FAST) as (url, _):
+        sdk = client(url)
+        reply = sdk.responses.create(model=SIM, input=ASK, tools=TOOLS, max_output_tokens=3, **extra)
+        built_in = sdk.responses.create(
+            model=SIM, input=ASK, tools=[{"type": "web_search_preview"}], max_output_tokens=1
+        )
+    assert reply.output_text == generated_text(3)
+    assert reply.status == "incomplete"
+    assert reply.usage is not None
+    assert reply.usage.input_tokens == tools_prompt_tokens({"role": "user", "content": ASK})
+    assert built_in.usage is not None
+    assert built_in.usage.input_tokens == prompt_tokens(("user", ASK))  # only function tools are rendered
+
+
+def test_store_keeps_a_call_as_a_call() -> None:
+    store = ResponseStore(limit=2)
+    store.put("resp_0", [{"role": "user", "content": "0"}], 1, called=True)
+    store.put("resp_1", [{"role": "user", "content": "1"}], 1)
+    store.put("resp_2", [{"role": "user", "content": "2"}], 1, called=True)
+    called = {i: stored.called for i in range(3) if (stored := store.get(f"resp_{i}")) is not None}
+    assert called == {1: False, 2: True}  # the oldest is forgotten beyond the limit
