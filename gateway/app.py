@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -36,8 +37,9 @@ from gateway.telemetry import ConnectionCounts
 log = logging.getLogger(__name__)
 
 
-def error_response(error: GatewayError) -> Response:
-    return Response(error.body(), status_code=error.status, headers=error.headers, media_type="application/json")
+def error_response(error: GatewayError, render: Callable[[GatewayError], bytes] = GatewayError.body) -> Response:
+    """``error`` as a whole JSON response; ``render``: the API's error shape (``Dialect.error_body``)."""
+    return Response(render(error), status_code=error.status, headers=error.headers, media_type="application/json")
 
 
 def with_common_headers(scope: Scope, send: Send) -> Send:
@@ -142,7 +144,7 @@ class GatewayApp:
                 await self._ops(scope, receive, send)
             else:
                 error = MethodNotAllowed(f"{path} accepts POST only.", headers={"allow": "POST"})
-                await error_response(error)(scope, receive, send)
+                await error_response(error, handler.api.error_body)(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 

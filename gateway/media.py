@@ -1,7 +1,8 @@
 """Media URLs in chat messages: a ``data:`` URL, or a prefix the operator allowed.
 
 A multimodal engine downloads every URL a message names (vLLM: ``image_url``, ``audio_url``,
-``video_url``, the Responses-style ``input_image``) from where it runs: inside the cluster,
+``video_url``, the Responses API's ``input_image`` and ``input_file``, Anthropic's ``image`` and
+``document`` blocks with a ``url`` source) from where it runs: inside the cluster,
 next to the cloud metadata service (169.254.169.254) and whatever listens on its host's
 loopback. A tenant who may name any URL can make the engine fetch from there for it (SSRF).
 The rule, checked before any backend sees the request:
@@ -90,8 +91,9 @@ def compile_allowlist(entries: tuple[str, ...]) -> tuple[AllowedPrefix, ...]:
     return tuple(parse_allowlist_entry(entry) for entry in entries)
 
 
-def check_media_urls(messages: Any, allowlist: tuple[str, ...]) -> None:
-    """400 ``media_url_not_allowed`` for the first URL in ``messages`` that the rule refuses."""
+def check_media_urls(messages: Any, allowlist: tuple[str, ...], field: str = "messages") -> None:
+    """400 ``media_url_not_allowed`` for the first URL in ``messages`` (the body's ``field``: chat's
+    ``messages``, the Responses API's ``input`` items) that the rule refuses."""
     if not isinstance(messages, list):
         return
     for i, message in enumerate(messages):
@@ -100,7 +102,42 @@ def check_media_urls(messages: Any, allowlist: tuple[str, ...]) -> None:
             continue
         for j, part in enumerate(content):
             if isinstance(part, dict):
-                _check_part(part, f"messages[{i}].content[{j}]", allowlist)
+                _check_part(part, f"{field}[{i}].content[{j}]", allowlist)
+
+
+def check_block_urls(messages: Any, allowlist: tuple[str, ...]) -> None:
+    """The same rule for Anthropic Messages content blocks: an ``image`` or ``document`` whose
+    ``source`` is a URL (``{"type": "url", "url": ...}``), also inside a ``tool_result``; a
+    ``file`` source names a file stored with the provider, which no engine here holds (400)."""
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for j, block in enumerate(content):
+                _check_block(block, f"messages[{i}].content[{j}]", allowlist)
+
+
+def _check_block(block: Any, where: str, allowlist: tuple[str, ...]) -> None:
+    if not isinstance(block, dict):
+        return
+    kind = block.get("type")
+    if kind in ("image", "document"):
+        source = block.get("source")
+        if not isinstance(source, dict):
+            return
+        if source.get("type") == "url" and isinstance(source.get("url"), str):
+            _check_url(source["url"], f"{where}.source.url", allowlist)
+        elif source.get("type") == "file":
+            raise InvalidRequest(
+                "A 'file' source names a file stored with the provider; this gateway forwards no stored "
+                "files. Send the content as base64 or text.",
+                code="unsupported_field",
+                param=f"{where}.source",
+            )
+    elif kind == "tool_result" and isinstance(block.get("content"), list):
+        for k, inner in enumerate(block["content"]):
+            _check_block(inner, f"{where}.content[{k}]", allowlist)
 
 
 def _check_part(part: dict[str, Any], where: str, allowlist: tuple[str, ...]) -> None:
@@ -116,6 +153,10 @@ def _check_part(part: dict[str, Any], where: str, allowlist: tuple[str, ...]) ->
     document = part.get("file")
     if isinstance(document, dict):
         _check_file(document, f"{where}.file", allowlist)
+    if part.get("type") == "input_file":  # the Responses API's file part: its fields on the part itself
+        if isinstance(part.get("file_url"), str):
+            _check_url(part["file_url"], f"{where}.file_url", allowlist)
+        _check_file(part, where, allowlist)
 
 
 def _check_file(document: dict[str, Any], where: str, allowlist: tuple[str, ...]) -> None:

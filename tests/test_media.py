@@ -178,3 +178,113 @@ def test_an_allowlist_entry_that_could_open_the_wrong_door_fails_the_policy_load
         parse_policy(text, "policy.yaml")
     assert "media_url_allowlist" in str(refused.value)
     assert problem in str(refused.value)
+
+
+# --- the Responses and Messages APIs: their own parts and blocks, the same rule ----------------
+
+METADATA = "http://169.254.169.254/latest/meta-data/"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        pytest.param(
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": METADATA}]}]},
+            "input[0].content[0].image_url",
+            id="responses input_image",
+        ),
+        pytest.param(
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_url": METADATA}]}]},
+            "input[0].content[0].file_url",
+            id="responses input_file",
+        ),
+    ],
+)
+def test_a_responses_part_naming_a_url_is_held_to_the_allowlist(
+    start_gateway: StartGateway, backend: FakeBackend, backend_server: BackendServer, body: dict[str, Any], param: str
+) -> None:
+    text = session_policy(backend_server.url, limits={"media_url_allowlist": list(ALLOWLIST)})
+    with (
+        start_gateway(text, health_checks=False) as url,
+        openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=10) as sdk,
+        pytest.raises(openai.BadRequestError) as refused,
+    ):
+        sdk.responses.create(model=CHAT_MODEL, **body)
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["code"], error["param"]) == ("media_url_not_allowed", param)
+    assert not backend.received
+
+
+def block(source: dict[str, Any], kind: str = "image") -> list[Any]:
+    return [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": kind, "source": source}]}]
+
+
+@pytest.mark.parametrize(
+    ("messages", "code", "param"),
+    [
+        pytest.param(
+            block({"type": "url", "url": METADATA}),
+            "media_url_not_allowed",
+            "messages[0].content[1].source.url",
+            id="an image from the metadata service",
+        ),
+        pytest.param(
+            block({"type": "url", "url": "https://evil.example.net/a.pdf"}, "document"),
+            "media_url_not_allowed",
+            "messages[0].content[1].source.url",
+            id="a document from an unlisted host",
+        ),
+        pytest.param(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "image", "source": {"type": "url", "url": METADATA}}],
+                        }
+                    ],
+                }
+            ],
+            "media_url_not_allowed",
+            "messages[0].content[0].content[0].source.url",
+            id="an image inside a tool result",
+        ),
+        pytest.param(
+            block({"type": "file", "file_id": "file_1"}),
+            "unsupported_field",
+            "messages[0].content[1].source",
+            id="a stored file",
+        ),
+    ],
+)
+def test_a_messages_block_naming_a_url_is_held_to_the_allowlist(
+    start_gateway: StartGateway,
+    backend: FakeBackend,
+    backend_server: BackendServer,
+    messages: list[Any],
+    code: str,
+    param: str,
+) -> None:
+    import anthropic
+
+    text = session_policy(backend_server.url, limits={"media_url_allowlist": list(ALLOWLIST)})
+    with (
+        start_gateway(text, health_checks=False) as url,
+        anthropic.Anthropic(base_url=url, api_key=KEY_ACME, max_retries=0, timeout=10) as sdk,
+    ):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            sdk.messages.create(model=CHAT_MODEL, max_tokens=4, messages=messages)
+        allowed = sdk.messages.create(
+            model=CHAT_MODEL,
+            max_tokens=4,
+            messages=block({"type": "url", "url": "https://cdn.example.com/images/a.png"}),
+        )
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["error"]["code"], error["error"]["param"]) == (code, param)
+    assert allowed.type == "message"
+    sent = backend.received[-1].body["messages"][-1]["content"]
+    assert sent[-1] == {"type": "image_url", "image_url": {"url": "https://cdn.example.com/images/a.png"}}

@@ -52,6 +52,7 @@ from gateway.dialects.chat import check_template_kwargs, check_tools
 from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT
 from gateway.dialects.openai_answers import every_kind, no_answer_id, no_previous_id, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.media import check_block_urls
 from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator, json_tokens
 
@@ -118,6 +119,7 @@ class MessagesDialect:
     def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
         stripped = screen_fields(FIELDS, body, limits)
         check_template_kwargs(body.get("chat_template_kwargs"))
+        check_block_urls(body.get("messages"), limits.media_url_allowlist)
         if body.get("max_tokens") is None:
             raise InvalidRequest("'max_tokens' is required.", param="max_tokens")
         return stripped

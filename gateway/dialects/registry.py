@@ -16,6 +16,7 @@ from __future__ import annotations
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
+from gateway.dialects.count_tokens import COUNT_TOKENS
 from gateway.dialects.embeddings import EMBEDDINGS
 from gateway.dialects.messages import MESSAGES
 from gateway.dialects.rerank import RERANK, SCORE
@@ -40,6 +41,7 @@ register_dialect(COMPLETIONS)
 register_dialect(EMBEDDINGS)
 register_dialect(RESPONSES)
 register_dialect(MESSAGES)
+register_dialect(COUNT_TOKENS)
 register_dialect(TOKENIZE)
 register_dialect(DETOKENIZE)
 register_dialect(RERANK)

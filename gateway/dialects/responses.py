@@ -38,6 +38,7 @@ from gateway.dialects.base import FIELD_SEPARATOR, NO_OUTPUT, OUTPUT, ChunkReadi
 from gateway.dialects.chat import check_tools
 from gateway.dialects.openai_answers import every_kind, no_translation, openai_error_body, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.media import check_media_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator, json_tokens
 
@@ -89,6 +90,7 @@ class ResponsesDialect:
 
     def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
         stripped = screen_fields(FIELDS, body, limits)
+        check_media_urls(body.get("input"), limits.media_url_allowlist, "input")  # input_image, input_file parts
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             raise InvalidRequest("'stream_options' must be an object.", param="stream_options")

@@ -1,4 +1,4 @@
-"""vLLM's Anthropic Messages API, ``POST /v1/messages``, on the simulated engine.
+"""vLLM's Anthropic Messages API, ``POST /v1/messages`` and ``/v1/messages/count_tokens``, on the simulated engine.
 
 vLLM (``entrypoints/anthropic/``: ``api_router.py``, ``protocol.py``, ``serving.py``) turns a
 Messages request into a chat completions request, serves that, and turns the chat answer or
@@ -46,6 +46,12 @@ disconnects and metrics.
   or ``input_json_delta`` with the arguments' piece); after the last token
   ``content_block_stop``, ``message_delta`` ``{"delta": {"stop_reason"}, "usage":
   {"input_tokens", "output_tokens"}}`` and ``message_stop``.
+* **Token counting** (``count_tokens``, ``AnthropicCountTokensRequest``): ``model``,
+  ``messages``, ``system``, ``tools`` and ``tool_choice`` validated as a Messages request's
+  (``max_tokens`` and the other generation fields are not read), converted to chat the same
+  way, rendered and tokenized, answered ``{"input_tokens": n, "context_management":
+  {"original_input_tokens": n}}``: ``n`` is the ``input_tokens`` a Messages request of the same
+  body reports. Nothing reaches the engine; the ``fail_503`` fault applies.
 * **Errors**, as vLLM's: the request's own validation (``max_tokens`` missing or not positive,
   a missing ``model`` or ``messages``, a block of an unknown type, ``tool_choice`` ``tool``
   without a ``name``, a field of the wrong type) fails before the handler and gets vLLM's
@@ -71,6 +77,7 @@ from loadtests.sim.stream import FinishReason, TokenStream
 from loadtests.sim.tokenizer import output_text
 
 MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "ctx": "user", "msg": "user"}
@@ -197,19 +204,27 @@ def _check_tool_choice(body: dict[str, Any]) -> dict[str, Any] | None:
     return choice
 
 
-def _check(body: dict[str, Any]) -> dict[str, Any]:
-    """The fields vLLM's ``AnthropicMessagesRequest`` validates, in a 400 of its shape when wrong."""
-    model = _typed(body, "model", str, required=True)
+def _check_model(body: dict[str, Any]) -> str:
+    model: str = _typed(body, "model", str, required=True)
     if not model:
         raise _invalid(("model",), "value_error", "Value error, Model is required", model, "Model is required")
+    return model
+
+
+def _check_system(body: dict[str, Any]) -> str | list[dict[str, Any]] | None:
+    system = body.get("system")
+    return None if system is None else _check_content(system, ("system",))
+
+
+def _check(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields vLLM's ``AnthropicMessagesRequest`` validates, in a 400 of its shape when wrong."""
+    model = _check_model(body)
     messages = _check_messages(body)
     max_tokens = _typed(body, "max_tokens", int, required=True)
     if max_tokens <= 0:
         cause = "max_tokens must be positive"
         raise _invalid(("max_tokens",), "value_error", f"Value error, {cause}", max_tokens, cause)
-    system = body.get("system")
-    if system is not None:
-        system = _check_content(system, ("system",))
+    system = _check_system(body)
     stops = _typed(body, "stop_sequences", list)
     for i, stop in enumerate(stops or []):
         if not isinstance(stop, str):
@@ -221,6 +236,18 @@ def _check(body: dict[str, Any]) -> dict[str, Any]:
         "system": system,
         "stop_sequences": stops,
         "stream": bool(_typed(body, "stream", bool)),
+        "tools": _check_tools(body),
+        "tool_choice": _check_tool_choice(body),
+    }
+
+
+def _check_count(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields vLLM's ``AnthropicCountTokensRequest`` validates (``_check``'s, without the
+    generation's: no ``max_tokens``, ``stop_sequences`` or ``stream``, ignored if sent)."""
+    return {
+        "model": _check_model(body),
+        "messages": _check_messages(body),
+        "system": _check_system(body),
         "tools": _check_tools(body),
         "tool_choice": _check_tool_choice(body),
     }
@@ -309,6 +336,22 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 def chat_body(request: dict[str, Any]) -> dict[str, Any]:
     """The chat completions request vLLM makes of a validated Messages request (module docstring)."""
+    chat: dict[str, Any] = {
+        "model": request["model"],
+        "messages": _chat_messages(request),
+        "max_tokens": request["max_tokens"],
+        "max_completion_tokens": request["max_tokens"],
+        "stop": request["stop_sequences"],
+        "stream": request["stream"],
+    }
+    if request["stream"]:
+        chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    chat.update(_chat_tools(request["tools"], request["tool_choice"]))
+    return chat
+
+
+def _chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages of a validated Messages (or count) request: the system, then each message."""
     messages: list[dict[str, Any]] = []
     system = _system_texts(request["system"] or None)  # vLLM: `if system:`, then an empty string counts
     system += [t for role, content in request["messages"] if role == "system" for t in _system_texts(content)]
@@ -321,27 +364,22 @@ def chat_body(request: dict[str, Any]) -> dict[str, Any]:
             messages.append({"role": role, "content": content})
         else:
             _chat_message(role, content, messages)
-    chat: dict[str, Any] = {
-        "model": request["model"],
-        "messages": messages,
-        "max_tokens": request["max_tokens"],
-        "max_completion_tokens": request["max_tokens"],
-        "stop": request["stop_sequences"],
-        "stream": request["stream"],
-    }
-    if request["stream"]:
-        chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    choice, tools = request["tool_choice"], request["tools"]
+    return messages
+
+
+def _chat_tools(tools: list[dict[str, Any]] | None, choice: dict[str, Any] | None) -> dict[str, Any]:
+    """The chat request's ``tools`` and ``tool_choice`` (none of them when they have no effect)."""
+    out: dict[str, Any] = {}
     if choice is not None:
         names = {"auto": "auto", "any": "required", "none": "none"}
         tool = {"type": "function", "function": {"name": choice.get("name")}}
-        chat["tool_choice"] = names.get(choice["type"], tool)
+        out["tool_choice"] = names.get(choice["type"], tool)
     if tools is not None:
-        chat["tools"] = [_function_tool(tool) for tool in tools]
-        chat.setdefault("tool_choice", "auto")
-    elif chat.get("tool_choice") in ("auto", "none"):
-        del chat["tool_choice"]  # vLLM sets it on the request after validation: it has no effect without tools
-    return chat
+        out["tools"] = [_function_tool(tool) for tool in tools]
+        out.setdefault("tool_choice", "auto")
+    elif out.get("tool_choice") in ("auto", "none"):
+        del out["tool_choice"]  # vLLM sets it on the request after validation: it has no effect without tools
+    return out
 
 
 def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -353,6 +391,32 @@ def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
 def parse_messages_request(raw: bytes, *, served_model: str, default_max_tokens: int) -> ParsedRequest:
     """Validate a Messages body and make it the chat request the engine serves; raise `ApiError`
     (vLLM's validation 400) or `AnthropicError` (what the handler refuses)."""
+    chat = to_chat(_json_object(raw))
+    _check_served(chat["model"], served_model)
+    try:
+        return parse_body(Endpoint.CHAT, chat, served_model=served_model, default_max_tokens=default_max_tokens)
+    except ApiError as error:
+        raise AnthropicError.of(error) from error
+
+
+def count_tokens_answer(raw: bytes, *, served_model: str) -> bytes:
+    """``POST /v1/messages/count_tokens`` (vLLM's ``count_tokens``): the body converted to chat as
+    a Messages request's, its prompt rendered and tokenized exactly as that request's would be, so
+    ``input_tokens`` is what ``/v1/messages`` reports for the same body. Nothing is generated:
+    ``tool_choice`` is validated but forces nothing (it does not change the prompt). Errors as
+    ``parse_messages_request``'s: vLLM's validation 400, the handler's in Anthropic's shape."""
+    request = _check_count(_json_object(raw))
+    _check_served(request["model"], served_model)
+    chat = {"model": request["model"], "messages": _chat_messages(request), **_chat_tools(request["tools"], None)}
+    try:
+        parsed = parse_body(Endpoint.CHAT, chat, served_model=served_model, default_max_tokens=1)
+    except ApiError as error:
+        raise AnthropicError.of(error) from error
+    n = len(parsed.token_ids)
+    return orjson.dumps({"input_tokens": n, "context_management": {"original_input_tokens": n}})
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -360,13 +424,12 @@ def parse_messages_request(raw: bytes, *, served_model: str, default_max_tokens:
     if not isinstance(body, dict):
         msg = "Input should be a valid dictionary or object to extract fields from"
         raise _invalid((), "model_attributes_type", msg, body)
-    chat = to_chat(body)
-    if chat["model"] != served_model:
-        raise AnthropicError(404, f"The model `{chat['model']}` does not exist.", param="model")
-    try:
-        return parse_body(Endpoint.CHAT, chat, served_model=served_model, default_max_tokens=default_max_tokens)
-    except ApiError as error:
-        raise AnthropicError.of(error) from error
+    return body
+
+
+def _check_served(model: str, served_model: str) -> None:
+    if model != served_model:
+        raise AnthropicError(404, f"The model `{model}` does not exist.", param="model")
 
 
 def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
@@ -479,12 +542,14 @@ def _event(obj: dict[str, Any]) -> bytes:
 
 
 __all__ = [
+    "COUNT_TOKENS_PATH",
     "MESSAGES_PATH",
     "SSE_HEADERS",
     "STOP_REASONS",
     "AnthropicError",
     "MessageEvents",
     "chat_body",
+    "count_tokens_answer",
     "message_answer",
     "parse_messages_request",
     "stream_answer",

@@ -10,8 +10,9 @@ frees its KV blocks at once.
 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/responses``
 (the Responses API, see ``responses.py``), ``/tokenize``, ``/detokenize``, ``/v1/rerank`` and
-``/v1/score`` (the small endpoints, see ``pooling.py``), ``/v1/messages`` (Anthropic's Messages
-API as vLLM serves it, see ``messages.py``); ``GET /health`` (200, empty body), ``/metrics``,
+``/v1/score`` (the small endpoints, see ``pooling.py``), ``/v1/messages`` and
+``/v1/messages/count_tokens`` (Anthropic's Messages API and its token counting as vLLM serves
+them, see ``messages.py``); ``GET /health`` (200, empty body), ``/metrics``,
 ``/v1/models``, ``/version``.
 
 Fault injection (not in vLLM): ``POST /admin/fault`` with ``{"mode", "after_tokens"}`` sets
@@ -41,9 +42,11 @@ from loadtests.sim.engine import Engine, EngineRequest, build_engine
 from loadtests.sim.faults import Fault, FaultMode, drop_connection, unavailable
 from loadtests.sim.kvcache import KVCache, chain_hashes, salt_root
 from loadtests.sim.messages import (
+    COUNT_TOKENS_PATH,
     MESSAGES_PATH,
     AnthropicError,
     MessageEvents,
+    count_tokens_answer,
     message_answer,
     parse_messages_request,
     stream_answer,
@@ -176,6 +179,12 @@ class EngineApp:
             body = await _read_body(receive)
             if body is not None:
                 await self._messages(body, receive, send)
+        elif path == COUNT_TOKENS_PATH:
+            if method != "POST":
+                raise ApiError(405, "Method Not Allowed")
+            body = await _read_body(receive)
+            if body is not None:
+                await _respond(send, 200, self._count_tokens(body))
         elif endpoint is not None:
             if method != "POST":
                 raise ApiError(405, "Method Not Allowed")
@@ -269,6 +278,15 @@ class EngineApp:
             elif await _finished_whole(stream, send, close_at):
                 n = stream.num_tokens
                 await _respond(send, 200, message_answer(req, msg_id, self._text(n), stream.prompt_tokens, n))
+
+    def _count_tokens(self, body: bytes) -> bytes:
+        """``POST /v1/messages/count_tokens``: the prompt a ``/v1/messages`` request of this body
+        would have, counted (see ``messages.py``); nothing reaches the engine."""
+        fault = self.fault
+        if fault.mode is FaultMode.FAIL_503:
+            self.metrics.faults[fault.mode.value].inc()
+            raise AnthropicError.of(unavailable())
+        return count_tokens_answer(body, served_model=self.model)
 
     async def _messages_instant(self, req: ParsedRequest, msg_id: str, send: Send) -> None:
         """A Messages answer at once, without an engine (the ``instant`` profile)."""

@@ -65,9 +65,22 @@ def policy(url: str, *, scopes: int, **sections: Any) -> str:
     )
 
 
+OPEN_CLIENTS: list[anthropic.Anthropic] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Close every SDK client a test made (their pooled connections would outlive it)."""
+    yield
+    while OPEN_CLIENTS:
+        OPEN_CLIENTS.pop().close()
+
+
 def sdk(url: str, key: str = KEY_ACME, **options: Any) -> anthropic.Anthropic:
     credentials = options or {"api_key": key}
-    return anthropic.Anthropic(base_url=url, max_retries=0, timeout=20, **credentials)
+    client = anthropic.Anthropic(base_url=url, max_retries=0, timeout=20, **credentials)
+    OPEN_CLIENTS.append(client)
+    return client
 
 
 def shape(events: list[Any]) -> list[tuple[str, ...]]:
@@ -214,6 +227,7 @@ def test_errors_reach_the_sdk_in_anthropic_s_shape(
         bearer = sdk(gateway, auth_token=KEY_ACME, api_key=None).messages.create(
             model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
         )
+        wrong_method = httpx.get(f"{gateway}/v1/messages", headers={"x-api-key": KEY_ACME})
         two_keys = httpx.post(
             f"{gateway}/v1/messages",
             headers={"x-api-key": KEY_ACME, "authorization": f"Bearer {KEY_GLOBEX}"},
@@ -234,6 +248,9 @@ def test_errors_reach_the_sdk_in_anthropic_s_shape(
     assert unknown_model.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     assert over_cap.value.body["error"]["code"] == "max_tokens_too_large"  # type: ignore[index]
     assert bearer.usage.output_tokens == 2
+    assert wrong_method.status_code == 405
+    assert orjson.loads(wrong_method.content)["error"]["type"] == "invalid_request_error"
+    assert orjson.loads(wrong_method.content)["type"] == "error"  # Anthropic's shape, before any handler
     assert two_keys.status_code == 400
     assert orjson.loads(two_keys.content)["error"]["code"] == "invalid_header"
 

@@ -363,6 +363,40 @@ MESSAGES = DialectSamples(
     finish_reasons=("length",),
 )  # fmt: skip
 
+# --- messages count_tokens ------------------------------------------------------------------
+# vLLM's ``AnthropicCountTokensResponse`` (``vllm/entrypoints/anthropic/protocol.py``).
+
+
+def _count_tokens(text: str) -> Body:
+    return {"model": MODEL, "system": SYSTEM, "messages": [{"role": "user", "content": text}]}
+
+
+def _count_tokens_turns(first: str, answer: str, second: str) -> tuple[Body, Body]:
+    turn, following = _messages_turns(first, answer, second)
+    return _without_bound(turn), _without_bound(following)
+
+
+def _without_bound(body: Body) -> Body:
+    return {k: v for k, v in body.items() if k != "max_tokens"}
+
+
+COUNT_TOKENS = DialectSamples(
+    with_prompt=_count_tokens,
+    turns=_count_tokens_turns,
+    refused=[
+        Refusal({"model": MODEL}, "invalid_field", "messages", "no messages"),
+        Refusal({**_count_tokens("Hi"), "max_tokens": 8}, "unsupported_field", "max_tokens",
+                "an output bound (nothing is generated)"),
+        Refusal({**_count_tokens("Hi"), "messages": [{"role": "system", "content": "Hi"}]}, "invalid_field",
+                "messages[0].role", "a system message (system is a top-level field)"),
+        Refusal({**_count_tokens("Hi"), "tools": {"name": "t"}}, "invalid_field", "tools", "tools not in an array"),
+        Refusal({**_count_tokens("Hi"), "chat_template_kwargs": {"chat_template": "{{ x }}"}}, "unsupported_field",
+                "chat_template_kwargs.chat_template", "a template smuggled in as a switch"),
+    ],
+    answer={"input_tokens": 9, "context_management": {"original_input_tokens": 9}},
+    answer_usage={"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9},
+)  # fmt: skip
+
 # --- tokenize, detokenize ------------------------------------------------------------------
 # vLLM's tokenizer endpoints (``vllm/entrypoints/serve/tokenize/protocol.py``).
 
@@ -545,6 +579,7 @@ SAMPLES: dict[str, DialectSamples] = {
     "embeddings": EMBEDDINGS,
     "responses": RESPONSES,
     "messages": MESSAGES,
+    "count_tokens": COUNT_TOKENS,
     "tokenize": TOKENIZE,
     "detokenize": DETOKENIZE,
     "rerank": RERANK,

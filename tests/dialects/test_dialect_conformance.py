@@ -38,7 +38,7 @@ GENAI_OPERATIONS = {
 }  # fmt: skip
 # "If one of them applies, then that value MUST be used. Otherwise a custom value MAY be used":
 # the engines' own endpoints, which no well-known value describes, are named by their operation.
-CUSTOM_OPERATIONS = {"tokenize", "detokenize", "rerank", "score"}
+CUSTOM_OPERATIONS = {"tokenize", "detokenize", "rerank", "score", "count_tokens"}
 ROOT_PATHS = {"/tokenize", "/detokenize"}
 """The engine endpoints vLLM serves at the root, not under ``/v1/``."""
 WORDS = "The quick brown fox jumps over the lazy dog. "

@@ -552,3 +552,103 @@ def test_whole_answers_on_the_instant_profile(sim_engine: Engine, client: Client
 def test_get_is_405(sim_engine: Engine) -> None:
     with sim_engine("instant") as (url, _):
         assert httpx.get(url + "/v1/messages").status_code == 405
+
+
+# --- POST /v1/messages/count_tokens ----------------------------------------------------------
+
+COUNTED: list[Any] = [
+    pytest.param({"system": "Be brief.", "tools": TOOLS, "messages": ASK}, id="a system prompt and tools"),
+    pytest.param(
+        {
+            "system": [{"type": "text", "text": "You are terse. "}, {"type": "text", "text": "Answer in French."}],
+            "tools": TOOLS,
+            "tool_choice": WEATHER,
+            "messages": [
+                *ASK,
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "Checking."},
+                        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                    ],
+                },
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21C"}]},
+            ],
+        },
+        id="system blocks, a named tool choice and a tool result",
+    ),
+    pytest.param({"messages": [{"role": "user", "content": LONG}]}, id="a message alone"),
+]
+
+
+@pytest.mark.parametrize("request_body", COUNTED)
+def test_count_tokens_is_the_input_tokens_a_message_of_the_same_body_reports(
+    sim_engine: Engine, client: Client, request_body: dict[str, Any]
+) -> None:
+    with sim_engine("fixed", **FAST) as (url, _):
+        sdk = client(url)
+        counted = sdk.messages.count_tokens(model=SIM, **request_body)
+        raw = httpx.post(url + "/v1/messages/count_tokens", json={"model": SIM, **request_body})
+        counted_only = metric(url, "vllm:prompt_tokens_total")
+        created = sdk.messages.create(model=SIM, max_tokens=2, **request_body)
+        created_too = metric(url, "vllm:prompt_tokens_total")
+    assert counted.input_tokens == created.usage.input_tokens
+    assert raw.status_code == 200
+    # vLLM's AnthropicCountTokensResponse, model_dump(exclude_none=True)
+    assert raw.json() == {
+        "input_tokens": counted.input_tokens,
+        "context_management": {"original_input_tokens": counted.input_tokens},
+    }
+    assert (counted_only, created_too) == (0, created.usage.input_tokens)  # counting: nothing reaches the engine
+
+
+def test_count_tokens_reads_no_generation_field(sim_engine: Engine) -> None:
+    body = {"model": SIM, "messages": ASK}
+    with sim_engine("instant") as (url, _):
+        plain = httpx.post(url + "/v1/messages/count_tokens", json=body)
+        # AnthropicCountTokensRequest has no max_tokens, stop_sequences or stream: ignored as unknown
+        ignored = httpx.post(
+            url + "/v1/messages/count_tokens", json={**body, "max_tokens": 0, "stream": "yes", "stop_sequences": 1}
+        )
+    assert plain.status_code == ignored.status_code == 200
+    assert plain.json() == ignored.json()
+    assert plain.json()["input_tokens"] == prompt_tokens(("user", ASK[0]["content"]))
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": ASK}, "body.model"),
+        ({"model": SIM}, "body.messages"),
+        ({"model": SIM, "messages": [{"role": "tool", "content": "x"}]}, "body.messages.0.role"),
+        ({"model": SIM, "messages": ASK, "tools": TOOLS, "tool_choice": {"type": "tool"}}, "body.tool_choice"),
+    ],
+    ids=["no model", "no messages", "bad role", "tool without name"],
+)
+def test_count_tokens_validation_errors_are_vllms_generic_400(
+    sim_engine: Engine, body: dict[str, Any], param: str
+) -> None:
+    with sim_engine("instant") as (url, _):
+        response = httpx.post(url + "/v1/messages/count_tokens", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("Bad Request", param, 400)
+    assert error["message"].startswith("1 validation error:\n  {'type': ")
+
+
+def test_count_tokens_handler_errors_are_in_anthropics_shape(sim_engine: Engine, client: Client) -> None:
+    with sim_engine("instant") as (url, _):
+        sdk = client(url)
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            sdk.messages.count_tokens(model="other-model", messages=ASK)
+        httpx.post(url + "/admin/fault", json={"mode": "fail_503"})
+        with pytest.raises(anthropic.InternalServerError) as unavailable:
+            sdk.messages.count_tokens(model=SIM, messages=ASK)
+        wrong_method = httpx.get(url + "/v1/messages/count_tokens")
+    assert missing.value.body == {
+        "type": "error",
+        "error": {"type": "NotFoundError", "message": "The model `other-model` does not exist."},
+    }
+    assert unavailable.value.status_code == 503
+    assert unavailable.value.body["type"] == "error"  # type: ignore[index]
+    assert wrong_method.status_code == 405
