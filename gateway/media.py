@@ -98,11 +98,16 @@ def check_media_urls(messages: Any, allowlist: tuple[str, ...], field: str = "me
         return
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if isinstance(part, dict):
-                _check_part(part, f"{field}[{i}].content[{j}]", allowlist)
+        if isinstance(content, list):
+            check_parts_urls(content, f"{field}[{i}].content", allowlist)
+
+
+def check_parts_urls(parts: list[Any], where: str, allowlist: tuple[str, ...]) -> None:
+    """The rule over one list of content parts, the body's ``where`` (``documents[2].content``):
+    each part named ``where[j]`` in the error."""
+    for j, part in enumerate(parts):
+        if isinstance(part, dict):
+            _check_part(part, f"{where}[{j}]", allowlist)
 
 
 def check_block_urls(messages: Any, allowlist: tuple[str, ...]) -> None:

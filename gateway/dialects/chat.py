@@ -48,6 +48,7 @@ from gateway.body_fields import (
     shown,
 )
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
+from gateway.dialects.counts import at_most
 from gateway.dialects.openai_answers import (
     answer_usage,
     every_kind,
@@ -208,12 +209,7 @@ def _is_switch(value: Any) -> bool:
 def _check_messages(messages: Any, limits: RequestLimits) -> None:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' is required and must be a non-empty array.", param="messages")
-    if len(messages) > limits.max_messages:
-        raise InvalidRequest(
-            f"'messages' has {len(messages)} entries; the limit is {limits.max_messages}.",
-            code="too_many_messages",
-            param="messages",
-        )
+    at_most(messages, limits.max_messages, "messages", "entries", "too_many_messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest(f"'messages[{i}]' must be an object.", param=f"messages[{i}]")
@@ -230,12 +226,7 @@ def _check_messages(messages: Any, limits: RequestLimits) -> None:
                 f"'messages[{i}].content' must be a string or an array of parts.",
                 param=f"messages[{i}].content",
             )
-        if len(content) > limits.max_content_parts:
-            raise InvalidRequest(
-                f"'messages[{i}].content' has {len(content)} parts; the limit is {limits.max_content_parts}.",
-                code="too_many_content_parts",
-                param=f"messages[{i}].content",
-            )
+        at_most(content, limits.max_content_parts, f"messages[{i}].content", "parts", "too_many_content_parts")
 
 
 def check_tools(body: dict[str, Any], max_tools: int, names: tuple[str, ...] = ("tools", "functions")) -> None:
@@ -247,10 +238,7 @@ def check_tools(body: dict[str, Any], max_tools: int, names: tuple[str, ...] = (
             continue
         if not isinstance(tools, list):
             raise InvalidRequest(f"'{name}' must be an array.", param=name)
-        if len(tools) > max_tools:
-            raise InvalidRequest(
-                f"'{name}' has {len(tools)} entries; the limit is {max_tools}.", code="too_many_tools", param=name
-            )
+        at_most(tools, max_tools, name, "entries", "too_many_tools")
 
 
 def chat_prompt_tokens(body: Mapping[str, Any], estimator: TokenEstimator, media: MediaTokens) -> int:

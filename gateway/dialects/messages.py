@@ -49,6 +49,7 @@ from gateway.dialects.base import (
     render_conversation,
 )
 from gateway.dialects.chat import check_template_kwargs, check_tools
+from gateway.dialects.counts import at_most
 from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT
 from gateway.dialects.openai_answers import every_kind, no_answer_id, no_previous_id, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
@@ -239,12 +240,7 @@ def _system(body: Mapping[str, Any]) -> str | list[Any] | None:
 
 def _check_messages(messages: list[Any], limits: RequestLimits) -> None:
     """Shapes and counts, by length, before any text is read."""
-    if len(messages) > limits.max_messages:
-        raise InvalidRequest(
-            f"'messages' has {len(messages)} entries; the limit is {limits.max_messages}.",
-            code="too_many_messages",
-            param="messages",
-        )
+    at_most(messages, limits.max_messages, "messages", "entries", "too_many_messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{i}] must be an object.", param=f"messages[{i}]")
@@ -252,12 +248,7 @@ def _check_messages(messages: list[Any], limits: RequestLimits) -> None:
             raise InvalidRequest(f"messages[{i}].role must be 'user' or 'assistant'.", param=f"messages[{i}].role")
         content = message.get("content")
         if isinstance(content, list):
-            if len(content) > limits.max_content_parts:
-                raise InvalidRequest(
-                    f"messages[{i}].content has {len(content)} blocks; the limit is {limits.max_content_parts}.",
-                    code="too_many_content_parts",
-                    param=f"messages[{i}].content",
-                )
+            at_most(content, limits.max_content_parts, f"messages[{i}].content", "blocks", "too_many_content_parts")
             for j, block in enumerate(content):
                 if not isinstance(block, dict) or not isinstance(block.get("type"), str):
                     raise InvalidRequest(

@@ -161,7 +161,7 @@ def tool_input(arguments: Any) -> dict[str, Any]:
 class MessagesStream:
     """Chat chunks of one stream as Messages events (module docstring); one per stream."""
 
-    __slots__ = ("_block", "_delta_sent", "_finish", "_index", "_started", "_tool_ids", "_tool_index")
+    __slots__ = ("_block", "_delta_sent", "_finish", "_index", "_started", "_tool_index", "_tool_used")
 
     def __init__(self) -> None:
         self._started = False
@@ -170,7 +170,7 @@ class MessagesStream:
         self._index = -1
         self._tool_index: int | None = None
         """The chat tool-call index the open ``tool_use`` block belongs to."""
-        self._tool_ids: dict[int, str] = {}
+        self._tool_used = False
         self._finish: dict[str, Any] = {}
         self._delta_sent = False
 
@@ -219,7 +219,7 @@ class MessagesStream:
         function = _object(call.get("function"))
         out: list[bytes] = []
         if call.get("id") and function.get("name"):
-            self._tool_ids[index] = call["id"]
+            self._tool_used = True
             out.extend(self._close_block())
             block = {"type": "tool_use", "id": call["id"], "name": function["name"], "input": {}}
             out.extend(self._open("tool_use", block))
@@ -255,7 +255,7 @@ class MessagesStream:
     def _message_delta(self, usage: dict[str, Any]) -> bytes:
         self._delta_sent = True
         stop_reason, stop_sequence = stop_of(self._finish) if self._finish else ("end_turn", None)
-        if stop_reason == "end_turn" and self._tool_ids:
+        if stop_reason == "end_turn" and self._tool_used:
             stop_reason = "tool_use"  # as for a whole answer (``messages_answer``)
         return _event(
             "message_delta",

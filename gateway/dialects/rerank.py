@@ -49,9 +49,10 @@ import orjson
 from gateway.body_fields import screen_fields
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.chat import check_template_kwargs
+from gateway.dialects.counts import at_most
 from gateway.dialects.tokenize import WholeAnswerOnly, never_streamed
 from gateway.errors import InvalidRequest
-from gateway.media import check_media_urls
+from gateway.media import check_parts_urls
 from gateway.policy.model import BackendKind, MediaTokens, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator, parts_tokens
 
@@ -102,12 +103,7 @@ def score_inputs(value: Any, field: str, limits: RequestLimits, *, many: bool = 
     items = value if listed else [value]
     if not items:
         raise InvalidRequest(f"'{field}' must not be empty.", param=field)
-    if len(items) > limits.max_messages:
-        raise InvalidRequest(
-            f"'{field}' has {len(items)} inputs; the limit is {limits.max_messages}.",
-            code="too_many_messages",
-            param=field,
-        )
+    at_most(items, limits.max_messages, field, "inputs", "too_many_messages")
     for i, item in enumerate(items):
         if isinstance(item, str):
             continue
@@ -117,30 +113,18 @@ def score_inputs(value: Any, field: str, limits: RequestLimits, *, many: bool = 
             raise InvalidRequest(
                 f"'{param}' must be a string or an object whose 'content' is an array of parts.", param=param
             )
-        if len(content) > limits.max_content_parts:
-            raise InvalidRequest(
-                f"'{param}.content' has {len(content)} parts; the limit is {limits.max_content_parts}.",
-                code="too_many_content_parts",
-                param=f"{param}.content",
-            )
+        at_most(content, limits.max_content_parts, f"{param}.content", "parts", "too_many_content_parts")
     return items
 
 
 def check_inputs_media(value: Any, field: str, allowlist: tuple[str, ...]) -> None:
     """400 ``media_url_not_allowed`` for the first media URL of an object input that the allowlist
     refuses, named by its place in ``field`` (``documents[2].content[0].image_url.url``)."""
-    items = value if isinstance(value, list) else [value]
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("content"), list):
-            continue
-        try:
-            check_media_urls([item], allowlist)  # an input is checked as a one-message conversation
-        except InvalidRequest as error:
-            where = f"{field}[{i}]" if isinstance(value, list) else field
-            param = where + (error.param or "").removeprefix("messages[0]")
-            raise InvalidRequest(
-                error.message.replace(error.param or "", param), code=error.code, param=param
-            ) from None
+    listed = isinstance(value, list)
+    for i, item in enumerate(value if listed else [value]):
+        if isinstance(item, dict) and isinstance(item.get("content"), list):
+            where = f"{field}[{i}]" if listed else field
+            check_parts_urls(item["content"], f"{where}.content", allowlist)
 
 
 def input_tokens(item: Any, estimator: TokenEstimator, media: MediaTokens) -> int:

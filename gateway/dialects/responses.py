@@ -36,6 +36,7 @@ import orjson
 from gateway.body_fields import screen_fields
 from gateway.dialects.base import FIELD_SEPARATOR, NO_OUTPUT, OUTPUT, ChunkReading, render_conversation
 from gateway.dialects.chat import check_tools
+from gateway.dialects.counts import at_most
 from gateway.dialects.openai_answers import every_kind, no_translation, openai_error_body, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.media import check_media_urls
@@ -216,22 +217,13 @@ def _items(body: Mapping[str, Any]) -> list[Any]:
 
 def _check_items(items: list[Any], limits: RequestLimits) -> None:
     """Shapes and counts, by length, before any text is read."""
-    if len(items) > limits.max_messages:
-        raise InvalidRequest(
-            f"'input' has {len(items)} items; the limit is {limits.max_messages}.",
-            code="too_many_messages",
-            param="input",
-        )
+    at_most(items, limits.max_messages, "input", "items", "too_many_messages")
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidRequest(f"input[{i}] must be an object.", param=f"input[{i}]")
         content = item.get("content")
-        if isinstance(content, list) and len(content) > limits.max_content_parts:
-            raise InvalidRequest(
-                f"input[{i}].content has {len(content)} parts; the limit is {limits.max_content_parts}.",
-                code="too_many_content_parts",
-                param=f"input[{i}].content",
-            )
+        if isinstance(content, list):
+            at_most(content, limits.max_content_parts, f"input[{i}].content", "parts", "too_many_content_parts")
         if content is not None and not isinstance(content, str | list):
             raise InvalidRequest(f"input[{i}].content must be a string or an array.", param=f"input[{i}].content")
 

@@ -18,12 +18,15 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from gateway.policy.loader import load_policy
+from gateway.settings import Settings
 from loadtests.sim import build_engine_app
 from tests.conftest import StartGateway
-from tests.policy_builder import KEY_ACME, KEY_GLOBEX, backend, build_policy, model, tenant
-from tests.servers import metric, samples, serve_in_thread, wait_until
+from tests.policy_builder import KEY_ACME, KEY_GLOBEX, admin_keys, backend, build_policy, model, tenant
+from tests.servers import admin_url, metric, samples, serve_gateway_in_thread, serve_in_thread, wait_until
 
 MODEL = "llama"
+ADMIN_KEY = "admin-key-for-messages-tests"
 WEATHER_TOOL = {
     "name": "get_weather",
     "description": "The weather in a city.",
@@ -142,6 +145,7 @@ def test_a_message_whole_streamed_and_with_a_tool(
         )
         requests = metric(gateway, "gateway_requests_total", model=MODEL, api="messages", status="200")
         output_tokens = metric(gateway, "gateway_tokens_total", model=MODEL, direction="output")
+        wait_until(lambda: metric(gateway, "gateway_backend_in_flight_requests") == 0, what="every slot back")
     assert recorder.paths == [upstream] * 4
     assert whole.model == MODEL  # the engine said "served"
     assert whole.type == "message"
@@ -267,6 +271,7 @@ def test_a_broken_stream_ends_with_anthropic_s_error_event(
         with pytest.raises(anthropic.APIStatusError) as broken, stream as events:  # noqa: PT012 (the events count)
             for event in events:
                 seen.append(event)
+        wait_until(lambda: metric(gateway, "gateway_backend_in_flight_requests") == 0, what="every slot back")
         outcomes = {
             labels: value
             for labels, value in samples(gateway, "gateway_requests_total").items()
@@ -342,3 +347,24 @@ def test_a_shadow_copy_of_a_message_is_translated_as_its_primary_and_carries_the
     assert recorder.bodies[0]["cache_salt"] == recorder.bodies[1]["cache_salt"]  # the tenant's, on both
     assert recorder.bodies[1]["stream"] is True
     assert shadows == 1
+
+
+def test_a_reload_that_lets_a_second_cache_scope_reach_the_engine_ends_passthrough_at_once(
+    engine: tuple[str, PathRecorder], tmp_path: Path
+) -> None:
+    url, recorder = engine
+    path = tmp_path / "policy.yaml"
+    admin = {"admin": admin_keys(ADMIN_KEY)}
+    path.write_text(policy(url, scopes=1, **admin))
+    settings = Settings(policy_path=str(path), health_checks=False, port=0, admin_port=0, rollout_dir=str(tmp_path))
+    with serve_gateway_in_thread(settings, load_policy(path)) as built:
+        client = sdk(built.api_url)
+        ask = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+        client.messages.create(**ask)  # type: ignore[arg-type]
+        path.write_text(policy(url, scopes=2, **admin).replace("messages-1", "messages-2"))
+        reloaded = httpx.post(
+            f"{admin_url(built.api_url)}/admin/reload", headers={"authorization": f"Bearer {ADMIN_KEY}"}
+        )
+        client.messages.create(**ask)  # type: ignore[arg-type]
+    assert reloaded.status_code == 200
+    assert recorder.paths == ["/v1/messages", "/v1/chat/completions"]  # the salt from the first request on
