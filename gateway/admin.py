@@ -10,20 +10,37 @@ first and keeps the old policy if the new one is invalid (answering 422 with the
 decisions); ``POST /admin/rollout`` with ``{"group": ..., "action": "promote" | "rollback" |
 "hold" | "resume", "reason": "..."}`` forces a verdict, saved like the canary's own
 (``gateway/rollout/controller.py``); the operator is named by ``x-operator`` (else ``admin``).
+
+An admin key is no reason to parse loosely; the data plane's rules hold here too. A header the
+endpoints act on comes once (two ``Authorization`` lines: 400 ``duplicate_header``, as
+``gateway/intake.py`` refuses them), a JSON body has no repeated key (400 ``duplicate_key``,
+``parse_json_object``) and at most ``MAX_BODY_BYTES``, refused with 413 while it is read. The
+operator's name and reason go into a WARNING line and the rollout's saved state, so they must
+be one line of printable text of bounded length: a line break would let a caller forge log
+lines, a terminal escape rewrite what an SRE sees (400 otherwise, never a silent rewrite).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, ModelNotAllowed, NotFound, Overloaded
+from gateway.errors import AuthenticationFailed, Forbidden, GatewayError, InvalidRequest, NotFound, Overloaded
+from gateway.intake import ClientDisconnected, RequestHeaders, check_headers, parse_json_object, read_body, read_headers
 from gateway.keys import bearer_key, hash_api_key
+from gateway.policy.groups import NAME_PATTERN
 from gateway.policy.snapshot import PolicySnapshot
+
+MAX_BODY_BYTES = 65_536
+"""An admin body is three short fields; 64 KiB is plenty and bounds what a key holder can send."""
+MAX_DEPTH = 4
+MAX_REASON_CHARS = 500
+MAX_OPERATOR_CHARS = 64
+_GROUP = re.compile(NAME_PATTERN)
 
 
 class PolicyControl(Protocol):
@@ -40,15 +57,16 @@ class PolicyControl(Protocol):
     async def force_rollout(self, group: str, action: str, who: str, reason: str) -> dict[str, Any]: ...
 
 
-def _authorize(request: Request, gateway: PolicyControl) -> None:
+def _authorize(headers: RequestHeaders, gateway: PolicyControl) -> None:
+    check_headers(headers)
     allowed = gateway.policy().policy.admin.key_hashes
     if not allowed:
-        raise ModelNotAllowed("Admin endpoints are disabled: the policy lists no admin key.", code="admin_disabled")
-    key = bearer_key(request.headers.get("authorization", "").encode())
+        raise Forbidden("Admin endpoints are disabled: the policy lists no admin key.", code="admin_disabled")
+    key = bearer_key(headers.authorization)
     if key is None:
         raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <admin key>'.")
     if hash_api_key(key) not in allowed:
-        raise ModelNotAllowed("This key may not use the admin endpoints.", code="not_admin")
+        raise Forbidden("This key may not use the admin endpoints.", code="not_admin")
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -71,18 +89,21 @@ def admin_routes(
             if current is None:
                 return render(Overloaded("The gateway is starting.", status=503, code="starting", retry_after_s=1.0))
             try:
-                _authorize(request, current)
+                _authorize(read_headers(request.scope["headers"]), current)
                 return await action(current, request)
             except GatewayError as error:
                 return render(error)
+            except ClientDisconnected:
+                return Response(status_code=400)  # gone: nobody reads it
 
         return handler
 
     async def rollout(current: PolicyControl, request: Request) -> Response:
         if request.method == "GET":
             return JSONResponse({"rollouts": current.rollout_status()})
-        group, action, reason = _rollout_order(await request.body())
-        who = request.headers.get("x-operator", "admin")[:64]
+        declared = read_headers(request.scope["headers"]).content_length
+        group, action, reason = _rollout_order(await read_body(request.receive, declared, MAX_BODY_BYTES))
+        who = _operator(request)
         try:
             state = await current.force_rollout(group, action, who, reason)
         except KeyError:
@@ -110,21 +131,38 @@ ROLLOUT_ACTIONS = ("promote", "rollback", "hold", "resume")
 
 def _rollout_order(body: bytes) -> tuple[str, str, str]:
     """``{"group", "action", "reason"}`` of ``POST /admin/rollout``, or 400 saying what is wrong."""
-    try:
-        order = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The body must be a JSON object.", code="invalid_json") from None
-    if not isinstance(order, dict):
-        raise InvalidRequest("The body must be a JSON object.", code="invalid_json")
+    order = parse_json_object(body, MAX_DEPTH)
     group, action, reason = order.get("group"), order.get("action"), order.get("reason", "")
-    if not isinstance(group, str) or not group:
+    if not isinstance(group, str) or not _GROUP.match(group):
         raise InvalidRequest("'group' must name a model group.", code="invalid_field", param="group")
     if action not in ROLLOUT_ACTIONS:
         raise InvalidRequest(
             f"'action' must be one of {', '.join(ROLLOUT_ACTIONS)}.", code="invalid_field", param="action"
         )
-    if not isinstance(reason, str) or len(reason) > 500:
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS or not reason.isprintable():
         raise InvalidRequest(
-            "'reason' must be a string of at most 500 characters.", code="invalid_field", param="reason"
+            f"'reason' must be one line of at most {MAX_REASON_CHARS} printable characters "
+            "(no line break, tab or other control character).",
+            code="invalid_field",
+            param="reason",
         )
     return group, action, reason
+
+
+def _operator(request: Request) -> str:
+    """Who forces a verdict (``x-operator``, else ``admin``): once, one short printable line."""
+    names = request.headers.getlist("x-operator")
+    if len(names) > 1:
+        raise InvalidRequest(
+            "The header 'x-operator' appears more than once; send it once.",
+            code="duplicate_header",
+            param="x-operator",
+        )
+    who = names[0] if names else "admin"
+    if not 0 < len(who) <= MAX_OPERATOR_CHARS or not who.isprintable():
+        raise InvalidRequest(
+            f"'x-operator' must be 1 to {MAX_OPERATOR_CHARS} printable characters.",
+            code="invalid_header",
+            param="x-operator",
+        )
+    return who

@@ -51,14 +51,13 @@ from gateway.response import SSE_HEADERS, ClientResponse
 from gateway.response_affinity import ResponseAffinity
 from gateway.retry import Failure, is_retryable, retry_delay
 from gateway.routing.base import RoutingDecision
-from gateway.routing.isolation import isolation_fields
 from gateway.streaming import SseRelay, StreamEnd, TokenTimer, renaming
 from gateway.targets import fits, retarget
 from gateway.telemetry import Metrics
 from gateway.tracing import AttemptSpan, RequestSpan
 from gateway.types import InferenceRequest
 from gateway.upstream import UpstreamClient, UpstreamResponse, new_engine_request_id
-from gateway.upstream_body import attempt_body, translated_request
+from gateway.upstream_body import attempt_body, attempt_isolation, translated_request
 from gateway.upstream_errors import FaultLog
 
 log = logging.getLogger(__name__)
@@ -322,11 +321,10 @@ class Attempts:
         backend = state.backend
         track = migrate and can_continue(request, backend.kind)
         runtime = ctx.runtime
-        unsalted = runtime.snapshot.policy.cache_isolation.unsalted
-        isolation = isolation_fields(backend.kind, unsalted, runtime.salter, ctx.tenant)
-        translation = request.api.translation(backend, state.name in runtime.snapshot.multi_scope_backends)
+        isolation = attempt_isolation(request.api, backend, ctx.tenant, runtime.snapshot, runtime.salter)
+        translation = isolation.translation
         sent = request if translation is None else self._translated(request, translation)
-        body = attempt_body(sent, backend, isolation=isolation, rank=ctx.rank, track=track)
+        body = attempt_body(sent, backend, isolation=isolation.fields, rank=ctx.rank, track=track)
         breaker = state.breaker
         if breaker is not None and not breaker.try_acquire():
             span.end(t=deps.clock.now(), error="breaker_open")
@@ -355,7 +353,12 @@ class Attempts:
                 error_code = "upstream_status"
                 self._failure = Failure.from_status(status, response.headers, client_bytes_sent=False)
                 answered = await deps.upstream.error_for(backend, response, report)
-                raise _lost_previous(request) if status == 404 and request.pinned_backend is not None else answered
+                if status == 404 and request.pinned_backend is not None:
+                    previous = request.api.previous_id(request.body)
+                    if previous is not None:  # gone from its backend: an unknown id from now on
+                        deps.affinity.forget(previous, ctx.tenant.name)
+                    raise _lost_previous(request)
+                raise answered
             if request.stream:
                 ended = await self._relay(request, grant, response, track, report, translation)
                 verdict = ended is None

@@ -26,6 +26,7 @@ def authenticate(authorization: bytes | None, snapshot: PolicySnapshot) -> Tenan
 
 
 def authorize_model(tenant: Tenant, model: str, snapshot: PolicySnapshot) -> None:
-    """403 when ``tenant`` may not use ``model`` (which the caller already knows exists)."""
+    """404 when ``tenant`` may not use ``model`` (which the caller already knows exists), the very
+    answer an unknown model gets (``ModelNotAllowed``): a tenant cannot learn that it exists."""
     if not snapshot.tenant_may_use(tenant, model):
-        raise ModelNotAllowed(f"Tenant '{tenant.name}' is not allowed to use model '{model}'.", param="model")
+        raise ModelNotAllowed(model)

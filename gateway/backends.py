@@ -31,7 +31,7 @@ from gateway.breaker import CircuitBreaker
 from gateway.fleet.quota import EMPTY, Quota
 from gateway.policy.model import Backend
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.routing.isolation import serves
+from gateway.routing.reach import serves
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,10 @@ decision, not a tenant's, so the gateway forwards only what it knows to be safe.
    ``continuous_usage_stats``, ``check_stream_options``), and chat's ``chat_template_kwargs``
    (template switches only, ``gateway/dialects/chat.py``). A dialect's ``screen`` applies
    ``screen_fields`` then the rules of the objects its API has.
+5. An allowed field is not a free one: an engine feature whose cost no token bound limits
+   (stop strings, banned words, logit biases, token-id lists, logprobs) is bounded by the
+   policy's ``limits`` (``gateway/dialects/engine_fields.py``), and content parts and tools are
+   held to each API's allowlist and the tenant's opt-ins (``gateway/dialects/allowlists.py``).
 
 Text that reaches the prompt outside ``messages``/``prompt``/``tools`` escapes the gateway's
 prompt-token estimate and routing keys; that is why ``documents`` and long template arguments
@@ -105,6 +109,17 @@ REFUSED_FIELDS: Mapping[str, str] = {
 """Owned fields refused with 400: they steer the engine beyond the client's own request."""
 
 OWNED_FIELDS = frozenset(STRIPPED_FIELDS) | frozenset(REFUSED_FIELDS)
+
+TENSOR_PART_TYPES: Mapping[str, str] = {
+    "image_embeds": "precomputed image embeddings",
+    "audio_embeds": "precomputed audio embeddings",
+    "prompt_embeds": "precomputed prompt embeddings",
+}
+"""Content-part types that hand the engine raw tensors (vLLM's ``image_embeds``, ``audio_embeds``,
+``prompt_embeds`` parts), by what they carry. An engine loads them as they come: a tensor of the
+wrong shape or type can crash it, and vLLM says to enable them for trusted users only. So they are
+refused unless a tenant's policy opts in (``tenants[].allow_content_parts``,
+``gateway/dialects/allowlists.py``)."""
 
 STREAM_OPTIONS_FIELDS = frozenset({"include_usage", "continuous_usage_stats"})
 _SHOWN_NAME_CHARS = 64

@@ -80,6 +80,7 @@ def _add_listen_args(parser: argparse.ArgumentParser) -> None:
         "--keepalive-timeout", dest="keepalive_timeout_s", type=float, default=None, help="seconds (75)"
     )
     guards.add_argument("--max-header-bytes", type=int, default=None, help="request line + headers (65536)")
+    guards.add_argument("--max-headers", type=int, default=None, help="header lines per request (100)")
     guards.add_argument("--max-connections", type=int, default=None, help="open on the API listener (10000)")
 
 
@@ -90,6 +91,7 @@ _LISTEN_SETTINGS = (
     "body_timeout_s",
     "keepalive_timeout_s",
     "max_header_bytes",
+    "max_headers",
     "max_connections",
 )
 
@@ -165,7 +167,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    """Errors and warnings on stderr, ``file: [warning: ]path: problem``; warnings fail only ``--strict``."""
+    """Errors and warnings on stderr, ``file:line:column: [warning: ]path: problem``; warnings fail
+    only ``--strict``."""
     ok = True
     for path in args.paths:
         snapshot = load_or_report(path)
@@ -174,7 +177,7 @@ def _validate(args: argparse.Namespace) -> int:
             continue
         print(f"{path}: valid (version {snapshot.version}, digest {snapshot.digest})")
         for warning in snapshot.warnings:
-            print(f"{path}: warning: {warning}", file=sys.stderr)
+            print(warning, file=sys.stderr)
         ok = ok and not (args.strict and snapshot.warnings)
     return 0 if ok else 1
 

@@ -1,4 +1,4 @@
-"""Connection guards: deadlines, a bound on header bytes, a bound on open connections.
+"""Connection guards: deadlines, bounds on a request's head, a bound on open connections.
 
 What uvicorn 0.54 with httptools enforces by itself, and what it leaves open (its
 ``protocols/http/httptools_impl.py`` and ``server.py``):
@@ -8,7 +8,9 @@ What uvicorn 0.54 with httptools enforces by itself, and what it leaves open (it
 * ``limit_concurrency`` is checked when a request's headers are complete, so silent sockets never
   reach it; it counts connections and refuses without ever freeing an idle one.
 * ``h11_max_incomplete_event_size`` bounds headers under h11 only. httptools has no bound, and
-  accumulates each header value by ``bytes`` concatenation: a 32 MiB header is held whole.
+  accumulates each header value by ``bytes`` concatenation: a 32 MiB header is held whole. Nor
+  does it bound the number of headers: each costs a Python call in uvicorn, then work in the
+  application that reads the list, so 5,000 tiny ones cost 35 times a normal refusal.
 * Nothing bounds the time a body takes.
 
 The rules added here, per listener (``ConnectionLimits``, from ``Settings``):
@@ -16,9 +18,18 @@ The rules added here, per listener (``ConnectionLimits``, from ``Settings``):
 1. **Header deadline**: ``header_timeout_s`` from the connection's start, or from the first byte
    of the next request on a kept-alive connection, to the end of the headers. On expiry the
    connection is closed, after a 408 when part of a request had arrived.
-2. **Header size**: the request line and headers are counted as bytes arrive, before the parser
-   buffers them; past ``max_header_bytes`` the client gets 431 with ``connection: close`` and
-   nothing more is read.
+2. **Head size**: the request line and headers of every request are counted, and past
+   ``max_header_bytes`` bytes or ``max_headers`` header lines the client gets 431 with
+   ``connection: close`` and nothing more is parsed. Two counts make it hold across reads and
+   pipelined requests. Bytes are counted as they arrive, before the parser buffers
+   them: a read that starts inside a head counts whole against it (so an unfinished header can
+   never grow past the bound), as far as the bound; past it the parser gets only the rest of the
+   budget. A head that starts inside a read (a pipelined request after the previous body, or
+   after the previous head) is counted as the parser reports it: its URL, and each header's name
+   and value plus 3 for the colon and the line end, never more than its bytes; its next read
+   then counts on from there. The parser's callbacks check both bounds at each header, and
+   raising from one stops httptools at once (``_GuardedParser``), so the rest of a head with
+   5,000 headers is never parsed.
 3. **Body deadline**: ``body_timeout_s`` from the end of the headers to the end of the body. On
    expiry the application's ``receive()`` returns ``http.disconnect`` (the request ends and
    releases what it holds), and the client gets a 408, or only the close when its response had
@@ -31,10 +42,14 @@ The rules added here, per listener (``ConnectionLimits``, from ``Settings``):
    request is answered 503 ``too_many_connections`` with ``Retry-After``, then closed. A flood of
    silent sockets therefore can never lock out a real client or a health probe.
 
-These answers always close the connection, and none is written into another response (a
-pipelined request's guard only closes). Every close is counted by listener and reason
-(``Listeners.closed_connections``, exported as ``gateway_connections_closed_total``) and logged
-at warning level at most once per ``LOG_INTERVAL_S`` per listener and reason.
+These answers always close the connection, and none is written into another response: a
+pipelined request refused for its head is answered after the responses to the requests before
+it, which are served as usual. A 431 or a 408 closes after a linger (``LINGER_S``, nginx's
+lingering close): the connection is half-closed and what the client still sends is read and
+dropped, so that its unread bytes do not make the close a reset that destroys the answer.
+Every close is counted by listener and reason (``Listeners.closed_connections``, exported as
+``gateway_connections_closed_total``) and logged at warning level at most once per
+``LOG_INTERVAL_S`` per listener and reason.
 
 The operator listener's connections carry the ASGI scope extension ``OPERATOR_EXTENSION``, which
 is how the application tells its two listeners apart (``is_operator_request``). Every request
@@ -51,8 +66,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol, cast
 
+import httptools
 from starlette.types import Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -69,13 +85,17 @@ LOG_INTERVAL_S = 10.0
 OPERATOR_EXTENSION = "gateway.operator_listener"
 DISCONNECT_EXTENSION = "gateway.disconnect"
 REFUSAL_RETRY_AFTER_S = 1.0
+LINGER_S = 2.0
+"""How long a connection refused for its head (or its header deadline) still reads, and drops,
+what its client sends after the answer: enough for the bytes in flight to arrive and the client
+to read the answer; nginx lingers up to 30 s (``lingering_time``)."""
 
 
 class Reason(StrEnum):
     """Why the gateway closed a client connection (the ``reason`` label)."""
 
     HEADER_TIMEOUT = "header_timeout"
-    HEADER_TOO_LARGE = "header_too_large"
+    HEADER_TOO_LARGE = "header_too_large"  # by bytes or by header lines (431 either way)
     BODY_TIMEOUT = "body_timeout"
     KEEPALIVE_TIMEOUT = "keepalive_timeout"
     EVICTED_IDLE = "evicted_idle"
@@ -90,6 +110,7 @@ class ConnectionLimits:
     body_timeout_s: float
     keepalive_timeout_s: float
     max_header_bytes: int
+    max_headers: int
     max_connections: int
 
 
@@ -218,7 +239,9 @@ class Listener:
 def _describe(reason: Reason, limits: ConnectionLimits) -> str:
     descriptions = {
         Reason.HEADER_TIMEOUT: f"request headers incomplete after {limits.header_timeout_s:g}s",
-        Reason.HEADER_TOO_LARGE: f"request headers over {limits.max_header_bytes} bytes (431)",
+        Reason.HEADER_TOO_LARGE: (
+            f"request headers over {limits.max_header_bytes} bytes or {limits.max_headers} lines (431)"
+        ),
         Reason.BODY_TIMEOUT: f"request body incomplete after {limits.body_timeout_s:g}s (408)",
         Reason.EVICTED_IDLE: f"closed as the longest idle, for a new connection at {limits.max_connections} open",
         Reason.REFUSED: f"refused (503): {limits.max_connections} connections open and none idle",
@@ -303,13 +326,39 @@ class Refusal:
 
 
 _NO_DEADLINE, _HEADER_DEADLINE, _BODY_DEADLINE = 0, 1, 2
+_HEADER_LINE_OVERHEAD = 3
+"""Bytes of a header line besides its name and value that every line has: the colon and CRLF."""
+
+
+def _too_many_bytes(limits: ConnectionLimits) -> HeadersTooLarge:
+    return HeadersTooLarge(f"The request line and headers exceed {limits.max_header_bytes} bytes.")
+
+
+class _HeadRefused(Exception):
+    """Raised by a parser callback when a head passes a bound: it stops httptools at once."""
+
+
+class _GuardedParser(httptools.HttpRequestParser):
+    """httptools' request parser, stopped by the guards.
+
+    A callback that raises makes ``feed_data`` raise ``HttpParserCallbackError``, which uvicorn
+    answers with a 400 and a warning line per request; this parser swallows the guards' own
+    ``_HeadRefused`` instead, so the protocol answers the refusal (431) itself."""
+
+    def feed_data(self, data: bytes | bytearray | memoryview) -> None:  # type: ignore[override]
+        try:
+            super().feed_data(data)
+        except httptools.HttpParserCallbackError as error:
+            if not isinstance(error.__context__, _HeadRefused):
+                raise
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the guards of the module docstring.
 
     Build one class per server with ``bound_to(listeners)`` and give it to ``uvicorn.Config(http=...)``.
-    The hot path pays attribute checks only: a request that arrives in one read arms no timer.
+    The hot path pays attribute checks only: a request that arrives in one read arms no timer,
+    and each header costs one more Python call (two additions, two comparisons) than uvicorn's.
     """
 
     listeners: ClassVar[Listeners]
@@ -326,11 +375,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        self.parser = _GuardedParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn sets its own
         self.listener: Listener = self.listeners.all[0]
+        self.limits = self.listener.limits
+        self._max_headers, self._max_header_bytes = self.limits.max_headers, self.limits.max_header_bytes
         self._reading_body = False
         self._request_begun = False  # bytes of a request whose headers are not complete yet
         self._heads = 0  # requests whose headers completed on this connection
-        self._header_budget = 0
+        self._head_bytes = 0  # of the head in progress (or the next one): counted as they arrive
+        self._head_seen = 0  # of the head in progress: what the parser reported of it
+        self._head_lines = 0
+        self._refusal: GatewayError | None = None  # the answer due before the close, once refused
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_kind = _NO_DEADLINE
         self._signals: list[DisconnectSignal] = []  # of the requests whose response is not complete
@@ -340,10 +396,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         listener = self.listener = self.listeners.find(transport.get_extra_info("sockname"))
-        limits = listener.limits
+        limits = self.limits = listener.limits
+        self._max_headers, self._max_header_bytes = limits.max_headers, limits.max_header_bytes  # read per header
         # uvicorn annotates it int; its timer (loop.call_later) takes any number of seconds.
         self.timeout_keep_alive = limits.keepalive_timeout_s  # type: ignore[assignment]
-        self._header_budget = limits.max_header_bytes
         if not listener.admit(self):
             self.app = cast("ASGI3Application", listener.refusal)
         self._arm(_HEADER_DEADLINE)
@@ -361,28 +417,68 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 signal.fire()
 
     def data_received(self, data: bytes) -> None:
+        if self._refusal is not None:
+            return  # refused: nothing more is parsed
         if not self._reading_body:
-            if len(data) > self._header_budget:
+            if self._head_bytes + len(data) > self.limits.max_header_bytes:
                 self._receive_past_budget(data)
                 return
-            self._header_budget -= len(data)
+            self._head_bytes += len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         super().data_received(data)
+        if self._refusal is not None:
+            self._refuse()
+            return
+        if self._request_begun and self._head_bytes < self._head_seen:
+            self._head_bytes = self._head_seen  # a head that began inside this read: what the parser saw
         self._rearm()
 
     def _receive_past_budget(self, data: bytes) -> None:
-        """Feed the parser up to the header budget; 431 unless the headers ended within it."""
-        allowed, heads = self._header_budget, self._heads
-        self._header_budget = 0
+        """Feed the parser up to the header budget; 431 unless the head ended within it."""
+        allowed = self.limits.max_header_bytes - self._head_bytes
+        self._head_bytes += allowed
+        heads = self._heads
         if allowed:
-            super().data_received(data[:allowed])
-        if self.transport.is_closing():
+            self._feed(data[:allowed])
+        if self.transport.is_closing() or self._refusal is not None:
             return
         if self._heads == heads:
-            self.listener.record(Reason.HEADER_TOO_LARGE, self.client)
-            limit = self.listener.limits.max_header_bytes
-            self._answer_and_close(HeadersTooLarge(f"The request line and headers exceed {limit} bytes."))
+            self._refusal = _too_many_bytes(self.limits)
+            self._refuse()
             return
         self.data_received(data[allowed:])  # a body, or the next request's head (counted afresh)
+
+    def _stop(self, error: GatewayError) -> NoReturn:
+        """Refuse the head being parsed: from a parser callback, which this stops."""
+        self._refusal = error
+        raise _HeadRefused
+
+    def _refuse(self) -> None:
+        """Count the refused head, then answer it and close: at once, or once the requests before
+        it are answered (``on_response_complete``)."""
+        self.listener.record(Reason.HEADER_TOO_LARGE, self.client)
+        self._disarm()
+        if self._busy():
+            self.flow.pause_reading()
+        else:
+            self._close_with_refusal()
+
+    def _close_with_refusal(self) -> None:
+        """Write the refusal, then close after a linger: half-closed, reading and dropping what
+        the client still sends for up to ``LINGER_S``. Closing with its bytes unread would send a
+        reset, which can destroy the answer before the client reads it (nginx's lingering close)."""
+        assert self._refusal is not None
+        self._write_error(self._refusal)
+        transport = self.transport
+        self._disarm()
+        self._unset_keepalive_if_required()
+        if transport.can_write_eof():
+            transport.write_eof()  # the client reads the answer, then its end; its close ends ours
+            self._deadline = self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
 
     def evict(self) -> None:
         """Closed by the listener at its bound, as the longest idle connection."""
@@ -399,7 +495,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._request_begun = True
+        self._head_seen = self._head_lines = 0
         self.scope["extensions"] = {OPERATOR_EXTENSION: {}} if self.listener.operator else {}
+
+    def on_url(self, url: bytes) -> None:
+        self._head_seen += len(url)
+        if self._head_seen > self.limits.max_header_bytes:
+            self._stop(_too_many_bytes(self.limits))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._reading_body:  # not a chunked body's trailer
+            self._head_lines += 1
+            self._head_seen += len(name) + len(value) + _HEADER_LINE_OVERHEAD
+            if self._head_lines > self._max_headers or self._head_seen > self._max_header_bytes:
+                self._stop(self._head_too_large())
+        HttpToolsProtocol.on_header(self, name, value)  # not super(): this runs for every header
+
+    def _head_too_large(self) -> HeadersTooLarge:
+        limits = self.limits
+        if self._head_lines > limits.max_headers:
+            return HeadersTooLarge(f"The request has more than {limits.max_headers} header lines.")
+        return _too_many_bytes(limits)
 
     def on_headers_complete(self) -> None:
         self._reading_body = True
@@ -417,12 +534,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._reading_body = False
-        self._header_budget = self.listener.limits.max_header_bytes
+        self._head_bytes = 0
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._signals = [s for s in self._signals if not s.cycle.response_complete]
         if self.transport.is_closing():
+            return
+        if self._refusal is not None:
+            if not self._busy():
+                self._close_with_refusal()  # the requests before the refused one are answered
             return
         if not self._busy():
             self.listener.idle(self)
@@ -479,9 +600,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self.listener.record(Reason.HEADER_TIMEOUT, self.client)
-        if self._request_begun:
+        if self._request_begun:  # never busy: this deadline runs only between requests
             seconds = self.listener.limits.header_timeout_s
-            self._answer_and_close(RequestTimeout(f"The request headers did not arrive within {seconds:g}s."))
+            self._refusal = RequestTimeout(f"The request headers did not arrive within {seconds:g}s.")
+            self._close_with_refusal()
         else:
             self.transport.close()
 
@@ -498,12 +620,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if answer:
             seconds = self.listener.limits.body_timeout_s
             self._write_error(RequestTimeout(f"The request body did not arrive within {seconds:g}s."))
-        self.transport.close()
-
-    def _answer_and_close(self, error: GatewayError) -> None:
-        """Answer ``error`` and close; only close when another response is in progress."""
-        if not self._busy():
-            self._write_error(error)
         self.transport.close()
 
     def _write_error(self, error: GatewayError) -> None:

@@ -14,7 +14,10 @@ one request of 4,000 tokens weighs more than one of 40. So the rule is:
   paid by the requests around them, so cost per request rises when capacity idles;
 * an interval in which a backend finished no request cannot be charged to anyone: it is
   kept as ``unattributed[backend]`` (export it, so that totals still add up to the bill);
-* a backend without a price costs nothing; its requests count with 0 dollars.
+* a backend without a price costs nothing; its requests count with 0 dollars;
+* whatever a backend finished counts, a model group's shadow copies included (under their
+  group's key, ``gateway/cost_meter.py``): a copy left out would have its engine time paid by
+  the other requests of its interval, i.e. by other tenants.
 
 Totals are kept per ``CostKey`` (tenant, model, class; pass the tenant *label*, already
 folded by ``gateway.labels``, so the key set stays bounded), with the number of requests

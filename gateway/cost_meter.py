@@ -12,6 +12,18 @@ goodput requests of the interval; per backend the dollars nobody could be charge
 down, or drained), so that attributed plus unattributed dollars add up to the bill; and the
 dollars per goodput request since start per model and class, a gauge to read at a glance.
 
+Shadow copies (``gateway/shadow/runner.py``) run on priced backends too, often beside other
+tenants' traffic. A copy is charged as the request a backend finished that it is
+(``charge_copy``), under the tenant label ``~shadow:<group>`` (``shadow_label``), the shadow
+model and the class it ran in, and never as goodput (it answers nobody). Uncharged, its engine
+time would be split among the backend's real requests, i.e. billed to other tenants. Why a
+label of the group's rather than unattributed dollars: the shadow is an expense somebody chose
+(evaluating a candidate model), and the dollars-by-tenant panel then answers "what does this
+shadow cost" beside the tenants, while unattributed keeps meaning capacity nobody used (idle,
+down, drained). ``~`` starts no tenant name (``policy.model.NAME_PATTERN``), so the label never
+meets a tenant's, and it is not folded into ``other``: there is one per group. Its dollars count
+in the model's cost per goodput request, which they raise: money spent for no answer.
+
 A reload that changes prices or the backend list first charges the running interval at the
 old prices, then the new list applies: a removed backend stops costing (requests still in
 flight on it finish and count, at 0 dollars), an added one costs from the reload on.
@@ -20,6 +32,7 @@ Usage (what ``gateway/service.py`` and the recorder do)::
 
     costs = CostMeter(metrics, snapshot.policy.backends, clock)
     costs.charge(outcome, tenant_label, met)           # by the recorder, once per request
+    costs.charge_copy(group=..., model=..., class_name=..., backend=..., tokens=...)  # by the shadow runner
     costs.reprice(new_snapshot.policy.backends)        # on a policy reload
     spawn(costs.run(lambda: policy().telemetry.cost_interval_s))
 """
@@ -33,6 +46,13 @@ from gateway.clock import Clock
 from gateway.cost import CostAccountant, CostKey, CostTotal, Priced, prices_per_hour
 from gateway.outcome import RequestOutcome
 from gateway.telemetry import Metrics
+
+SHADOW_LABEL = "~shadow:"
+"""The tenant label's prefix of a group's shadow copies: ``~shadow:<group>`` (module docstring)."""
+
+
+def shadow_label(group: str) -> str:
+    return SHADOW_LABEL + group
 
 
 class CostMeter:
@@ -60,6 +80,12 @@ class CostMeter:
             tokens=outcome.tokens.total_tokens if outcome.tokens else 0,
             goodput=goodput,
         )
+
+    def charge_copy(self, *, group: str, model: str, class_name: str, backend: str, tokens: int) -> None:
+        """One shadow copy of ``group`` that held a slot of ``backend``: charged under the group's
+        label, never goodput (module docstring)."""
+        key = CostKey(shadow_label(group), model, class_name)
+        self.accountant.add_request(backend=backend, key=key, tokens=tokens, goodput=False)
 
     def reprice(self, backends: Iterable[Priced], now: float | None = None) -> None:
         """A reloaded policy: charge the running interval at the old prices, then follow the new ones."""

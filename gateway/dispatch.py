@@ -215,7 +215,7 @@ class Dispatcher:
             self._lanes.setdefault(mq.model, []).append(mq)
         self._fresh_s = snapshot.policy.scrape.fresh_s
         for mq in removed:
-            _fail_waiting(mq, system_full("model_removed", f"Model '{mq.model}' was removed by a policy reload.", 1.0))
+            _fail_waiting(mq, system_full("model_removed", "The model was removed by a policy reload.", 1.0))
 
     def queues(self) -> dict[str, ModelQueues]:
         """The queues of each model's own lane (all its backends), by model."""
@@ -350,7 +350,7 @@ class Dispatcher:
         if estimate * ESTIMATE_MARGIN > budget:
             raise system_full(
                 "deadline_unmeetable",
-                f"The estimated wait in the {class_name} queue for model '{request.model}' is {estimate:.1f}s "
+                f"The estimated wait in the {class_name} queue for this model is {estimate:.1f}s "
                 f"({ahead} ahead, served at {rate or 0:.1f}/s), more than this request can wait ({budget:.1f}s).",
                 estimate,
             )
@@ -371,8 +371,8 @@ class Dispatcher:
             if isinstance(exc, TimeoutError):
                 raise system_full(
                     "queue_timeout",
-                    f"Waited {self.clock.now() - now:.1f}s in the {class_name} queue for model "
-                    f"'{request.model}' without a free backend (limit {budget:.1f}s).",
+                    f"Waited {self.clock.now() - now:.1f}s in the {class_name} queue for this model "
+                    f"without a free backend (limit {budget:.1f}s).",
                     estimate,
                 ) from None
             raise
@@ -424,14 +424,14 @@ class Dispatcher:
         if victim is None:
             raise system_full(
                 "queue_full",
-                f"The {class_name} queue for model '{request.model}' is full ({queue.depth} waiting, "
+                f"The {class_name} queue for this model is full ({queue.depth} waiting, "
                 f"limit {max_depth}); the backends are saturated.",
                 estimate,
             )
         victim.future.set_exception(
             system_full(
                 "queue_full",
-                f"The {class_name} queue for model '{request.model}' is full ({max_depth} waiting) and this "
+                f"The {class_name} queue for this model is full ({max_depth} waiting) and this "
                 f"tenant holds more of it than any other; its newest request gave way to another tenant's.",
                 estimate,
             )
@@ -455,7 +455,7 @@ class Dispatcher:
             return self.router_for(model).pick(request, tenant, roomy)
         if not any(self.pool.usable(s) for s in candidates):
             raise NoHealthyBackend(
-                f"No healthy backend serves model '{model}' right now (all down or their breakers open).",
+                "No healthy backend serves this model right now (all down or their breakers open).",
                 headers={"retry-after": "1"},
             )
         return None
@@ -468,7 +468,7 @@ class Dispatcher:
         lane = self.pool.lane(model, tenant.name)
         if not lane.states and self.pool.for_model(model):
             raise NoHealthyBackend(
-                f"No backend of model '{model}' serves this tenant: the policy dedicates each to other tenants.",
+                "No backend of this model serves this tenant: the policy dedicates each to other tenants.",
                 code="no_backend_for_tenant",
             )
         lane = self._api_lane(lane, request)
@@ -497,7 +497,7 @@ class Dispatcher:
             memo = self._api_lanes[(lane.key, api.name)] = (lane, served)
         if not memo[1].states and lane.states:
             raise NotFound(
-                f"No backend of model '{lane.model}' serves {api.path} (its kinds of engine do not answer it).",
+                f"No backend of this model serves {api.path} (its kinds of engine do not answer it).",
                 code="api_not_served",
             )
         return memo[1]

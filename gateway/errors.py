@@ -8,10 +8,14 @@ The tree (status, ``code``):
     │                               | unsupported_field | duplicate_key | duplicate_header
     │                               | media_url_not_allowed
     │                               | too_complex | too_many_content_parts | too_many_tools
-    │                               | conflicting_max_tokens
+    │                               | conflicting_max_tokens | too_many_items | content_part_not_allowed
+    │                               | tool_type_not_allowed | server_url_not_allowed
     ├── AuthenticationFailed   401  missing_api_key | invalid_api_key
-    ├── ModelNotAllowed        403  model_not_allowed
-    ├── NotFound               404  model_not_found | not_found | previous_response_not_found | api_not_served
+    ├── Forbidden              403  admin_disabled | not_admin (the admin guard: gateway/admin.py)
+    ├── NotFound               404  not_found | previous_response_not_found | api_not_served
+    │   └── ModelNotFound      404  model_not_found: a model that does not exist, or a group's target
+    │       └── ModelNotAllowed     the same answer for a model the tenant may not use (outcome
+    │                               label model_not_allowed: the operator may tell them apart)
     ├── MethodNotAllowed       405  method_not_allowed
     ├── RequestTimeout         408  request_timeout (headers or body too slow: gateway/connections.py)
     ├── PayloadTooLarge        413  request_too_large
@@ -56,6 +60,8 @@ class GatewayError(Exception):
     status: int = 500
     error_type: str = "server_error"
     default_code: str = "internal_error"
+    outcome: str | None = None
+    """The outcome label (``code_of``) when it must differ from the code the client reads."""
 
     def __init__(
         self,
@@ -87,16 +93,38 @@ class AuthenticationFailed(GatewayError):
     default_code = "invalid_api_key"
 
 
-class ModelNotAllowed(GatewayError):
+class Forbidden(GatewayError):
+    """A known key that may not do what it asked: the admin endpoints only (a model a tenant may
+    not use is a ``ModelNotAllowed``, answered as a 404)."""
+
     status = 403
     error_type = "permission_error"
-    default_code = "model_not_allowed"
+    default_code = "not_admin"
 
 
 class NotFound(GatewayError):
     status = 404
     error_type = "invalid_request_error"
     default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """404 ``model_not_found`` for ``model``, the name the client sent, in OpenAI's words: a name
+    no client may call (none such, or a group's internal target, fallback or shadow)."""
+
+    default_code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        message = f"The model `{model}` does not exist or you do not have access to it."
+        super().__init__(message, code="model_not_found", param="model")
+
+
+class ModelNotAllowed(ModelNotFound):
+    """A model the tenant may not use, answered byte for byte as one that does not exist (OpenAI
+    does the same): a 403 would tell a tenant that the model exists. Only the outcome label of the
+    request (``code_of``: metrics, trace log) says ``model_not_allowed``, for the operator."""
+
+    outcome = "model_not_allowed"
 
 
 class MethodNotAllowed(GatewayError):
@@ -231,6 +259,10 @@ class ErrorCode(StrEnum):
     TOO_MANY_MESSAGES = "too_many_messages"
     TOO_MANY_CONTENT_PARTS = "too_many_content_parts"
     TOO_MANY_TOOLS = "too_many_tools"
+    TOO_MANY_ITEMS = "too_many_items"
+    CONTENT_PART_NOT_ALLOWED = "content_part_not_allowed"
+    TOOL_TYPE_NOT_ALLOWED = "tool_type_not_allowed"
+    SERVER_URL_NOT_ALLOWED = "server_url_not_allowed"
     PROMPT_TOO_LONG = "prompt_too_long"
     MAX_TOKENS_TOO_LARGE = "max_tokens_too_large"
     CONFLICTING_MAX_TOKENS = "conflicting_max_tokens"
@@ -239,12 +271,12 @@ class ErrorCode(StrEnum):
     # 401 AuthenticationFailed
     MISSING_API_KEY = "missing_api_key"
     INVALID_API_KEY = "invalid_api_key"
-    # 403 ModelNotAllowed (and the admin guard)
-    MODEL_NOT_ALLOWED = "model_not_allowed"
+    # 403 Forbidden: the admin guard
     ADMIN_DISABLED = "admin_disabled"
     NOT_ADMIN = "not_admin"
     # 404, 405, 408, 413, 415, 431: the request's shape on the wire
     MODEL_NOT_FOUND = "model_not_found"
+    MODEL_NOT_ALLOWED = "model_not_allowed"  # an outcome label only: answered as model_not_found
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
     API_NOT_SERVED = "api_not_served"
     NOT_FOUND = "not_found"
@@ -288,5 +320,6 @@ class ErrorCode(StrEnum):
 
 
 def code_of(error: GatewayError) -> ErrorCode:
-    """``error``'s code (always a member of the closed list)."""
-    return error.code
+    """The outcome label of a request that ended in ``error``: its code, unless the error keeps a
+    reason from the client that the operator may read (``ModelNotAllowed``)."""
+    return ErrorCode(error.outcome) if error.outcome is not None else error.code

@@ -29,6 +29,10 @@ No DNS lookup happens here (none on the request path): a host is matched by its 
 hosts whose DNS the operator controls belong on the list. Redirects are the engine's to
 follow; pair this list with the engine's own (vLLM ``--allowed-media-domains`` and
 ``VLLM_MEDIA_URL_ALLOW_REDIRECTS=0``) so that an allowed host cannot redirect elsewhere.
+
+The same parsing guards the one other URL a tenant can make an engine connect to: the server of a
+Responses ``mcp`` tool, for a tenant whose policy allows that tool (``check_server_url``). No
+operator lists those hosts, so the rule there is https to a public host.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data"})
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200"))
 """Metadata services outside the link-local range (AWS over IPv6, Alibaba Cloud)."""
+INTERNAL_NAME_SUFFIXES = (".localhost", ".local", ".internal", ".svc", ".lan", ".home.arpa")
+"""Host-name endings that resolve only inside a host, a cluster or a site (``check_server_url``)."""
 _AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]|%2[eEfF]|%5[cC]")
 
 
@@ -190,6 +196,45 @@ def _check_url(url: str, param: str, allowlist: tuple[str, ...]) -> None:
         raise _refused(param, f"it names {never}")
     if not any(prefix.admits(parsed, port) for prefix in compile_allowlist(allowlist)):
         raise _refused(param, "it is not a data: URL and matches no entry of the gateway's media URL allowlist")
+
+
+def check_server_url(url: Any, param: str) -> None:
+    """400 ``server_url_not_allowed`` unless ``url`` is an https URL to a public host: what an
+    engine may connect to for a tenant (a Responses ``mcp`` tool's ``server_url``).
+
+    The media rules' parsing (rule 3) and refusals (rule 4: metadata, link-local, loopback), and
+    more, since no operator listed the host: https only, no literal address that is not global
+    (private, shared, reserved), no name that only resolves inside a cluster or a host
+    (``localhost``, a single label, ``.local``, ``.internal``, ``.localhost``, ``.svc``). Names are
+    matched as written (no DNS lookup here): pair this with an egress policy for the engine."""
+    if not isinstance(url, str):
+        raise InvalidRequest(f"'{param}' must be a string.", param=param)
+    try:
+        parsed, _ = _split(url)
+    except MediaUrlRefused as why:
+        raise _server_refused(param, str(why)) from None
+    host = _host(parsed).lower()
+    never = _never_a_media_server(host) or _not_public(host)
+    if never:
+        raise _server_refused(param, f"it names {never}")
+    if parsed.scheme.lower() != "https":
+        raise _server_refused(param, "it must be an https URL")
+
+
+def _not_public(host: str) -> str | None:
+    """What ``host`` is when no tenant's tool may reach it from the engine's network, else None."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if "." not in host or host.endswith(INTERNAL_NAME_SUFFIXES):
+            return "a name that resolves only inside the engine's network"
+        return None
+    return None if address.is_global else "an address that is not public"
+
+
+def _server_refused(param: str, why: str) -> InvalidRequest:
+    message = f"The server URL in '{param}' is not allowed: {why}; a tool server must be https to a public host."
+    return InvalidRequest(message, code="server_url_not_allowed", param=param)
 
 
 def _refused(param: str, why: str) -> InvalidRequest:

@@ -6,30 +6,38 @@ word of them. The signature is the prompt's block-hash chain under the routing r
 (``gateway/routing/prefix_keys.py``): the dialect's canonical rendering cut into blocks of
 ``block_tokens`` *estimated* tokens (``CHARS_PER_TOKEN`` bytes each; token-id prompts
 ``block_tokens`` ids), ``h_0 = xxh64(block_0, seed=root)``, ``h_i = xxh64(block_i, seed=h_{i-1})``,
-``root = xxh64(scope ␀ model)``, each hash written as 16 hex digits. So:
+each hash written as 16 hex digits. So:
 
 * two requests share a cached prefix exactly as long as their chains share a head;
 * a conversation's next turn (which resends the previous ones) extends the previous chain;
 * two scopes' chains never meet (the scope seeds the root).
 
-The gateway signs with the tenant's cache scope (``isolation.tenant_scope``); the load
-generator, which knows no policy, with ``private_scope(tenant name)``, the scope of every
-tenant that did not opt into a shared one. The two agree whenever the policy keeps the tenant
-private, and a replay only compares chains inside one trace, so equality inside a trace is all
-a scope must give.
+The gateway signs with the tenant's cache scope (``isolation.tenant_scope``) and its cache-salt
+secret (``gateway/routing/prefix_secret.py``): the root is ``PrefixSecret.root(scope, model)``,
+and each hash is written through the secret's keyed one-way function
+(``PrefixSecret.trace_hashes``), which keeps equal hashes equal. The load generator, which knows
+no policy and no secret, signs with the unkeyed root ``prefix_keys.scope_root(private_scope(tenant
+name), model)`` and writes the hashes as they are. The two never agree, and need not: a replay
+only compares chains inside one trace, so equality inside a trace is all a signature must give.
 
 Bounds: a chain holds at most ``MAX_SIGNATURE_BLOCKS`` (4,096) blocks, 262,144 estimated tokens
 at the default 64-token block; the bytes past it are never hashed, and a replay treats them as
 an unshared tail (``prompt_tokens_est`` still counts them). Only full blocks are hashed, as an
 engine caches only full blocks.
 
-What the hashes disclose: nothing can be read back from them, but whoever holds a trace and
-guesses a prompt (or a session id) can check the guess, as the root is not secret. Treat a
-trace log like the access log it is.
+What the hashes disclose: nothing can be read back from them, and without the cache-salt secret
+a guessed prompt cannot be checked against a gateway's trace either: its chain starts from a
+keyed root, and the hashes written are keyed one-way images of the chain, so none is the seed
+of the next. What a trace does tell is the structure: prompt sizes, and which requests of one
+tenant share a prefix. The session field is a plain digest of (tenant, id) (``session_hash``,
+the load generator computes the same): a guessed session id can be checked. A load generator's
+records are unkeyed: whoever guesses their synthetic prompts can check them. Treat a trace log
+like the access log it is.
 
-Cost: one rendering and one xxh64 per block, only when a trace log is configured (the
-recorder computes it at the end of the request); keys the router already computed for the same
-scope and block size (``InferenceRequest.prefix_keys``) are reused, not hashed again.
+Cost: one rendering and one xxh64 per block, then one keyed BLAKE2b-64 per block (about 0.45 µs),
+only when a trace log is configured (the recorder computes it at the end of the request); keys
+the router already computed for the same root and block size (``InferenceRequest.prefix_keys``)
+are reused, not hashed again.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from gateway.dialects.base import Dialect
 from gateway.errors import GatewayError
 from gateway.policy.model import ModelPolicy, RequestLimits
 from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.tokens import CharRatioEstimator
 from gateway.types import InferenceRequest
 
@@ -92,26 +101,27 @@ def private_scope(tenant: str) -> str:
 
 
 def request_signature(
-    request: InferenceRequest, scope: str, block_tokens: int, *, reuse_keys: bool = True
+    request: InferenceRequest, scope: str, block_tokens: int, *, secret: PrefixSecret, reuse_keys: bool = True
 ) -> PrefixSignature:
-    """The signature of a validated request under ``scope``.
+    """The signature of a validated request under ``scope``, keyed with ``secret`` (the gateway's view).
 
-    ``reuse_keys``: take the router's keys when they were computed for this scope and block size;
+    ``reuse_keys``: take the router's keys when they were computed for this root and block size;
     pass False when the model routes with a configured tokenizer (its blocks are not byte blocks).
     """
-    root = scope_root(scope, request.model)
+    root = secret.root(scope, request.model)
     keys = request.prefix_keys
     if reuse_keys and keys is not None and keys.root == root and keys.block_tokens == block_tokens:
         blocks = keys.blocks[:MAX_SIGNATURE_BLOCKS]
     else:
         blocks = _chain(request.api.render(request.body), block_tokens, root)
-    return PrefixSignature(block_tokens, hex_chain(blocks), request.prompt_tokens)
+    return PrefixSignature(block_tokens, secret.trace_hashes(blocks), request.prompt_tokens)
 
 
 def body_signature(
     api: Dialect, body: dict[str, Any], *, scope: str, block_tokens: int = DEFAULT_BLOCK_TOKENS
 ) -> PrefixSignature:
-    """The signature of a request body as a client sends it (the load generator's view).
+    """The signature of a request body as a client sends it (the load generator's view), under the
+    unkeyed root (``prefix_keys.scope_root``): a client knows no secret.
 
     The model is the body's; the estimate is the gateway's own (the dialect's estimate with the
     default estimator), or the rendering's length when the body would exceed the default limits.

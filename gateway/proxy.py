@@ -1,7 +1,7 @@
 """The inference request path, as one explicit pipeline (no middleware on the hot path).
 
     read_headers -> runtime (the policy in force, read once) -> authenticate
-    -> read_body (byte limit) -> parse_json_object -> model lookup (404) -> authorize_model (403)
+    -> read_body (byte limit) -> parse_json_object -> model lookup (404) -> authorize_model (the same 404)
     -> resolve_class -> build_request (400 limits) -> RequestContext (frozen)
     -> admit (tenant limits) -> Attempts.run (gateway/attempt.py) -> settle -> record
 
@@ -231,7 +231,7 @@ class InferenceHandler:
         require_json_content_type(headers)
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
         body = parse_json_object(raw, limits.max_json_depth, limits.max_json_containers, limits.max_json_keys)
-        stripped = self.api.screen(body, limits)
+        stripped = self.api.screen(body, limits, tenant)  # the tenant's opt-ins: allowlists.EngineGrants
         model = require_model(body)
         public = lookup_public(snapshot, model)
         known.model = model

@@ -149,11 +149,15 @@ class Recorder:
 
 
 def signature_of(ctx: RequestContext) -> PrefixSignature:
-    """The request's prefix signature under its tenant's cache scope and its model's block size
-    (the router's keys reused unless the model routes with a configured tokenizer)."""
+    """The request's prefix signature under its tenant's cache scope, its model's block size and the
+    runtime's cache-salt secret (the router's keys reused unless the model routes with a
+    configured tokenizer)."""
     routing = ctx.runtime.snapshot.models[ctx.request.model].routing
     reuse = routing.tokenizer == "estimate"
-    return request_signature(ctx.request, tenant_scope(ctx.tenant), routing.block_tokens, reuse_keys=reuse)
+    scope = tenant_scope(ctx.tenant)
+    return request_signature(
+        ctx.request, scope, routing.block_tokens, secret=ctx.runtime.prefix_secret, reuse_keys=reuse
+    )
 
 
 def hashed_session(ctx: RequestContext) -> str | None:

@@ -4,10 +4,11 @@ The rule (a reload is one computed swap):
 
 1. Everything a new policy needs is built from (the runtime in force, the new policy) by
    ``RuntimeBuilder.plan`` *before* anything changes: the routers, the backend pool's new
-   states, the upstream credentials and URLs, the tracer, the cache salter, the retry budget,
-   the tenant labels. A part whose policy section did not change is carried over with what it
-   learnt (a router's prefix index, the retry budget's window, the tracer's export thread);
-   the others are built new.
+   states, the upstream credentials and URLs, the tracer, the cache salter and the prefix
+   secret (both from ``cache_isolation``, rebuilt together; a new secret makes new chains, so
+   every router is rebuilt with it), the retry budget, the tenant labels. A part whose policy
+   section did not change is carried over with what it learnt (a router's prefix index, the
+   retry budget's window, the tracer's export thread); the others are built new.
 2. If any part cannot be built (a backend whose ``credential_env`` is unset, ...), ``plan``
    raises ``ReloadRefused`` with the reason and nothing has changed: the policy in force,
    ``/readyz``, ``/admin/policy`` and ``gateway_policy_info`` all still say the old version.
@@ -36,6 +37,7 @@ from gateway.policy.watch import ReloadRefused
 from gateway.retry import RetryBudget
 from gateway.routing.base import Router
 from gateway.routing.isolation import CacheSalter
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import build_routers, update_routers
 from gateway.tracing import Tracing
 from gateway.upstream import MissingCredential, UpstreamClient, UpstreamTargets
@@ -51,6 +53,8 @@ class Runtime:
     routers: Mapping[str, Router]
     tracing: Tracing
     salter: CacheSalter
+    prefix_secret: PrefixSecret
+    """The salter's secret keying the prefix chains (``gateway/routing/prefix_secret.py``)."""
     retry_budget: RetryBudget
     tenant_labels: TenantLabels
 
@@ -88,11 +92,13 @@ class RuntimeBuilder:
 
     def first(self, snapshot: PolicySnapshot) -> Runtime:
         policy = snapshot.policy
+        secret = PrefixSecret.from_env(policy.cache_isolation.secret_env)
         return Runtime(
             snapshot=snapshot,
-            routers=MappingProxyType(build_routers(snapshot, self.clock)),
+            routers=MappingProxyType(build_routers(snapshot, self.clock, secret)),
             tracing=self._tracing(self.tracing_config(snapshot)),
             salter=CacheSalter.from_env(policy.cache_isolation.secret_env),
+            prefix_secret=secret,
             retry_budget=RetryBudget.from_policy(policy.retry, self.clock),
             tenant_labels=TenantLabels(top=policy.telemetry.top_tenants, clock=self.clock),
         )
@@ -106,7 +112,13 @@ class RuntimeBuilder:
             raise ReloadRefused(str(exc)) from exc
         if policy.state != old.state:
             log.warning("policy section 'state' changed: the limit store keeps its settings until a restart")
-        routers = update_routers(current.routers, current.snapshot, new, self.clock)
+        same_secret = policy.cache_isolation == old.cache_isolation
+        secret = current.prefix_secret if same_secret else PrefixSecret.from_env(policy.cache_isolation.secret_env)
+        routers = (
+            update_routers(current.routers, current.snapshot, new, self.clock, secret)
+            if same_secret
+            else build_routers(new, self.clock, secret)
+        )
         pool_plan = pool.plan(new)
         retry, old_retry = policy.retry, old.retry
         same_budget = (retry.budget_ratio, retry.budget_min_per_s, retry.budget_window_s) == (
@@ -121,9 +133,8 @@ class RuntimeBuilder:
             routers=MappingProxyType(routers),
             # Built last: a new tracer starts an export thread, which a refusal above would leak.
             tracing=current.tracing if same_tracing else self._tracing(tracing_config),
-            salter=current.salter
-            if policy.cache_isolation == old.cache_isolation
-            else CacheSalter.from_env(policy.cache_isolation.secret_env),
+            salter=current.salter if same_secret else CacheSalter.from_env(policy.cache_isolation.secret_env),
+            prefix_secret=secret,
             retry_budget=current.retry_budget if same_budget else RetryBudget.from_policy(retry, self.clock),
             tenant_labels=current.tenant_labels
             if policy.telemetry.top_tenants == old.telemetry.top_tenants

@@ -107,6 +107,7 @@ def build_server(
         body_timeout_s=settings.body_timeout_s,
         keepalive_timeout_s=settings.keepalive_timeout_s,
         max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
         max_connections=fit_to_file_limit(settings),
     )
     listeners = Listeners()
@@ -116,6 +117,7 @@ def build_server(
         body_timeout_s=settings.body_timeout_s,
         keepalive_timeout_s=settings.keepalive_timeout_s,
         max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
         max_connections=settings.admin_max_connections,
     )
     listeners.add(Listener("admin", admin_limits, operator=True), admin_socket.getsockname())

@@ -91,7 +91,7 @@ class Gateway:
         )
         self.in_flight = InFlight()
         self.affinity = self._affinity(snapshot)
-        self.shadows = ShadowRunner(self.clock, self.dispatcher, self.upstream, self.metrics)
+        self.shadows = ShadowRunner(self.clock, self.dispatcher, self.upstream, self.metrics, costs=self.costs)
         self.dispatcher.on_wait = self.shadows.preempt  # a real request never waits behind a shadow
         self.rollouts = self._rollouts(settings, snapshot)
         self.targets = TargetPicker(candidate_share=self.rollouts.candidate_percent)
@@ -119,7 +119,11 @@ class Gateway:
         url = state.resolved_url() if state.backend == "redis" else None
         shared = aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0) if url else None
         return ResponseAffinity(
-            self.clock, shared=shared, key_prefix=state.key_prefix, timeout_s=max(state.timeout_ms / 1000, 0.05)
+            self.clock,
+            per_tenant=self.settings.responses_per_tenant,
+            shared=shared,
+            key_prefix=state.key_prefix,
+            timeout_s=max(state.timeout_ms / 1000, 0.05),
         )
 
     def _rollouts(self, settings: Settings, snapshot: PolicySnapshot) -> Rollouts:
@@ -182,6 +186,7 @@ class Gateway:
             key=f"{snapshot.policy.state.key_prefix}fleet:prefix-view:{salter.salt('fleet-prefix-view')[:12]}",
             origin=self.fleet.ledger.replica,
             routers=lambda: self.runtime.routers,
+            secret=self.runtime.prefix_secret,
             pool=self.pool,
             policy=self.policy,
             clock=self.clock,

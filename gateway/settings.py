@@ -50,6 +50,11 @@ class Settings:
     answers with a 502). Idle connections are also the first closed at ``max_connections``."""
     max_header_bytes: int = 65536
     """Request line plus headers; more is refused with 431 (Envoy's default is 60 KiB)."""
+    max_headers: int = 100
+    """Header lines per request; more is refused with 431 before the rest is parsed. Browsers and
+    the OpenAI/Anthropic SDKs send 10 to 20, so 100 leaves room for proxies and tracing headers;
+    it is Envoy's ``max_headers_count`` default and Apache's ``LimitRequestFields``. Without it,
+    5,000 tiny headers fit in 64 KiB and each costs a Python call and more in the application."""
     max_connections: int = 10000
     """Open connections on the API listener; at the bound the longest-idle one is closed, and
     when none is idle a new one is refused with 503. Lowered at start-up to fit the process's
@@ -63,6 +68,11 @@ class Settings:
     """Where rollouts keep their state without Redis (``GATEWAY_ROLLOUT_DIR``): one JSON file per
     rollout, shared by the workers of one host; a Kubernetes pod without Redis mounts a volume
     there so that a rollback outlives the pod (``gateway/rollout/store.py``)."""
+    responses_per_tenant: int = 10_000
+    """Stored responses (``previous_response_id``) whose holder each tenant's map keeps, in the
+    process and in Redis (``GATEWAY_RESPONSES_PER_TENANT``): past it a tenant's oldest is
+    forgotten (its follow-up is a 404), never another tenant's (``gateway/response_affinity.py``).
+    Entries live an hour, so 10,000 is a conversation turn every 0.36 s for an hour per tenant."""
     worker_index: int = 0
     """This process's index among the ``workers`` (0 to N-1), set by the supervisor for each
     worker; logs carry it (``[worker 1]``), client responses never do."""
@@ -80,6 +90,7 @@ class Settings:
             "telemetry": env.get("GATEWAY_TELEMETRY", "on").lower() not in ("off", "0", "false"),
             "workers": _integer(env, "GATEWAY_WORKERS", 1),
             "rollout_dir": env.get("GATEWAY_ROLLOUT_DIR", ".gateway-state/rollouts"),
+            "responses_per_tenant": _integer(env, "GATEWAY_RESPONSES_PER_TENANT", 10_000),
         }
         for name, kind in _CONNECTION_ENV.items():
             raw = env.get(f"GATEWAY_{name.upper()}")
@@ -95,9 +106,11 @@ class Settings:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be greater than 0, not {getattr(self, name)}")
-        for name in ("max_header_bytes", "max_connections", "admin_max_connections"):
+        for name in ("max_header_bytes", "max_headers", "max_connections", "admin_max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.responses_per_tenant < 1:
+            raise ValueError(f"responses_per_tenant must be at least 1, not {self.responses_per_tenant}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
         if not 0 <= self.worker_index < self.workers:
@@ -124,6 +137,7 @@ _CONNECTION_ENV: dict[str, type[int] | type[float] | type[str]] = {
     "body_timeout_s": float,
     "keepalive_timeout_s": float,
     "max_header_bytes": int,
+    "max_headers": int,
     "max_connections": int,
 }
 """The listener settings read from ``GATEWAY_<NAME>`` (e.g. ``GATEWAY_HEADER_TIMEOUT_S``)."""

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gateway.errors import NotFound
+from gateway.errors import ModelNotFound
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import ModelPolicy, Tenant
 from gateway.policy.snapshot import PolicySnapshot
@@ -77,7 +77,7 @@ def lookup_public(snapshot: PolicySnapshot, name: str) -> ModelGroup | ModelPoli
         return group
     model = snapshot.models.get(name)
     if model is None or name in snapshot.internal:
-        raise NotFound(f"The model '{name}' does not exist.", code="model_not_found", param="model")
+        raise ModelNotFound(name)
     return model
 
 

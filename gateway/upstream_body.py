@@ -13,7 +13,8 @@ a retry on a backend of another kind. The fields an attempt may set:
 * the isolation fields of the tenant on this kind of engine (``isolation_fields`` in
   ``gateway/routing/isolation.py``): ``cache_salt`` for engines whose prefix cache honours it,
   ``cache_prompt: false`` for llama.cpp under ``cache_isolation.unsalted: no_prompt_cache``;
-  a client's own values are always overwritten;
+  a client's own values are always overwritten. With the API the backend is called with, they
+  are decided by ``attempt_isolation``, which every attempt and every shadow copy goes through;
 * what makes the engine report usage in a stream (the dialect's ``stream_usage_fields``; for
   the OpenAI APIs ``stream_options``): always at the end (the gateway settles tokens and
   records usage from it), and per chunk when the stream may have to be continued elsewhere
@@ -27,12 +28,37 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.dialects.base import Translation
+from gateway.dialects.base import Dialect, Translation
 from gateway.output_length import output_length_edits
-from gateway.policy.model import Backend, BackendKind
+from gateway.policy.model import Backend, BackendKind, Tenant
+from gateway.policy.snapshot import PolicySnapshot
+from gateway.routing.isolation import CacheSalter, isolation_fields
 from gateway.types import InferenceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptIsolation:
+    """What keeps one attempt's prompt inside its tenant's cache scope on the backend it goes to:
+    the API the backend is called with (``translation``; None: the client's own, passed through)
+    and the body fields that isolate it (``isolation_fields``)."""
+
+    translation: Translation | None
+    fields: Mapping[str, object]
+
+
+def attempt_isolation(
+    api: Dialect, backend: Backend, tenant: Tenant, snapshot: PolicySnapshot, salter: CacheSalter
+) -> AttemptIsolation:
+    """The one decision every request sent to an engine goes through (a request's attempts,
+    ``gateway/attempt.py``, and its shadow copies, ``gateway/shadow/runner.py``): an API whose
+    engine endpoint drops ``cache_salt`` (vLLM's ``/v1/messages``) is passed through only to a
+    backend that one cache scope alone reaches, by any path (``snapshot.multi_scope_backends``)."""
+    translation = api.translation(backend, backend.name in snapshot.multi_scope_backends)
+    fields = isolation_fields(backend.kind, snapshot.policy.cache_isolation.unsalted, salter, tenant)
+    return AttemptIsolation(translation, fields)
 
 
 def engine_priority(kind: BackendKind, rank: int) -> int:

@@ -57,10 +57,11 @@ def build_request(
     stream, wants_usage = api.stream_flags(body)
     _check_n(body, limits)
     aliases = api.output_aliases
-    max_tokens = output_bound(body, model_policy, limits.max_tokens_over_limit, aliases) if aliases else 0
-    prompt_tokens = api.prompt_tokens(body, model_policy, limits, estimator)
-    if prompt_tokens > model_policy.max_prompt_tokens:
-        raise prompt_too_long(api.prompt_field, model_policy, f"about {prompt_tokens} tokens (estimated)")
+    shown = as_called(model_policy, body)  # what every message below names the model
+    max_tokens = output_bound(body, shown, limits.max_tokens_over_limit, aliases) if aliases else 0
+    prompt_tokens = api.prompt_tokens(body, shown, limits, estimator)
+    if prompt_tokens > shown.max_prompt_tokens:
+        raise prompt_too_long(api.prompt_field, shown, f"about {prompt_tokens} tokens (estimated)")
     request = InferenceRequest(
         request_id=request_id,
         api=api,
@@ -78,6 +79,16 @@ def build_request(
         body["model"] = served
         request.body_modified = True
     return request
+
+
+def as_called(model: ModelPolicy, body: dict[str, Any]) -> ModelPolicy:
+    """``model`` (a group's target, fallback, or a model a continued answer lives on) under the
+    name the client called it, the body's ``model``: the only name an error may show, since a
+    group's targets are internal and never callable by name. The limits are the target's."""
+    called = body.get("model")
+    if not isinstance(called, str) or called == model.name:
+        return model
+    return model.model_copy(update={"name": called})
 
 
 def output_bound(

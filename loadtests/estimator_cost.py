@@ -1,30 +1,40 @@
-"""CPU of the chat prompt estimate (``gateway/dialects/chat.py``) per request body, optionally against an older one.
+"""CPU of the chat prompt estimate (``gateway/dialects/chat.py``) per request body, against an older estimator.
 
 Usage::
 
-    python -m loadtests.estimator_cost [--before OLD_TREE/gateway/tokens.py] [--repeat 2000]
+    python -m loadtests.estimator_cost [--before OLD_TREE/gateway/tokens.py] [--repeat 2000] [--pin CPU]
 
 Bodies: a typical chat (a system prompt and four turns, ~2 KB), the same with four tools and a
-tool call, a 1 MiB chat of one English string, a 1 MiB chat of CJK text, and a 1 MiB chat of
-512 messages. Each is estimated ``--repeat`` times (1 MiB bodies: 50) and the best of five
-runs is reported, in microseconds per body, with the estimate itself: a figure to compare
-between trees in one run, not an absolute (the machine is shared). ``--before`` loads the
-``tokens.py`` of an older tree (whose ``chat_prompt_tokens`` took the messages only); to compare
-with a tree of the same shape, run this module in each tree.
+tool call, 1 MiB chats of one English string, CJK text, 512 messages, source code, and two
+shapes made to look cheap (single-letter words, punctuation), and a chat of 512 messages of 30
+tiny text parts each (about the most strings the default container cap lets a body hold). Each
+is estimated ``--repeat`` times (the large bodies: 20) and the best of five runs is reported,
+in microseconds per body and per KB of text, with the estimate itself. ``--before`` loads the
+``CharRatioEstimator`` of another tree's ``gateway/tokens.py`` and runs it under this tree's
+``chat_prompt_tokens``, alternating with this tree's estimator body by body in the same
+process: the ratio is the figure to read, not the absolute time (the machine is shared; its
+load average is printed). ``--pin`` pins the process to one core (``loadtests/harness.py``
+``pin``), as the other benches do.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
+import gateway.proxy
 from gateway.dialects.chat import chat_prompt_tokens
 from gateway.policy.model import MediaTokens
-from gateway.tokens import CharRatioEstimator
+from gateway.tokens import CharRatioEstimator, TokenEstimator
+from loadtests.harness import pin
 
 MIB = 1024 * 1024
 TOOL = {
@@ -41,13 +51,20 @@ TOOL = {
 }
 
 
+def _user(text: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": text}]}
+
+
+def _mib_of(text: str) -> str:
+    return (text * (MIB // len(text) + 1))[:MIB]
+
+
 def bodies() -> dict[str, dict[str, Any]]:
     system = {"role": "system", "content": "You are a concise assistant for an engineering team. " * 4}
     turns = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": "A question or an answer of some length. " * 6}
         for i in range(4)
     ]
-    typical = {"model": "m", "messages": [system, *turns]}
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     tools = {
         "model": "m",
@@ -61,12 +78,27 @@ def bodies() -> dict[str, dict[str, Any]]:
     }
     per_message = MIB // 512
     return {
-        "typical chat (~2 KB)": typical,
+        "typical chat (~2 KB)": {"model": "m", "messages": [system, *turns]},
         "chat with 4 tools and a tool call": tools,
-        "1 MiB English string": {"model": "m", "messages": [{"role": "user", "content": "word " * (MIB // 5)}]},
-        "1 MiB CJK string": {"model": "m", "messages": [{"role": "user", "content": "漢字かな" * (MIB // 12)}]},
+        "1 MiB English string": _user("word " * (MIB // 5)),
+        "1 MiB CJK string": _user("漢字かな" * (MIB // 12)),
         "1 MiB in 512 messages": {"model": "m", "messages": [{"role": "user", "content": "x" * per_message}] * 512},
+        "1 MiB of source code": _user(_mib_of(inspect.getsource(gateway.proxy))),
+        "1 MiB of 'a a a'": _user("a " * (MIB // 2)),
+        "1 MiB of '!,!,'": _user("!," * (MIB // 2)),
+        "15,360 tiny text parts": {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": f"w{i} x{j}"} for j in range(30)]}
+                for i in range(512)
+            ],
+        },
     }
+
+
+def text_kb(body: dict[str, Any]) -> float:
+    """KB of text the estimate reads: the body's JSON, a close enough measure of its strings."""
+    return len(orjson.dumps(body)) / 1024
 
 
 def best_us(estimate: Callable[[dict[str, Any]], int], body: dict[str, Any], repeat: int) -> tuple[float, int]:
@@ -80,31 +112,42 @@ def best_us(estimate: Callable[[dict[str, Any]], int], body: dict[str, Any], rep
     return best * 1e6, result
 
 
-def load_before(path: str) -> Callable[[dict[str, Any]], int]:
+def load_before(path: str) -> TokenEstimator:
+    """The ``CharRatioEstimator`` of another tree's ``tokens.py`` (its own module, not this tree's)."""
     spec = importlib.util.spec_from_file_location("tokens_before", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    estimator = module.CharRatioEstimator()
-    return lambda body: int(module.chat_prompt_tokens(body["messages"], estimator))
+    estimator: TokenEstimator = module.CharRatioEstimator()
+    return estimator
+
+
+def chat_estimate(estimator: TokenEstimator) -> Callable[[dict[str, Any]], int]:
+    media = MediaTokens()
+    return lambda body: chat_prompt_tokens(body, estimator, media)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--before", default=None, help="an older tree's gateway/tokens.py")
+    parser.add_argument("--before", default=None, help="another tree's gateway/tokens.py")
     parser.add_argument("--repeat", type=int, default=2000)
+    parser.add_argument("--pin", type=int, default=None, help="pin this process to one core")
     args = parser.parse_args(argv)
-    estimator, media = CharRatioEstimator(), MediaTokens()
-    after: Callable[[dict[str, Any]], int] = lambda body: chat_prompt_tokens(body, estimator, media)  # noqa: E731
-    before = load_before(args.before) if args.before else None
+    if args.pin is not None and pin(args.pin):
+        os.sched_setaffinity(0, {args.pin})
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"# python -m loadtests.estimator_cost {' '.join(argv or sys.argv[1:])} ; load average at start: {load}")
+    after = chat_estimate(CharRatioEstimator())
+    before = chat_estimate(load_before(args.before)) if args.before else None
     for name, body in bodies().items():
-        repeat = 50 if "MiB" in name else args.repeat
+        repeat = 20 if "MiB" in name or "parts" in name else args.repeat
+        kb = text_kb(body)
         after_us, after_tokens = best_us(after, body, repeat)
-        line = f"{name:36s} now {after_us:10.1f} us ({after_tokens:>7} tokens)"
+        line = f"{name:34s} now {after_us:9.1f} us {after_us / kb:6.2f} us/KB ({after_tokens:>7} tokens)"
         if before is not None:
             before_us, before_tokens = best_us(before, body, repeat)
-            line += f" | before {before_us:10.1f} us ({before_tokens:>7} tokens) | x{after_us / before_us:.2f}"
+            line += f" | before {before_us:9.1f} us ({before_tokens:>7} tokens) | x{after_us / before_us:.2f}"
         print(line, flush=True)
     return 0
 

@@ -4,7 +4,10 @@ Usage::
 
     python -m loadtests.hostile_tenant [--victim-rate 20] [--abuser-rate 12] [--phase-s 5] [--rounds 3]
                                        [--shapes many_messages,tiny_parts,deep_nesting,many_numbers,many_keys]
-                                       [--abuser-rpm 100000] [--gateway-pythonpath DIR] [--out FILE]
+                                       [--versus plain] [--abuser-rpm 100000] [--gateway-pythonpath DIR] [--out FILE]
+
+    # does any body shape cost the victim more than a plain body of the same size? (issue 27)
+    python -m loadtests.hostile_tenant --versus plain --shapes escaped_spaced,duplicate_key --abuser-rate 30
 
 A zero-delay simulated engine (profile ``instant``) and the gateway, each its own process, the
 gateway pinned alone to one core. The victim tenant sends small chat requests, open-loop
@@ -18,8 +21,16 @@ machine's load average at start and end (the machine is shared: read the ratio, 
 absolute figures). The abuser's ``rpm`` is high by default, so the figure is the CPU bound
 per request, not the rate limit; lower it to see invalid requests charged to its rate.
 
+With ``--versus SHAPE`` every shape (and ``SHAPE``) gets attacked phases of its own, in an
+order rotated each round, and the report adds each shape's victim P99 over ``SHAPE``'s: the cost
+a body's *shape* adds to what its size costs. ``plain`` is a compact body of 400 long messages
+that passes every structural bound (refused after parsing, for ``n: 0``); ``escaped_spaced``
+is the same document spaced as ``json.dumps`` writes it, its text holding an escaped backslash
+before ``u003a`` (which once sent every such body through a second, hooked parse: 16 ms of CPU);
+``duplicate_key`` is the plain body with its last key repeated. Every shape is one size.
+
 ``--gateway-pythonpath`` runs the gateway from another source tree (a checkout of an older
-commit), for a before/after in the same conditions.
+commit), for a before/after in the same conditions. Ports are free ones, probed at start.
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ import numpy as np
 import orjson
 
 from gateway.keys import hash_api_key
-from loadtests.harness import cpu_seconds, pin, policy_file, process
+from loadtests.harness import cpu_seconds, free_port, pin, policy_file, process
 
 MODEL = "sim-instant"
 VICTIM_KEY, ABUSER_KEY = "victim-bench-key", "abuser-bench-key"
@@ -71,9 +82,29 @@ def hostile_body(shape: str) -> bytes:
         body.update({f"k{i}": 1 for i in range(TARGET_BYTES // 10)})
     elif shape == "giant_string":
         body["messages"] = [{"role": "user", "content": "x" * TARGET_BYTES}]
+    elif shape in ("plain", "escaped_spaced", "duplicate_key"):
+        return _same_document(shape)
     else:
         raise ValueError(f"unknown shape {shape!r}")
     return orjson.dumps(body)
+
+
+def _same_document(shape: str) -> bytes:
+    """One document of 400 messages (within every structural bound), written as ``shape`` says."""
+    clause = (
+        "Clause 12\\u003a the parties agree that "
+        if shape == "escaped_spaced"
+        else "Clause 12: the parties agree that "
+    )
+    per_message = TARGET_BYTES // 400 - 40
+    if shape == "escaped_spaced":  # an escaped backslash before u003a in each clause; the same body size
+        per_message = per_message * 374 // 400
+    text = (clause * 64)[:per_message]
+    body = {"model": MODEL, "n": 0, "messages": [{"role": "user", "content": text}] * 400}
+    if shape == "escaped_spaced":
+        return json.dumps(body).encode()  # ", " and ": " separators, as requests and json.dumps send
+    raw = orjson.dumps(body)
+    return raw[:-1] + b',"n":0}' if shape == "duplicate_key" else raw
 
 
 def policy(backend_url: str, abuser_rpm: int) -> str:
@@ -153,11 +184,17 @@ async def _arrivals(rate: float, seconds: float, seed: int, launch: Any) -> None
 
 
 async def _phase(
-    session: aiohttp.ClientSession, args: argparse.Namespace, mode: Mode, attacked: bool, seed: int
+    session: aiohttp.ClientSession,
+    args: argparse.Namespace,
+    mode: Mode,
+    attacked: bool,
+    seed: int,
+    bodies: tuple[int, ...] = (),
 ) -> None:
+    """One phase: the victim's arrivals, and the abuser's (bodies by index; () every body) if ``attacked``."""
     before, started = cpu_seconds(args.gateway_pid), time.perf_counter()
     if attacked:
-        args.control.put((args.phase_s, seed + 1))
+        args.control.put((args.phase_s, seed + 1, bodies))
     await _arrivals(args.victim_rate, args.phase_s, seed, lambda: _victim(session, args.url, mode))
     if attacked:
         sent, answers = await asyncio.get_running_loop().run_in_executor(None, args.results.get)
@@ -174,13 +211,14 @@ def _abuser_process(url: str, bodies: list[bytes], rate: float, control: Queue[A
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             loop = asyncio.get_running_loop()
             while (command := await loop.run_in_executor(None, control.get)) is not None:
-                seconds, seed = command
+                seconds, seed, chosen = command
+                sending = [bodies[i] for i in chosen] if chosen else bodies
                 mode, sent = Mode(), 0
 
-                def attack(mode: Mode = mode) -> Any:
+                def attack(mode: Mode = mode, sending: list[bytes] = sending) -> Any:
                     nonlocal sent
                     sent += 1
-                    return _abuser(session, url, bodies[sent % len(bodies)], mode)
+                    return _abuser(session, url, sending[sent % len(sending)], mode)
 
                 await _arrivals(rate, seconds, seed, attack)
                 results.put((sent, dict(mode.abuser)))
@@ -192,13 +230,26 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000 if values else float("nan")
 
 
+def _schedule(args: argparse.Namespace) -> dict[str, tuple[int, ...] | None]:
+    """Each mode's abuser bodies: None alone; () every shape in turn; with ``--versus`` one mode per shape."""
+    if not args.versus:
+        return {"alone": None, "attacked": ()}
+    return {"alone": None, **{f"attacked:{shape}": (i,) for i, shape in enumerate(args.shape_names)}}
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    modes = {"alone": Mode(), "attacked": Mode()}
+    schedule = _schedule(args)
+    modes = {name: Mode() for name in schedule}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await _phase(session, args, Mode(), attacked=False, seed=0)  # warm up
+        order = list(schedule)
         for round_no in range(args.rounds):
-            for name in ("alone", "attacked"):
-                await _phase(session, args, modes[name], attacked=name == "attacked", seed=round_no * 7)
+            shift = round_no % len(order)  # rotated, so that no mode always follows the same one
+            for name in order[shift:] + order[:shift]:
+                bodies = schedule[name]
+                await _phase(session, args, modes[name], bodies is not None, round_no * 7, bodies or ())
+    if args.versus:
+        return _versus_report(args, modes)
     alone, attacked = modes["alone"], modes["attacked"]
     cpu_alone_per_s = alone.cpu_s / alone.seconds
     extra_cpu = attacked.cpu_s - cpu_alone_per_s * attacked.seconds
@@ -222,7 +273,57 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _figures(mode: Mode) -> dict[str, Any]:
+    return {
+        "victim_requests": len(mode.latencies),
+        "victim_errors": dict(mode.errors),
+        "p50_ms": _pct(mode.latencies, 50),
+        "p95_ms": _pct(mode.latencies, 95),
+        "p99_ms": _pct(mode.latencies, 99),
+        "gateway_cpu_share": mode.cpu_s / mode.seconds,
+    }
+
+
+def _versus_report(args: argparse.Namespace, modes: dict[str, Mode]) -> dict[str, Any]:
+    """Each shape's figures, its gateway CPU per abuser request, and its victim P99 over ``--versus``'s."""
+    alone = modes["alone"]
+    cpu_alone_per_s = alone.cpu_s / alone.seconds
+    shapes: dict[str, Any] = {}
+    for shape in args.shape_names:
+        mode = modes[f"attacked:{shape}"]
+        extra_cpu = mode.cpu_s - cpu_alone_per_s * mode.seconds
+        shapes[shape] = {
+            **_figures(mode),
+            "abuser_sent": mode.abuser_sent,
+            "abuser_answers": dict(mode.abuser),
+            "gateway_cpu_ms_per_abuser_request": extra_cpu * 1000 / max(mode.abuser_sent, 1),
+        }
+    baseline = shapes[args.versus]["p99_ms"]
+    for figures in shapes.values():
+        figures["p99_over_versus"] = figures["p99_ms"] / baseline
+    worst = max((s for s in shapes if s != args.versus), key=lambda s: shapes[s]["p99_over_versus"], default=None)
+    return {"alone": _figures(alone), "versus": args.versus, "shapes": shapes, "worst_shape": worst}
+
+
+def _print_versus(report: dict[str, Any]) -> None:
+    r = report["alone"]
+    print(f"victim alone: P50 {r['p50_ms']:7.2f} ms  P95 {r['p95_ms']:7.2f} ms  P99 {r['p99_ms']:7.2f} ms")
+    for shape, r in report["shapes"].items():
+        print(
+            f"attacked by {shape:>15}: victim P50 {r['p50_ms']:7.2f}  P95 {r['p95_ms']:7.2f}  P99 {r['p99_ms']:7.2f} ms"
+            f"  P99/{report['versus']} {r['p99_over_versus']:.2f}x  | gateway CPU "
+            f"{r['gateway_cpu_ms_per_abuser_request']:.1f} ms per abuser request, answers {r['abuser_answers']}"
+        )
+    worst = report["worst_shape"]
+    if worst is not None:
+        ratio = report["shapes"][worst]["p99_over_versus"]
+        print(f"worst shape: {worst}, victim P99 {ratio:.2f}x the {report['versus']} body's (goal: at most 1.20x)")
+
+
 def _print(report: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.versus:
+        _print_versus(report)
+        return
     for name in ("alone", "attacked"):
         r = report[name]
         print(
@@ -245,13 +346,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shapes", default="many_messages,tiny_parts,deep_nesting,many_numbers,many_keys")
+    parser.add_argument("--versus", default=None, help="a phase per shape, each shape's victim P99 over this one's")
     parser.add_argument("--abuser-rpm", type=int, default=100_000)
-    parser.add_argument("--backend-port", type=int, default=18601)
-    parser.add_argument("--gateway-port", type=int, default=18600)
+    parser.add_argument("--backend-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--gateway-port", type=int, default=0, help="0: a free port")
     parser.add_argument("--gateway-pythonpath", default=None, help="run the gateway from this source tree")
     parser.add_argument("--out", default=None, help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
-    args.bodies = [hostile_body(shape) for shape in args.shapes.split(",")]
+    args.shape_names = list(dict.fromkeys([*args.shapes.split(","), *([args.versus] if args.versus else [])]))
+    args.bodies = [hostile_body(shape) for shape in args.shape_names]
+    args.backend_port = args.backend_port or free_port()
+    args.gateway_port = args.gateway_port or free_port()
     backend = f"http://127.0.0.1:{args.backend_port}"
     gateway = f"http://127.0.0.1:{args.gateway_port}"
     args.url = gateway + "/v1/chat/completions"
@@ -277,8 +382,9 @@ def main(argv: list[str] | None = None) -> int:
             abuser.start()
             print(
                 f"hostile tenant: victim {args.victim_rate}/s small chats, abuser {args.abuser_rate}/s invalid bodies "
-                f"of ~{len(args.bodies[0]) // 1024} KiB ({args.shapes}), phases of {args.phase_s}s x {args.rounds} "
-                f"rounds, alternating; gateway from {args.gateway_pythonpath or 'this tree'}",
+                f"of ~{len(args.bodies[0]) // 1024} KiB ({','.join(args.shape_names)}), "
+                f"phases of {args.phase_s}s x {args.rounds} rounds, alternating; "
+                f"gateway from {args.gateway_pythonpath or 'this tree'}",
                 flush=True,
             )
             try:

@@ -95,7 +95,6 @@ from gateway.policy.model import Tenant
 from gateway.routing.base import RoutingDecision
 from gateway.routing.framework import Cycle, Profile, Weighted, load_bound, rendezvous
 from gateway.routing.isolation import CacheSalter, tenant_scope
-from gateway.routing.prefix_keys import scope_root
 from gateway.routing.registry import RouterSpec, register_strategy
 from gateway.routing.scorers.in_flight import InFlightScorer
 from gateway.routing.scorers.kv_usage import KvUsageScorer
@@ -163,7 +162,7 @@ class OracleRouter:
             for (c, _), lo in zip(cached, load, strict=True)
         ]
         bound = load_bound(candidates, self._spec.routing.epsilon)
-        root = scope_root(tenant_scope(tenant), request.model)
+        root = self._spec.secret.root(tenant_scope(tenant), request.model)
         best = max(
             (i for i, s in enumerate(candidates) if s.in_flight + 1 <= bound),
             key=lambda i: (totals[i], rendezvous(root, candidates[i].name)),

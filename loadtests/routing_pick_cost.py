@@ -28,6 +28,7 @@ from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import RouterSpec, build_router
 from gateway.tokens import CharRatioEstimator
 from gateway.types import InferenceRequest
@@ -35,6 +36,8 @@ from gateway.validation import build_request
 from loadtests.loadgen.prompts import words
 
 MODEL = "m"
+PICK_SECRET = PrefixSecret(b"pick-cost")
+"""The cache-salt secret of the routers measured (it keys the prefix roots)."""
 
 
 def policy(strategy: str) -> PolicySnapshot:
@@ -83,10 +86,18 @@ def requests(snapshot: PolicySnapshot, chats: list[list[str]], system: str, turn
     return out
 
 
-def run(strategy: str, chats: list[list[str]], system: str, turns: int, *, memo: bool = True) -> float:
-    """Mean seconds per pick over every turn of every chat."""
+def run(
+    strategy: str,
+    chats: list[list[str]],
+    system: str,
+    turns: int,
+    *,
+    memo: bool = True,
+    secret: PrefixSecret = PICK_SECRET,
+) -> float:
+    """Mean seconds per pick over every turn of every chat (``secret`` keys the prefix roots)."""
     snapshot = policy(strategy)
-    router: Router = build_router(RouterSpec(MODEL, snapshot.models[MODEL].routing, MonotonicClock(), 3.0))
+    router: Router = build_router(RouterSpec(MODEL, snapshot.models[MODEL].routing, MonotonicClock(), secret, 3.0))
     if not memo and isinstance(router, PrefixAffinityRouter):
         router.memo = None
     candidates = list(BackendPool(snapshot).for_model(MODEL))

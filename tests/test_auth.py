@@ -1,4 +1,4 @@
-"""Tenants and keys: 401 without a known key, 403/404 for models, credentials kept apart.
+"""Tenants and keys: 401 without a known key, 404 for a model unknown or not the tenant's, credentials kept apart.
 
 The client's key identifies its tenant at the gateway and stops there: the backend sees
 only its own credential, read from the environment variable the policy names.
@@ -61,19 +61,19 @@ def test_the_key_is_checked_before_the_body_is_judged(gateway_url: str, backend:
     assert response.status_code == 401
 
 
-def test_a_model_the_tenant_may_not_use_is_a_403(gateway_url: str, backend: FakeBackend) -> None:
+def test_a_model_the_tenant_may_not_use_is_a_404_as_if_it_did_not_exist(gateway_url: str, backend: FakeBackend) -> None:
     response = httpx.post(
         gateway_url + "/v1/chat/completions",
         json={**CHAT, "model": OTHER_MODEL},
         headers={"authorization": f"Bearer {KEY_GLOBEX}"},
     )
-    assert response.status_code == 403
+    assert response.status_code == 404
     error = response.json()["error"]
     assert error == {
-        "message": "Tenant 'globex' is not allowed to use model 'test/other'.",
-        "type": "permission_error",
+        "message": "The model `test/other` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
         "param": "model",
-        "code": "model_not_allowed",
+        "code": "model_not_found",
     }
     assert backend.received == []
 
@@ -83,7 +83,7 @@ def test_an_unknown_model_is_a_404(http: httpx.Client, backend: FakeBackend) -> 
     assert response.status_code == 404
     assert response.json() == {
         "error": {
-            "message": "The model 'no/such-model' does not exist.",
+            "message": "The model `no/such-model` does not exist or you do not have access to it.",
             "type": "invalid_request_error",
             "param": "model",
             "code": "model_not_found",

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -35,6 +36,8 @@ from tests.servers import free_port, wait_until
 TIMEOUT_S = 0.3
 """The header, body and keep-alive timeouts of the guarded gateway."""
 MAX_HEADER_BYTES = 4096
+MAX_HEADERS = 100
+"""The default bound on header lines (``Settings.max_headers``): the tests' gateway keeps it."""
 CLOSE_WITHIN_S = TIMEOUT_S + 5.0
 """How long a test waits for a close that is due after TIMEOUT_S (the machine is shared)."""
 GUARDS = {
@@ -291,6 +294,73 @@ def test_pipelined_requests_in_one_packet_are_each_served(guarded: str) -> None:
     assert received.count(b"HTTP/1.1 200 OK") == 2
 
 
+BIG_HEAD = _padded_healthz(MAX_HEADER_BYTES * 4)
+"""A head four times the bound: 431 alone, 200 when it came in the read of the previous body (a
+100,000-byte one in the issue). Small enough for one loopback segment, so that it does."""
+
+
+def _after_a_head(sock: socket.socket) -> None:
+    sock.sendall(healthz() + BIG_HEAD)
+
+
+def _in_the_read_of_the_previous_body(sock: socket.socket) -> None:
+    """The previous request's head alone, then its body and the big head in one send: the
+    gateway reads the body's chunk while it reads a body (after its ``100 Continue``)."""
+    body = b"[]"  # refused once read (400: not an object): an answer that needs the whole body
+    head = chat_request(len(body)).replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")
+    sock.sendall(head)
+    sock.settimeout(CLOSE_WITHIN_S)
+    assert sock.recv(65536).startswith(b"HTTP/1.1 100 ")
+    sock.sendall(body + BIG_HEAD)
+
+
+def _statuses(received: bytes) -> list[int]:
+    return [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", received)]
+
+
+@pytest.mark.parametrize(
+    ("send", "answers"),
+    [
+        pytest.param(_after_a_head, [200], id="in the read of the previous request's whole head"),
+        pytest.param(_in_the_read_of_the_previous_body, [400], id="in the read of the previous request's body"),
+    ],
+)
+def test_a_pipelined_head_over_the_bound_gets_431_after_the_answers_before_it(
+    guarded: str, send: Callable[[socket.socket], None], answers: list[int]
+) -> None:
+    before = closed_count(guarded, "header_too_large")
+    with connect(guarded) as sock:
+        send(sock)
+        received = read_until_closed(sock)
+    assert _statuses(received) == [*answers, 431]
+    assert_error(received[received.index(b"HTTP/1.1 431 ") :], 431, "request_header_too_large")
+    wait_until(lambda: closed_count(guarded, "header_too_large") == before + 1, what="the close counted")
+
+
+def _with_headers(count: int) -> bytes:
+    """A GET /healthz with ``count`` header lines, Host among them."""
+    lines = b"".join(b"X-H%d: v\r\n" % i for i in range(count - 1))
+    return b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines + b"\r\n"
+
+
+def test_a_request_with_more_header_lines_than_the_bound_gets_431(guarded: str) -> None:
+    assert len(_with_headers(MAX_HEADERS + 1)) < MAX_HEADER_BYTES  # the count refuses it, not the bytes
+    before = closed_count(guarded, "header_too_large")
+    with connect(guarded) as sock:
+        sock.sendall(_with_headers(MAX_HEADERS + 1))
+        received = read_until_closed(sock)
+    assert_error(received, 431, "request_header_too_large")
+    assert f"more than {MAX_HEADERS} header lines" in orjson.loads(response(received)[2])["error"]["message"]
+    wait_until(lambda: closed_count(guarded, "header_too_large") == before + 1, what="the close counted")
+
+
+def test_a_request_with_exactly_the_bound_of_header_lines_is_served(guarded: str) -> None:
+    with connect(guarded) as sock:
+        sock.sendall(_with_headers(MAX_HEADERS) + _with_headers(MAX_HEADERS))  # twice: counted per request
+        received = read_until_closed(sock)  # then closed at the keep-alive timeout
+    assert _statuses(received) == [200, 200]
+
+
 def test_unfinished_32_mib_headers_do_not_grow_the_gateway(tmp_path: Path, backend_credential: str) -> None:
     """The issue's figure: four unfinished 32 MiB headers took RSS from 119 to 310 MiB."""
     policy = tmp_path / "policy.yaml"
@@ -448,7 +518,12 @@ class Connection:
 
 def _listener(bound: int) -> Listener:
     limits = ConnectionLimits(
-        header_timeout_s=1, body_timeout_s=1, keepalive_timeout_s=1, max_header_bytes=1024, max_connections=bound
+        header_timeout_s=1,
+        body_timeout_s=1,
+        keepalive_timeout_s=1,
+        max_header_bytes=1024,
+        max_headers=100,
+        max_connections=bound,
     )
     return Listener("api", limits)
 

@@ -240,8 +240,8 @@ def test_trace_log_records_refused_by_a_full_buffer_are_counted(tmp_path: Path, 
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
-        ({"price_per_gpu_hour": -1}, "backends[0].price_per_gpu_hour: must be greater than or equal to 0"),
-        ({"gpus": 0}, "backends[0].gpus: must be greater than 0"),
+        ({"price_per_gpu_hour": -1}, "backends[a].price_per_gpu_hour: must be greater than or equal to 0"),
+        ({"gpus": 0}, "backends[a].gpus: must be greater than 0"),
     ],
     ids=["a negative price is refused", "zero GPUs are refused"],
 )

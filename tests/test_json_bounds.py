@@ -7,6 +7,7 @@ a structural bound before it is parsed, or cheap to parse; the CPU each costs is
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.intake import parse_json_object
-from gateway.json_bounds import check_structure, structure
+from gateway.json_bounds import check_structure, scan, structure
 
 
 def reference(document: Any) -> tuple[int, int, int]:
@@ -46,6 +47,38 @@ def random_document(rng: random.Random, depth: int = 0) -> Any:
 def test_the_scan_agrees_with_a_walk_of_the_parsed_document(seed: int) -> None:
     document = {"model": "m", "x": random_document(random.Random(seed))}
     assert structure(orjson.dumps(document)) == reference(document)
+
+
+def colon_escapes(raw: bytes) -> int:
+    """``\\u003a`` escapes by reading the text as a JSON parser does: escaped backslashes first."""
+    stripped = raw.replace(b"\\\\", b"")
+    return stripped.count(b"\\u003a") + stripped.count(b"\\u003A")
+
+
+def escaped_text(rng: random.Random) -> str:
+    """Text of backslashes, quotes, colons and ``u003a`` look-alikes; ``§`` and ``¤`` become real
+    ``\\u003a`` and ``\\u003A`` escapes in the JSON text (``spelled``)."""
+    pieces = ["x", ":", "\\", '"', "§", "¤", "\\u003a", "\\\\§", "\\\\\\u003A", "é", "[", "}", "u003a"]
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+
+
+def spelled(text: str) -> str:
+    """The sentinels as colon escapes, whether ``json.dumps`` wrote them as is or escaped them."""
+    for sentinel, escape in (("§", "\\u003a"), ("¤", "\\u003A")):
+        text = text.replace(sentinel, escape).replace(f"\\u{ord(sentinel):04x}", escape)
+    return text
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_scan_counts_every_colon_and_colon_escape_of_any_spacing(seed: int) -> None:
+    rng = random.Random(seed)
+    document = {"model": "m", "x": random_document(rng), escaped_text(rng): [escaped_text(rng), {"k": "v"}]}
+    indent = rng.choice([None, 1])
+    raw = spelled(json.dumps(document, indent=indent, ensure_ascii=rng.random() < 0.5)).encode()
+    found = scan(raw)
+    assert (found.depth, found.containers, found.keys) == reference(json.loads(raw))
+    assert found.colons == raw.count(b":")
+    assert found.colon_escapes == colon_escapes(raw)
 
 
 @pytest.mark.parametrize(
@@ -119,3 +152,20 @@ def test_the_bounds_name_the_limit() -> None:
     with pytest.raises(InvalidRequest) as refused:
         check_structure(orjson.dumps({f"k{i}": 1 for i in range(101)}), max_depth=32, max_containers=100, max_keys=100)
     assert "101 object keys; the limit is 100" in refused.value.message
+
+
+def backslash_run(rng: random.Random) -> str:
+    """Escaped backslashes (``\\\\``, up to 12 backslashes), then
+    ``u003a`` as text or as an escape, or another escape, or a letter: always valid JSON."""
+    run = "\\\\" * rng.randint(0, 6)
+    return run + rng.choice(["u003a", "\\u003a", "\\u003A", "u003A", "\\u0030", "x", "\\n"])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_colon_escapes_after_backslash_runs_of_any_length_are_counted_exactly(seed: int) -> None:
+    """An escape is the byte after a backslash run of odd length, whatever the run's length, and
+    whether or not the text also holds an escaped quote."""
+    rng = random.Random(seed)
+    raw = ('{"k": "' + "".join(backslash_run(rng) for _ in range(40)) + '"}').encode()
+    json.loads(raw)  # valid JSON
+    assert scan(raw).colon_escapes == scan(raw[:-2] + b'\\""}').colon_escapes == colon_escapes(raw)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.media import check_media_urls
+from gateway.media import check_media_urls, check_server_url
 from gateway.policy.loader import PolicyError, parse_policy
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
@@ -288,3 +288,40 @@ def test_a_messages_block_naming_a_url_is_held_to_the_allowlist(
     assert allowed.type == "message"
     sent = backend.received[-1].body["messages"][-1]["content"]
     assert sent[-1] == {"type": "image_url", "image_url": {"url": "https://cdn.example.com/images/a.png"}}
+
+
+# --- a tool server's URL: https to a public host ----------------------------------------------
+
+SERVER_URLS = [
+    pytest.param("https://mcp.example.com/sse", None, id="an https URL to a public name"),
+    pytest.param("https://203.0.113.9:8443/mcp", "an address that is not public", id="a documentation address"),
+    pytest.param("https://8.8.8.8/mcp", None, id="a public address"),
+    pytest.param("http://mcp.example.com/sse", "https", id="plain http"),
+    pytest.param("https://169.254.169.254/", "link-local", id="the cloud metadata address"),
+    pytest.param("http://169.254.169.254/latest/meta-data/", "link-local", id="the metadata address over http"),
+    pytest.param("https://[fd00:ec2::254]/", "metadata", id="AWS's IPv6 metadata address"),
+    pytest.param("https://metadata.google.internal/", "metadata host", id="GCP's metadata name"),
+    pytest.param("https://127.0.0.1:8080/", "loopback", id="the engine's own loopback"),
+    pytest.param("https://[::ffff:10.0.0.7]/", "not public", id="a private address mapped into IPv6"),
+    pytest.param("https://10.0.0.7/", "not public", id="a private address"),
+    pytest.param("https://100.64.0.1/", "not public", id="a shared (carrier-grade NAT) address"),
+    pytest.param("https://localhost/", "inside the engine's network", id="localhost"),
+    pytest.param("https://redis:6379/", "inside the engine's network", id="a single-label cluster name"),
+    pytest.param("https://vllm-0.vllm.svc/", "inside the engine's network", id="a Kubernetes service name"),
+    pytest.param("https://api.svc.cluster.local/", "inside the engine's network", id="a cluster-local name"),
+    pytest.param("https://mcp.example.com@169.254.169.254/", "user info", id="user info hiding the real host"),
+    pytest.param("file:///etc/passwd", "scheme", id="a file URL"),
+    pytest.param(5, "must be a string", id="not a string"),
+]
+
+
+@pytest.mark.parametrize(("url", "problem"), SERVER_URLS)
+def test_a_tool_server_must_be_https_to_a_public_host(url: Any, problem: str | None) -> None:
+    if problem is None:
+        check_server_url(url, "tools[0].server_url")
+        return
+    with pytest.raises(InvalidRequest) as refused:
+        check_server_url(url, "tools[0].server_url")
+    assert refused.value.param == "tools[0].server_url"
+    assert refused.value.code == ("invalid_field" if not isinstance(url, str) else "server_url_not_allowed")
+    assert problem in refused.value.message

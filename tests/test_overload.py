@@ -202,8 +202,7 @@ def test_requests_queued_when_every_backend_dies_end_at_once_with_no_healthy_bac
             assert reply.status_code == 503, reply.text
             assert reply.json() == {
                 "error": {
-                    "message": f"No healthy backend serves model '{CHAT_MODEL}' right now "
-                    "(all down or their breakers open).",
+                    "message": "No healthy backend serves this model right now (all down or their breakers open).",
                     "type": "server_error",
                     "param": None,
                     "code": "no_healthy_backend",

@@ -1,4 +1,4 @@
-"""Policy files: every problem is reported as ``<file>: <path>: <problem>``, all at once.
+"""Policy files: every problem is reported as ``<file>:<line>:<column>: <path>: <problem>``, all at once.
 
 Each case edits a copy of the valid test policy (the session gateway's, ``tests/policy_builder.py``)
 and names the one message the loader must give for it.
@@ -7,6 +7,7 @@ and names the one message the loader must give for it.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def add_model(name: str) -> Edit:
 BAD_POLICIES = [
     pytest.param(
         lambda d: d["tenants"][0]["limits"].update(rpm=0),
-        "tenants[0].limits.rpm: must be greater than 0",
+        "tenants[acme].limits.rpm: must be greater than 0",
         id="a zero rate limit is refused with its path",
     ),
     pytest.param(
@@ -55,32 +56,32 @@ BAD_POLICIES = [
     pytest.param(lambda d: d.update(colour="red"), "colour: unknown key", id="an unknown top-level key is refused"),
     pytest.param(
         lambda d: d["backends"][0].update(weight=2),
-        "backends[0].weight: unknown key",
+        "backends[fake].weight: unknown key",
         id="an unknown key inside a backend is refused",
     ),
     pytest.param(
         lambda d: d["tenants"][1].update(limits={"rmp": 10}),
-        "tenants[1].limits.rmp: unknown key",
+        "tenants[globex].limits.rmp: unknown key; did you mean 'rpm'?",
         id="a misspelt limit is refused, not ignored",
     ),
     pytest.param(
         lambda d: d["backends"][0]["models"].append("test/nope"),
-        "backends[0].models[2]: unknown model 'test/nope' (declare it under models)",
+        "backends[fake].models[2]: unknown model 'test/nope' (declare it under models)",
         id="a backend serving an undeclared model is refused",
     ),
     pytest.param(
         lambda d: d["tenants"][1]["models"].append("test/nope"),
-        "tenants[1].models[1]: unknown model 'test/nope'",
+        "tenants[globex].models[1]: unknown model 'test/nope'",
         id="a tenant allowed an undeclared model is refused",
     ),
     pytest.param(
         lambda d: d["tenants"][0].update(default_class="gold"),
-        "tenants[0].default_class: unknown class 'gold'",
+        "tenants[acme].default_class: unknown class 'gold'",
         id="a tenant with an undeclared class is refused",
     ),
     pytest.param(
         add_model("test/orphan"),
-        "models[2]: no backend serves 'test/orphan'",
+        "models[test/orphan]: no backend serves 'test/orphan'",
         id="a model that no backend serves is refused",
     ),
     pytest.param(
@@ -100,7 +101,7 @@ BAD_POLICIES = [
     ),
     pytest.param(
         lambda d: d["tenants"][1].update(key_hashes=d["tenants"][0]["key_hashes"]),
-        "tenants[1].key_hashes[0]: already a key of tenant 'acme'",
+        "tenants[globex].key_hashes[0]: already a key of tenant 'acme'",
         id="one key for two tenants is refused",
     ),
     pytest.param(
@@ -110,19 +111,19 @@ BAD_POLICIES = [
     ),
     pytest.param(
         lambda d: d["tenants"][0].update(key_hashes=[KEY_ACME]),
-        "tenants[0].key_hashes: must be 'sha256:' followed by 64 lowercase hex digits "
+        "tenants[acme].key_hashes: must be 'sha256:' followed by 64 lowercase hex digits "
         "(make one with `inference-gateway keys hash`); never a raw key",
         id="a raw key instead of its hash is refused",
     ),
     pytest.param(
         lambda d: d["tenants"][0].update(key_hashes=[hash_api_key(KEY_ACME).upper()]),
-        "tenants[0].key_hashes: must be 'sha256:' followed by 64 lowercase hex digits "
+        "tenants[acme].key_hashes: must be 'sha256:' followed by 64 lowercase hex digits "
         "(make one with `inference-gateway keys hash`); never a raw key",
         id="an uppercase hash is refused",
     ),
     pytest.param(
         lambda d: d["models"][0].update(default_max_tokens=64),
-        "models[0].default_max_tokens: must not exceed max_output_tokens",
+        "models[test/chat].default_max_tokens: must not exceed max_output_tokens",
         id="a default max_tokens over the model's cap is refused",
     ),
     pytest.param(lambda d: d.pop("version"), "version: is required", id="a policy without a version is refused"),
@@ -133,7 +134,7 @@ BAD_POLICIES = [
     ),
     pytest.param(
         lambda d: d["backends"][0].update(kind="tgi"),
-        "backends[0].kind: must be 'vllm', 'sglang', 'llamacpp', 'openai' or 'sim'",
+        "backends[fake].kind: must be 'vllm', 'sglang', 'llamacpp', 'openai' or 'sim'",
         id="an unknown backend kind is refused",
     ),
     pytest.param(
@@ -148,7 +149,7 @@ BAD_POLICIES = [
     ),
     pytest.param(
         lambda d: d["tenants"][0].update(models=[]),
-        "tenants[0].models: must have at least 1 item after validation, not 0",
+        "tenants[acme].models: must have at least 1 item after validation, not 0",
         id="a tenant with no models is refused",
     ),
     pytest.param(
@@ -164,7 +165,7 @@ def test_a_bad_policy_is_refused_with_file_path_and_problem(edit: Edit, problem:
     with pytest.raises(PolicyError) as caught:
         parse_policy(edited(edit), SOURCE)
     assert caught.value.problems == [problem]
-    assert str(caught.value) == f"{SOURCE}: {problem}"
+    assert re.fullmatch(rf"{re.escape(SOURCE)}:\d+:\d+: {re.escape(problem)}", str(caught.value))
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -175,8 +176,9 @@ def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(PolicyError) as caught:
         parse_policy(edited(edit), SOURCE)
     lines = str(caught.value).splitlines()
-    assert f"{SOURCE}: tenants[0].limits.rpm: must be greater than 0" in lines
-    assert any(line.startswith(f"{SOURCE}: tenants[1].key_hashes: must be 'sha256:'") for line in lines)
+    at = rf"{re.escape(SOURCE)}:\d+:\d+: "
+    assert any(re.fullmatch(rf"{at}tenants\[acme\]\.limits\.rpm: must be greater than 0", line) for line in lines)
+    assert any(re.match(rf"{at}tenants\[globex\]\.key_hashes: must be 'sha256:'", line) for line in lines)
     assert len(lines) == 2
 
 
@@ -191,7 +193,8 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_a_file_that_is_not_a_policy_document_is_refused(text: str, problem: str) -> None:
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, SOURCE)
-    assert str(caught.value).startswith(f"{SOURCE}: {problem}")
+    assert str(caught.value).startswith(f"{SOURCE}:1:")
+    assert caught.value.problems[0].startswith(problem)
 
 
 def test_a_missing_file_is_reported_with_its_name(tmp_path: Path) -> None:

@@ -122,12 +122,12 @@ SDK_ERRORS = [
     pytest.param(
         SdkError(
             lambda c: chat(c.with_options(api_key=KEY_GLOBEX), model=OTHER_MODEL),
-            openai.PermissionDeniedError,
-            403,
-            "model_not_allowed",
-            "not allowed to use model 'test/other'",
+            openai.NotFoundError,
+            404,
+            "model_not_found",
+            "does not exist or you do not have access to it",
         ),
-        id="a model the tenant may not use raises PermissionDeniedError",
+        id="a model the tenant may not use raises NotFoundError, as an unknown one",
     ),
     pytest.param(
         SdkError(
@@ -141,7 +141,7 @@ SDK_ERRORS = [
             openai.NotFoundError,
             404,
             "model_not_found",
-            "'no/such-model' does not exist",
+            "`no/such-model` does not exist",
         ),
         id="an unknown embeddings model raises NotFoundError",
     ),

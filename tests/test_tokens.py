@@ -19,15 +19,49 @@ MEDIA = MediaTokens(image_url=100, input_audio=200, video_url=300, file=400)
     [
         pytest.param("", 0, id="nothing"),
         pytest.param("x" * 400, 100, id="ASCII: four characters a token"),
+        pytest.param("word " * 80, 100, id="English words: four characters a token, more than their pieces"),
         pytest.param("漢" * 100, 100, id="CJK: a token a character, not a quarter"),
         pytest.param("かな" * 50, 100, id="kana: a token a character"),
         pytest.param("я" * 80, 50, id="Cyrillic: five eighths of a token a character"),
-        pytest.param("🙂" * 8, 11, id="emoji: eleven eighths of a token each"),
+        pytest.param("é" * 80, 110, id="accented Latin: three quarters of a token more"),
+        pytest.param("🙂" * 8, 32, id="emoji: four tokens each, a token a byte"),
         pytest.param("\ud800", 1, id="a lone surrogate is counted, not an error"),
     ],
 )
 def test_text_costs_by_script(text: str, tokens: int) -> None:
     assert ESTIMATE.count(text) == tokens
+
+
+# Text built to look cheap to a character count: each is at least as many tokens as it has
+# pre-tokenizer pieces in every byte-level BPE vocabulary (Llama 3, Qwen, Tekken, o200k), and
+# these pieces are one token each there; the estimate charges every piece (real counts for all
+# four vocabularies: loadtests/results/estimator/bound.txt).
+@pytest.mark.parametrize(
+    ("text", "pieces"),
+    [
+        pytest.param("a " * 1000 + "a", 1001, id="single-letter words: a token a word, not half"),
+        pytest.param("a\n" * 1000 + "a", 2001, id="letters on lines: newlines are not joined to words"),
+        pytest.param("ab " * 1000 + "ab", 1001, id="two-letter words"),
+        pytest.param("a  " * 1000 + "a", 2001, id="two spaces: the first is a piece of its own"),
+        pytest.param("1 " * 1000 + "1", 2001, id="spaced digits: digits take no space"),
+        pytest.param("1234567890" * 100, 1000, id="a long number: a digit a token in Qwen and Tekken"),
+        pytest.param("!," * 1000, 2000, id="punctuation: a mark a token at most"),
+        pytest.param("a^" * 1000, 2000, id="a rare mark before a letter is not merged with it"),
+        pytest.param("a1" * 1000, 2000, id="letters and digits"),
+        pytest.param("a\t" * 1000, 2000, id="tabs"),
+        pytest.param("“a” " * 1000, 4000, id="curly quotes: a symbol and the letter it splits off"),
+        pytest.param("你 " * 1000 + "你", 2000, id="spaced CJK: the space is a token of its own"),
+    ],
+)
+def test_text_made_to_look_cheap_costs_at_least_its_pieces(text: str, pieces: int) -> None:
+    assert ESTIMATE.count(text) >= pieces
+
+
+def test_a_mixture_of_long_words_and_single_letters_costs_more_than_either_count_alone() -> None:
+    # 500 words of 12 letters (3 tokens each for the vocabularies' rare words) then 1,000 single
+    # letters: characters say 2,062, pieces 1,500; the long runs add 500
+    text = "abcdefghijkl " * 500 + "a " * 1000
+    assert ESTIMATE.count(text) >= 2000
 
 
 def chat(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -53,8 +87,8 @@ USER = {"role": "user", "content": "x" * 40}  # 10 tokens
         ),
         pytest.param(
             chat(USER, {"role": "user", "content": [{"type": "text", "text": "y" * 40}, "z" * 40]}),
-            MESSAGE_OVERHEAD_TOKENS + 20,
-            id="text parts",
+            MESSAGE_OVERHEAD_TOKENS + 21,
+            id="text parts, joined by a newline as chat templates join them",
         ),
         pytest.param(
             chat(

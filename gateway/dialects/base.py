@@ -14,7 +14,8 @@ The members, in the order a request meets them:
 
 * identity: ``name`` (metric label), ``path`` (route and upstream path), ``operation``
   (the trace's GenAI operation);
-* the body: ``fields`` and ``screen`` (what a client may send), ``stream_flags``,
+* the body: ``fields`` and ``screen`` (what a client may send, with the tenant's opt-ins:
+  ``allowlists.EngineGrants``), ``stream_flags``,
   ``output_aliases`` and ``prompt_tokens`` (what validation reads into the request),
   ``prompt_field`` (where its prompt is, named in errors);
 * routing: ``render`` (the canonical prompt the prefix keys hash);
@@ -53,6 +54,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.dialects.allowlists import EngineGrants
 from gateway.errors import GatewayError
 from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
@@ -221,12 +223,14 @@ class Dialect(Protocol):
         ``output_aliases``); None exactly when ``output_aliases`` is empty."""
         ...
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         """Refuse what ``body`` may not carry, drop what the gateway owns; True when a field was dropped.
 
         First check of the body, before the model is looked up: unknown fields (400
-        ``unsupported_field``, ``body_fields.screen_fields``), then the nested objects this API
-        gives their own rules (``stream_options``, template switches, media URLs). Raises
+        ``unsupported_field``, ``body_fields.screen_fields``), the engine features no token bound
+        limits (``engine_fields.check_engine_fields``), then the nested objects this API gives
+        their own rules (``stream_options``, template switches, content-part types and tool types
+        beyond what the tenant's ``grants`` allow (``allowlists.py``), media URLs). Raises
         ``InvalidRequest``."""
         ...
 

@@ -3,8 +3,11 @@
 * **Fields**: the OpenAI chat request's, the engines' sampling and structured-output extras
   (``body_fields.SAMPLING_EXTRAS``), the chat-only engine switches (``CHAT_EXTRAS``: prefill,
   reasoning, template switches) and every output-length alias.
-* **Nested rules**: ``stream_options`` (``body_fields.check_stream_options``); media URLs in
-  content parts (``gateway/media.py``); ``chat_template_kwargs`` carries template switches
+* **Nested rules**: the engine features' bounds (``stop``, ``logit_bias``, ``bad_words``, ...:
+  ``engine_fields.py``); ``stream_options`` (``body_fields.check_stream_options``); content-part
+  types (``allowlists.CHAT_PARTS``) and media URLs in content parts (``gateway/media.py``);
+  function tools only, unless the tenant opted into others (``allowlists.CHAT_TOOLS``, also in
+  ``tool_choice``); ``chat_template_kwargs`` carries template switches
   (``enable_thinking``, ``reasoning_effort``, ...): scalars or short lists of them, never a
   ``chat_template`` (what vLLM refuses without ``--trust-request-chat-template``, enforced here
   whatever the engine's flag) nor a key the renderer sets itself (``messages``, ``tools``,
@@ -47,8 +50,10 @@ from gateway.body_fields import (
     screen_fields,
     shown,
 )
+from gateway.dialects.allowlists import CHAT_PARTS, CHAT_TOOLS, EngineGrants, check_items_parts, check_tools_allowed
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.counts import at_most
+from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
     every_kind,
@@ -105,6 +110,8 @@ TEMPLATE_RENDERER_KEYS = frozenset(
 )  # fmt: skip
 MAX_SWITCH_CHARS = 256
 MAX_SWITCH_ITEMS = 16
+CONTENT = ("content",)
+"""Where a chat message holds content parts."""
 
 
 @final
@@ -136,11 +143,14 @@ class ChatDialect:
     def output_field(self, kind: BackendKind) -> str | None:
         return OUTPUT_FIELD[kind]
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(FIELDS, body, limits)
+        check_engine_fields(body, limits)
         check_stream_options(body.get("stream_options"))
         check_template_kwargs(body.get("chat_template_kwargs"))
+        check_items_parts(body.get("messages"), "messages", CHAT_PARTS, grants, CONTENT)
         check_media_urls(body.get("messages"), limits.media_url_allowlist)
+        check_tools_allowed(body, CHAT_TOOLS, grants, limits.max_tools)
         return stripped
 
     def stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:

@@ -2,8 +2,10 @@
 
 * **Fields**: the OpenAI completions request's, the engines' sampling and structured-output
   extras (``body_fields.SAMPLING_EXTRAS``) and every output-length alias.
-* **Nested rules**: ``stream_options`` (``body_fields.check_stream_options``).
-* **Prompt**: ``prompt``, text or token ids (``gateway/dialects/text_prompt.py``).
+* **Nested rules**: the engine features' bounds (``stop``, ``logit_bias``, ``logprobs``, ...:
+  ``engine_fields.py``); ``stream_options`` (``body_fields.check_stream_options``).
+* **Prompt**: ``prompt``, text or token ids (``gateway/dialects/text_prompt.py``); nothing else
+  (vLLM's ``prompt_embeds``, tensors the engine loads as they come, is not a field here).
 * **Rendering for prefix keys**: the text as is, token ids as their 4-byte array; a
   continuation (prompt plus partial answer) extends the original's.
 * **Output bound**: vLLM, SGLang, OpenAI and the simulator obey ``max_tokens``, llama.cpp
@@ -21,6 +23,8 @@ from collections.abc import Mapping
 from typing import Any, final
 
 from gateway.body_fields import OUTPUT_LENGTH_ALIASES, SAMPLING_EXTRAS, check_stream_options, screen_fields
+from gateway.dialects.allowlists import EngineGrants
+from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
     every_kind,
@@ -87,8 +91,9 @@ class CompletionsDialect:
     def output_field(self, kind: BackendKind) -> str | None:
         return OUTPUT_FIELD[kind]
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(FIELDS, body, limits)
+        check_engine_fields(body, limits)
         check_stream_options(body.get("stream_options"))
         return stripped
 

@@ -14,6 +14,8 @@ and tokenizes that prompt, and answers ``{"input_tokens": N, "context_management
 * **Fields**: ``model``, ``messages``, ``system``, ``tools``, ``tool_choice``, ``thinking``
   (Anthropic's count request; vLLM ignores ``thinking``) and vLLM's ``chat_template_kwargs``.
   No ``max_tokens``: nothing is generated. ``stream`` only to be refused when true.
+* **Nested rules**: the Messages request's (``messages.check_messages_content``: block types,
+  media URLs, custom tools unless the tenant opted into server tools, template switches).
 * **Prompt**: the Messages request's structure checks and estimate (``MESSAGES.prompt_tokens``:
   ``limits.max_messages`` messages, ``max_content_parts`` blocks, ``max_tools`` tools, by length
   before any text is read; every text, tool inputs and definitions, media at the policy's charge).
@@ -37,10 +39,9 @@ from collections.abc import Mapping
 from typing import Any, final
 
 from gateway.body_fields import screen_fields
-from gateway.dialects.chat import check_template_kwargs
-from gateway.dialects.messages import MESSAGES
+from gateway.dialects.allowlists import EngineGrants
+from gateway.dialects.messages import MESSAGES, check_messages_content
 from gateway.dialects.tokenize import WholeAnswerOnly, never_streamed
-from gateway.media import check_block_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
 
@@ -74,10 +75,9 @@ class CountTokensDialect(WholeAnswerOnly):
     error_body = staticmethod(MESSAGES.error_body)
     error_event = staticmethod(MESSAGES.error_event)
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(COUNT_TOKENS_FIELDS, body, limits)
-        check_template_kwargs(body.get("chat_template_kwargs"))
-        check_block_urls(body.get("messages"), limits.media_url_allowlist)  # vLLM fetches media to count
+        check_messages_content(body, limits, grants)  # Messages' rules: vLLM fetches media to count
         return stripped
 
     def stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any, final
 
 from gateway.body_fields import check_stream_options, screen_fields
+from gateway.dialects.allowlists import EngineGrants
+from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
     every_kind,
@@ -71,8 +73,9 @@ class EmbeddingsDialect:
     def output_field(self, kind: BackendKind) -> str | None:
         return None
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(FIELDS, body, limits)
+        check_engine_fields(body, limits)
         check_stream_options(body.get("stream_options"))
         return stripped
 

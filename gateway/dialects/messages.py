@@ -4,6 +4,11 @@
   ``system``, ``tools``, ``tool_choice``, ``stop_sequences``, sampling, ``thinking``,
   ``metadata``, ...; ``service_tier`` is the gateway's, dropped as everywhere) and vLLM's
   extras (``chat_template_kwargs``, ``output_config``).
+* **Nested rules** (``check_messages_content``, shared with token counting): ``stop_sequences``
+  and ``metadata`` bounded (``engine_fields.py``); block types (``allowlists.MESSAGES_BLOCKS``,
+  inside a ``tool_result`` ``TOOL_RESULT_BLOCKS``, ``system`` text only) and media URLs; custom
+  tools only, unless the tenant opted into Anthropic's server tools (``web_search_20250305``, ...:
+  ``allowlists.MESSAGES_TOOLS``). All on the client's body, before a translation to chat.
 * **Prompt**: ``system`` (a string or text blocks) and ``messages``, each a string or content
   blocks (``text``, ``image``, ``document``, ``tool_use``, ``tool_result``, ``thinking``): at most
   ``limits.max_messages`` messages, ``max_content_parts`` blocks each and ``max_tools`` tools,
@@ -16,11 +21,12 @@
   Messages request has no ``cache_salt`` and no ``priority`` (``AnthropicMessagesRequest``
   ignores both): passed through, a request would reach the engine unsalted, and could reuse
   (and time) another cache scope's blocks. So a request is passed through only to a backend
-  whose kind serves Messages natively (``NATIVE_KINDS``), that no two cache scopes reach
-  (``PolicySnapshot.multi_scope_backends``), and that does not take the class as the engine's
-  priority; everywhere else it is translated to chat completions and its answer back
-  (``gateway/dialects/messages_chat.py``), which carries the salt and the priority. The cache
-  key is a security boundary: a translation costs a little CPU, a passthrough would cost it.
+  whose kind serves Messages natively (``NATIVE_KINDS``), that no two cache scopes reach by
+  any path, model groups included (``PolicySnapshot.multi_scope_backends``), and that does not
+  take the class as the engine's priority; everywhere else it is translated to chat
+  completions and its answer back (``gateway/dialects/messages_chat.py``), which carries the
+  salt and the priority. The cache key is a security boundary: a translation costs a little
+  CPU, a passthrough would cost it.
 * **Stream**: typed events under SSE ``event:`` names (``message_start``,
   ``content_block_start``, ``content_block_delta``, ``content_block_stop``, ``message_delta``,
   ``message_stop``), no ``[DONE]``. Deltas time TTFT and the gaps (text, tool input, thinking);
@@ -40,6 +46,7 @@ from typing import Any, final
 import orjson
 
 from gateway.body_fields import screen_fields
+from gateway.dialects.allowlists import MESSAGES_TOOLS, EngineGrants, check_blocks, check_tools_allowed
 from gateway.dialects.base import (
     FIELD_SEPARATOR,
     NO_OUTPUT,
@@ -50,12 +57,13 @@ from gateway.dialects.base import (
 )
 from gateway.dialects.chat import check_template_kwargs, check_tools
 from gateway.dialects.counts import at_most
+from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT
 from gateway.dialects.openai_answers import every_kind, no_answer_id, no_previous_id, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.media import check_block_urls
 from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator, json_tokens
+from gateway.tokens import TokenEstimator, json_text, json_tokens
 
 FIELDS = frozenset(
     {
@@ -117,10 +125,9 @@ class MessagesDialect:
             return None
         return MESSAGES_VIA_CHAT
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(FIELDS, body, limits)
-        check_template_kwargs(body.get("chat_template_kwargs"))
-        check_block_urls(body.get("messages"), limits.media_url_allowlist)
+        check_messages_content(body, limits, grants)
         if body.get("max_tokens") is None:
             raise InvalidRequest("'max_tokens' is required.", param="max_tokens")
         return stripped
@@ -136,6 +143,8 @@ class MessagesDialect:
         check_tools(body, limits.max_tools, ("tools",))
         tools = body.get("tools")
         system = _system(body)
+        if isinstance(system, list):
+            at_most(system, limits.max_content_parts, "system", "blocks", "too_many_content_parts")
         media = limits.media_tokens
         total = 0
         if system:
@@ -193,6 +202,17 @@ class MessagesDialect:
 
 
 MESSAGES = MessagesDialect()
+
+
+def check_messages_content(body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> None:
+    """What Messages and its token counting check past the allowlist: the engine features
+    (``stop_sequences``, ``metadata``), template switches, block types (``allowlists.check_blocks``)
+    and media URLs, custom tools only unless the tenant opted into server tools."""
+    check_engine_fields(body, limits)
+    check_template_kwargs(body.get("chat_template_kwargs"))
+    check_blocks(body.get("messages"), body.get("system"), grants)
+    check_block_urls(body.get("messages"), limits.media_url_allowlist)
+    check_tools_allowed(body, MESSAGES_TOOLS, grants, limits.max_tools)
 
 
 def messages_usage(usage: Any) -> dict[str, Any] | None:
@@ -255,6 +275,10 @@ def _check_messages(messages: list[Any], limits: RequestLimits) -> None:
                         f"messages[{i}].content[{j}] must be a content block with a 'type'.",
                         param=f"messages[{i}].content[{j}]",
                     )
+                inner = block.get("content") if block["type"] == "tool_result" else None
+                if isinstance(inner, list):
+                    where = f"messages[{i}].content[{j}].content"
+                    at_most(inner, limits.max_content_parts, where, "blocks", "too_many_content_parts")
         elif not isinstance(content, str):
             raise InvalidRequest(
                 f"messages[{i}].content must be a string or an array of content blocks.",
@@ -263,8 +287,19 @@ def _check_messages(messages: list[Any], limits: RequestLimits) -> None:
 
 
 def _content_tokens(content: Any, estimator: TokenEstimator, image: int, file: int) -> int:
+    """A message's (or the system prompt's) tokens: its texts counted as one text joined by
+    newlines (``tokens.parts_tokens`` says why: one count, not one per block), media at its charge."""
+    texts: list[str] = []
+    total = _block_charges(content, texts, image, file)
+    return total + (estimator.count("\n".join(texts)) if texts else 0)
+
+
+def _block_charges(content: Any, texts: list[str], image: int, file: int) -> int:
+    """The media charges of ``content``'s blocks; their texts (tool inputs and unknown blocks as
+    JSON, as templates render them) appended to ``texts``."""
     if isinstance(content, str):
-        return estimator.count(content)
+        texts.append(content)
+        return 0
     if not isinstance(content, list):
         return 0
     total = 0
@@ -277,12 +312,13 @@ def _content_tokens(content: Any, estimator: TokenEstimator, image: int, file: i
         elif kind == "document":
             total += file
         elif kind == "tool_use":
-            total += estimator.count(str(block.get("name") or "")) + json_tokens(block.get("input"), estimator)
+            texts.append(str(block.get("name") or ""))
+            texts.append(json_text(block.get("input")))
         elif kind == "tool_result":
-            total += _content_tokens(block.get("content"), estimator, image, file)
+            total += _block_charges(block.get("content"), texts, image, file)
         else:
             text = block.get("text") if kind != "thinking" else block.get("thinking")
-            total += estimator.count(text) if isinstance(text, str) else json_tokens(block, estimator)
+            texts.append(text if isinstance(text, str) else json_text(block))
     return total
 
 

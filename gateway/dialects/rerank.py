@@ -10,8 +10,9 @@ rerank is Jina's and Cohere's shape, score vLLM's own.
   ``documents`` or ``items``, ``text_1`` with ``text_2``, ``data_1`` with ``data_2``, each side
   one input or a list, paired 1:1, 1:N or N:N (a longer first side must match the second's
   length). Both take vLLM's scoring options (``SCORING_OPTIONS``); ``chat_template_kwargs``
-  carries template switches only (``chat.check_template_kwargs``), media URLs in parts must be
-  on the allowlist (``gateway/media.py``).
+  carries template switches only (``chat.check_template_kwargs``), parts are vLLM's score parts
+  (``allowlists.SCORING_PARTS``: text, image, video; ``image_embeds`` for a tenant that opted in)
+  and their media URLs must be on the allowlist (``gateway/media.py``).
 * **Bounds, by length before any text is read**: at most ``limits.max_messages`` documents,
   items or inputs per side (400 ``too_many_messages``), ``max_content_parts`` parts per input.
 * **Prompt estimate**: the engine scores each (query, document) pair as one prompt, so every
@@ -47,6 +48,7 @@ from typing import Any, final
 import orjson
 
 from gateway.body_fields import screen_fields
+from gateway.dialects.allowlists import SCORING_PARTS, EngineGrants, check_parts
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.chat import check_template_kwargs
 from gateway.dialects.counts import at_most
@@ -115,6 +117,17 @@ def score_inputs(value: Any, field: str, limits: RequestLimits, *, many: bool = 
             )
         at_most(content, limits.max_content_parts, f"{param}.content", "parts", "too_many_content_parts")
     return items
+
+
+def check_inputs_parts(value: Any, field: str, grants: EngineGrants) -> None:
+    """400 ``content_part_not_allowed`` for the first part of an object input that is not one of
+    vLLM's score parts (``allowlists.SCORING_PARTS``: text, image and video; ``image_embeds`` by
+    the tenant's opt-in), named by its place in ``field``."""
+    listed = isinstance(value, list)
+    for i, item in enumerate(value if listed else [value]):
+        if isinstance(item, dict) and isinstance(item.get("content"), list):
+            where = f"{field}[{i}]" if listed else field
+            check_parts(item["content"], f"{where}.content", SCORING_PARTS, grants)
 
 
 def check_inputs_media(value: Any, field: str, allowlist: tuple[str, ...]) -> None:
@@ -199,10 +212,11 @@ class RerankDialect(WholeAnswerOnly):
     serves = staticmethod(_serves_rerank)
     answer_usage = staticmethod(pooling_usage)
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(RERANK_FIELDS, body, limits)
         _check_options(body)
         for field in ("query", "documents"):
+            check_inputs_parts(body.get(field), field, grants)
             check_inputs_media(body.get(field), field, limits.media_url_allowlist)
         return stripped
 
@@ -263,10 +277,11 @@ class ScoreDialect(WholeAnswerOnly):
     serves = staticmethod(_serves_score)
     answer_usage = staticmethod(pooling_usage)
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(SCORE_FIELDS, body, limits)
         _check_options(body)
         for field in SCORE_SIDES:
+            check_inputs_parts(body.get(field), field, grants)
             check_inputs_media(body.get(field), field, limits.media_url_allowlist)
         return stripped
 

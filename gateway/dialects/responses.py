@@ -4,6 +4,11 @@
   ``tools``, ``previous_response_id``, ``store``, ...). ``background`` is not among them: a
   background response is polled later on the one engine that holds it, which the gateway does
   not route (400 ``unsupported_field``).
+* **Nested rules**: the engine features' bounds (``include``, ``metadata``, ``top_logprobs``:
+  ``engine_fields.py``); content-part types (``allowlists.RESPONSES_PARTS``, in a message's
+  ``content`` and a function call output's ``output``) and their media URLs; function tools only,
+  unless the tenant opted into built-in ones (``web_search_preview``, ``mcp``, ...:
+  ``allowlists.RESPONSES_TOOLS``, also in ``tool_choice``), an ``mcp`` server https to a public host.
 * **Prompt**: ``instructions`` plus ``input``, a string or a list of items (messages whose
   content is a string or a list of parts; function calls and their outputs), at most
   ``limits.max_messages`` items, ``max_content_parts`` parts each and ``max_tools`` tools, all
@@ -34,12 +39,20 @@ from typing import Any, final
 import orjson
 
 from gateway.body_fields import screen_fields
+from gateway.dialects.allowlists import (
+    RESPONSES_PARTS,
+    RESPONSES_TOOLS,
+    EngineGrants,
+    check_items_parts,
+    check_tools_allowed,
+)
 from gateway.dialects.base import FIELD_SEPARATOR, NO_OUTPUT, OUTPUT, ChunkReading, render_conversation
 from gateway.dialects.chat import check_tools
 from gateway.dialects.counts import at_most
+from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import every_kind, no_translation, openai_error_body, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.media import check_media_urls
+from gateway.media import check_media_urls, check_parts_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator, json_tokens
 
@@ -65,6 +78,8 @@ OUTPUT_EVENTS = frozenset(
 """Events that carry generated output: their arrival times TTFT and the inter-token gaps."""
 FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
 TEXT_PART_TYPES = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
+PART_LISTS = ("content", "output")
+"""Where an input item holds content parts: a message's ``content``, a function call output's ``output``."""
 
 
 @final
@@ -89,9 +104,14 @@ class ResponsesDialect:
     def output_field(self, kind: BackendKind) -> str | None:
         return "max_output_tokens"
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(FIELDS, body, limits)
-        check_media_urls(body.get("input"), limits.media_url_allowlist, "input")  # input_image, input_file parts
+        check_engine_fields(body, limits)
+        items = body.get("input")
+        check_items_parts(items, "input", RESPONSES_PARTS, grants, PART_LISTS)
+        check_media_urls(items, limits.media_url_allowlist, "input")  # input_image, input_file parts
+        _check_output_urls(items, limits.media_url_allowlist)
+        check_tools_allowed(body, RESPONSES_TOOLS, grants, limits.max_tools)
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
@@ -228,26 +248,45 @@ def _check_items(items: list[Any], limits: RequestLimits) -> None:
             raise InvalidRequest(f"input[{i}].content must be a string or an array.", param=f"input[{i}].content")
 
 
+def _check_output_urls(items: Any, allowlist: tuple[str, ...]) -> None:
+    """The media rule over a function call output given as parts (``input[i].output``)."""
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and isinstance(item.get("output"), list):
+                check_parts_urls(item["output"], f"input[{i}].output", allowlist)
+
+
 def _item_tokens(item: dict[str, Any], estimator: TokenEstimator, image: int, file: int) -> int:
-    total = 0
-    content = item.get("content")
-    if isinstance(content, str):
-        total += estimator.count(content)
-    elif isinstance(content, list):
-        for part in content:
-            if not isinstance(part, dict):
-                continue
-            kind = part.get("type")
-            if kind == "input_image":
-                total += image
-            elif kind == "input_file":
-                total += file
-            elif isinstance(part.get("text"), str):
-                total += estimator.count(part["text"])
+    """An input item's tokens: its texts counted as one text joined by newlines (one count, not
+    one per part: ``tokens.parts_tokens``), images and files at their charge. A function call's
+    output given as parts is counted as content is."""
+    texts: list[str] = []
+    total = _parts_charges(item.get("content"), texts, image, file)
     for key in ("name", "arguments", "output"):  # function calls and their outputs
         value = item.get(key)
         if isinstance(value, str):
-            total += estimator.count(value)
+            texts.append(value)
+        elif key == "output":
+            total += _parts_charges(value, texts, image, file)
+    return total + (estimator.count("\n".join(texts)) if texts else 0)
+
+
+def _parts_charges(content: Any, texts: list[str], image: int, file: int) -> int:
+    """The media charges of ``content``'s parts; their texts appended to ``texts``."""
+    if isinstance(content, str):
+        texts.append(content)
+        return 0
+    total = 0
+    for part in content if isinstance(content, list) else ():
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind == "input_image":
+            total += image
+        elif kind == "input_file":
+            total += file
+        elif isinstance(part.get("text"), str):
+            texts.append(part["text"])
     return total
 
 

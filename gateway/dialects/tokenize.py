@@ -15,8 +15,10 @@ vLLM serves both at the root (not under ``/v1``): ``vllm/entrypoints/serve/token
   would ignore it silently). ``chat_template`` is refused as on chat (``body_fields``);
   ``mm_processor_kwargs`` and ``media_io_kwargs`` only when the policy lists them
   (``limits.extra_body_fields``). The chat form follows chat's rules: template switches only in
-  ``chat_template_kwargs``, media URLs on the allowlist, ``limits.max_messages`` messages,
-  ``max_content_parts`` parts, ``max_tools`` tools, all by length before any text is read.
+  ``chat_template_kwargs``, chat's content-part types and function tools
+  (``gateway/dialects/allowlists.py``, with the tenant's opt-ins), media URLs on the allowlist,
+  ``limits.max_messages`` messages, ``max_content_parts`` parts, ``max_tools`` tools, all by
+  length before any text is read.
 * **Detokenize fields**: ``tokens``, a list of token ids (integers of at least 0), at most
   ``model.max_prompt_tokens`` of them: a longer list is refused as ``prompt_too_long`` before
   an item is read.
@@ -43,7 +45,8 @@ from collections.abc import Mapping
 from typing import Any, final
 
 from gateway.body_fields import screen_fields
-from gateway.dialects.chat import CHAT, check_template_kwargs, render_chat
+from gateway.dialects.allowlists import CHAT_PARTS, CHAT_TOOLS, EngineGrants, check_items_parts, check_tools_allowed
+from gateway.dialects.chat import CHAT, CONTENT, check_template_kwargs, render_chat
 from gateway.dialects.openai_answers import (
     no_answer_id,
     no_previous_id,
@@ -133,10 +136,12 @@ class TokenizeDialect(WholeAnswerOnly):
     prompt_field = "prompt"
     serves = staticmethod(serves_tokenizer)
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(TOKENIZE_FIELDS, body, limits)
         check_template_kwargs(body.get("chat_template_kwargs"))
+        check_items_parts(body.get("messages"), "messages", CHAT_PARTS, grants, CONTENT)  # vLLM parses them as chat's
         check_media_urls(body.get("messages"), limits.media_url_allowlist)
+        check_tools_allowed(body, CHAT_TOOLS, grants, limits.max_tools)
         return stripped
 
     def stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:
@@ -188,7 +193,7 @@ class DetokenizeDialect(WholeAnswerOnly):
     prompt_field = "tokens"
     serves = staticmethod(serves_tokenizer)
 
-    def screen(self, body: dict[str, Any], limits: RequestLimits) -> bool:
+    def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         return screen_fields(DETOKENIZE_FIELDS, body, limits)
 
     def stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:

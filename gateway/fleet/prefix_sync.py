@@ -29,10 +29,13 @@ intervals behind the fleet. When Redis is unreachable, each process routes on wh
 seen (its own decisions keep going in), drops its batches (counted) and tries again every
 second; nothing else depends on it.
 
-Tenant isolation is untouched: the hashes are those of ``prefix_keys``, seeded with the
-tenant's cache scope, so a decision can only ever match a request of the same scope. Only
+Tenant isolation is untouched: the hashes are those of ``prefix_keys``, seeded with a root of
+the tenant's cache scope, so a decision can only ever match a request of the same scope. Only
 processes with the same cache-salt secret share a stream (its key carries a digest of the
-secret): with another secret, a tenant's blocks are another entry in the engines' caches.
+secret): with another secret, a tenant's blocks are another entry in the engines' caches, and
+other chains (the secret keys their roots). The blocks are sealed with that secret
+(``prefix_wire.py``): whoever reads the stream without it learns model and backend names and
+prompt sizes, never a hash to check a guessed prompt against.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from gateway.clock import Clock
 from gateway.fleet.prefix_wire import Decision, MalformedEntry, decode, encode, origin_of
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import PrefixLearner, Router, RoutingDecision
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.telemetry import Metrics
 from gateway.types import InferenceRequest
 
@@ -76,6 +80,7 @@ class PrefixSync:
         key: str,
         origin: str,
         routers: Callable[[], Mapping[str, Router]],
+        secret: PrefixSecret,
         pool: BackendPool,
         policy: Callable[[], PolicySnapshot],
         clock: Clock,
@@ -85,6 +90,8 @@ class PrefixSync:
         self.key = key
         self.origin = origin
         self.routers = routers
+        self.secret = secret
+        """Seals and opens the entries: the cache-salt secret's, as the stream's key is."""
         self.pool = pool
         self.policy = policy
         self.clock = clock
@@ -143,7 +150,7 @@ class PrefixSync:
                     await self._start_cursor()
                 async with self.client.pipeline(transaction=False) as pipe:
                     if batch:
-                        fields: dict[Any, Any] = encode(self.origin, batch)
+                        fields: dict[Any, Any] = encode(self.origin, batch, self.secret)
                         pipe.xadd(self.key, fields, maxlen=fleet.prefix_history, approximate=True)
                         now = self.clock.now()
                         if now >= self._expire_due:  # the stream is gone an index TTL after the fleet
@@ -190,7 +197,7 @@ class PrefixSync:
 
     def _fold(self, entry_id: str, fields: Mapping[bytes, bytes]) -> None:
         try:
-            decisions = decode(fields)
+            decisions = decode(fields, self.secret)
         except MalformedEntry as exc:
             log.warning("fleet prefix view: skipped entry %s: %s", entry_id, exc)
             return

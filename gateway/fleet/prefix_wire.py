@@ -2,18 +2,23 @@
 
 A decision is ``(model, backend, blocks)``: the prompt's chained block hashes under its
 tenant's scope (``gateway/routing/prefix_keys.py``) and the backend it was sent to. No text
-and no tenant name travel: a hash says nothing about the prompt, and two tenants' hashes
-never collide because each chain is seeded with its tenant's scope.
+and no tenant name travel, and two tenants' hashes never collide because each chain is seeded
+with a root of its tenant's scope. The blocks travel sealed with the cache-salt secret
+(``gateway/routing/prefix_secret.py``): a chain hash seeds the next, so hashes in the clear
+would let whoever reads the stream check a guessed continuation of a prompt; sealed, they are
+noise to anyone without the secret, and only the replicas sharing it (the ones sharing the
+stream) open them.
 
 One entry holds every decision a process made since its last flush, in three fields:
 
 * ``o``: the publishing process's id (a process skips its own entries);
-* ``h``: JSON ``[[model, backend, block_count], ...]``;
+* ``h``: JSON ``[[model, backend, block_count], ...]`` (in the clear: names and sizes only);
 * ``k``: every decision's blocks end to end, as little-endian unsigned 64-bit integers
-  (8 bytes a block, packed and unpacked in C by ``array``; JSON would take about 20).
+  (8 bytes a block, packed and unpacked in C by ``array``; JSON would take about 20), sealed
+  (``PrefixSecret.seal``: 24 bytes of nonce and check, then the blocks XOR a keystream).
 
-``decode`` refuses an entry whose header does not match its blocks (``MalformedEntry``): a
-reader skips it rather than fold a wrong chain into its index.
+``decode`` refuses an entry sealed under another secret, or whose header does not match its
+blocks (``MalformedEntry``): a reader skips it rather than fold a wrong chain into its index.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import orjson
+
+from gateway.routing.prefix_secret import PrefixSecret
 
 ORIGIN, HEADER, BLOCKS = b"o", b"h", b"k"
 
@@ -40,28 +47,32 @@ class MalformedEntry(ValueError):
     """A stream entry that is not a batch of decisions (another writer, a truncated entry)."""
 
 
-def encode(origin: str, decisions: Sequence[Decision]) -> dict[bytes, bytes]:
-    """The stream entry's fields for ``decisions`` (see the module docstring)."""
+def encode(origin: str, decisions: Sequence[Decision], secret: PrefixSecret) -> dict[bytes, bytes]:
+    """The stream entry's fields for ``decisions``, the blocks sealed with ``secret`` (module docstring)."""
     header = [[d.model, d.backend, len(d.blocks)] for d in decisions]
     packed = array("Q")
     for decision in decisions:
         packed.extend(decision.blocks)
     if sys.byteorder == "big":
         packed.byteswap()
-    return {ORIGIN: origin.encode(), HEADER: orjson.dumps(header), BLOCKS: packed.tobytes()}
+    return {ORIGIN: origin.encode(), HEADER: orjson.dumps(header), BLOCKS: secret.seal(packed.tobytes())}
 
 
 def origin_of(fields: Mapping[bytes, bytes]) -> str:
     return fields.get(ORIGIN, b"").decode(errors="replace")
 
 
-def decode(fields: Mapping[bytes, bytes]) -> list[Decision]:
-    """The decisions of one entry; ``MalformedEntry`` when its parts disagree."""
+def decode(fields: Mapping[bytes, bytes], secret: PrefixSecret) -> list[Decision]:
+    """The decisions of one entry; ``MalformedEntry`` when sealed under another secret or when its
+    parts disagree."""
     try:
         header = orjson.loads(fields[HEADER])
-        raw = fields[BLOCKS]
+        sealed = fields[BLOCKS]
     except (KeyError, orjson.JSONDecodeError) as exc:
         raise MalformedEntry(f"not a prefix-view entry: {exc}") from exc
+    raw = secret.unseal(sealed)
+    if raw is None:
+        raise MalformedEntry("sealed under another cache-salt secret")
     if len(raw) % 8:
         raise MalformedEntry("blocks are not a whole number of 64-bit hashes")
     packed = array("Q")

@@ -1,14 +1,22 @@
-"""Load a policy file into a frozen ``PolicySnapshot``, or explain exactly why not.
+"""Load a policy file into a frozen ``PolicySnapshot``, or explain exactly why not, and where.
 
-Loading is three steps: ``yaml.safe_load``; validation against ``policy.model.Policy``
-(types, ranges, unknown keys); cross-checks between sections (names unique, every model
-served by a backend, every tenant's models and class declared, no key both a tenant's and an
-admin's, tenants of different cache scopes kept apart on unsalted engines: ``check_isolation``).
-Every problem is reported at once, each as ``<file>: <path inside it>: <problem>``, e.g.
-``policies/prod.yaml: tenants[2].limits.rpm: must be greater than 0``. What is allowed but
-probably not meant (an unsalted engine shared by tenants of different cache scopes, a tenant
-left without a backend for a model it may use) is kept in the snapshot's ``warnings``, with the
-same paths: logged at start and at each reload, printed by ``policy validate``.
+Loading is four steps: reading the YAML strictly (a key written twice in one mapping is
+refused, never resolved by "the last one wins": ``gateway/policy/yaml_source.py``); validation
+against ``policy.model.Policy`` (types, ranges, unknown keys); cross-checks between sections
+(names unique, every model served by a backend, every tenant's models and class declared, no
+key both a tenant's and an admin's, tenants of different cache scopes kept apart on unsalted
+engines: ``check_isolation``). Every problem is reported at once, each on a line of its own with
+the file, the line and column, and the path with entries by name
+(``gateway/policy/problems.py``), e.g.::
+
+    policies/prod.yaml:41:7: tenants[acme].limits.rpm: must be greater than 0
+    policies/prod.yaml:38:5: tenants[acme].limts: unknown key; did you mean 'limits'?
+
+What is allowed but probably not meant (an unsalted engine shared by tenants of different cache
+scopes, a tenant left without a backend for a model it may use) is kept in the snapshot's
+``warnings``, each a line of the same form with ``warning:`` before the path: logged at start
+and at each reload, printed by ``policy validate``. The checks themselves write paths by index
+(``backends[3].tenants[1]: ...``); the loader translates every such message the same way.
 
 The snapshot (``gateway/policy/snapshot.py``) holds the indexes the hot path needs (key hash
 to tenant, model to backends), built once here so that a request never scans a list.
@@ -16,27 +24,32 @@ to tenant, model to backends), built once here so that a request never scans a l
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from gateway.policy.model import Policy
+from gateway.policy.paths import PolicyTree, position
+from gateway.policy.problems import Problem, from_duplicate, from_validation, from_yaml_error, located
 from gateway.policy.snapshot import PolicySnapshot, content_digest, index_policy
+from gateway.policy.yaml_source import YamlDocument, read_yaml
 from gateway.routing.isolation import check_isolation
+from gateway.routing.reach import policy_reach
 from gateway.routing.registry import routing_problems
 from gateway.shadow.scorers import scorer_problems
 
 
 class PolicyError(Exception):
-    """The policy file is invalid; ``problems`` lists every reason, each with its path."""
+    """The policy file is invalid; ``problems`` lists every reason as ``<path>: <problem>``, and
+    ``details`` the same with their line and column (``str()`` shows those, one line each)."""
 
-    def __init__(self, source: str, problems: list[str]) -> None:
+    def __init__(self, source: str, problems: Sequence[str | Problem]) -> None:
         self.source = source
-        self.problems = problems
-        super().__init__("\n".join(f"{source}: {problem}" for problem in problems))
+        self.details = tuple(p if isinstance(p, Problem) else Problem("", p) for p in problems)
+        self.problems = [str(problem) for problem in self.details]
+        super().__init__("\n".join(problem.render(source) for problem in self.details))
 
 
 def load_policy(path: str | Path) -> PolicySnapshot:
@@ -50,48 +63,36 @@ def load_policy(path: str | Path) -> PolicySnapshot:
 
 
 def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
-    """Like ``load_policy`` for text already in memory (tests, admin reloads)."""
+    """Like ``load_policy`` for text already in memory (tests, admin reloads); ``source`` names
+    it in every message, as a file name would."""
+    document, tree = _read(text, source)
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PolicyError(source, [f"not valid YAML: {exc}"]) from exc
-    if not isinstance(raw, dict):
-        raise PolicyError(source, ["the top level must be a mapping"])
-    try:
-        policy = Policy.model_validate(raw)
+        policy = Policy.model_validate(document.data)
     except ValidationError as exc:
-        raise PolicyError(source, [_describe(error) for error in exc.errors()]) from exc
-    isolation = check_isolation(policy)
+        raise PolicyError(source, [from_validation(error, tree, Policy) for error in exc.errors()]) from exc
+    reach = policy_reach(policy)
+    isolation = check_isolation(policy, reach)
     problems = [*_cross_check(policy), *isolation.problems]
     if problems:
-        raise PolicyError(source, problems)
+        raise PolicyError(source, [located(problem, tree) for problem in problems])
+    warnings = tuple(located(warning, tree).render(source, "warning: ") for warning in isolation.warnings)
     raw_bytes = text.encode() if isinstance(text, str) else text
-    return index_policy(policy, source, content_digest(raw_bytes), isolation.warnings)
+    return index_policy(policy, source, content_digest(raw_bytes), warnings, reach)
 
 
-def _describe(error: Any) -> str:
-    path = _format_path(error["loc"])
-    message = str(error["msg"])
-    if error["type"] == "extra_forbidden":
-        message = "unknown key"
-    elif error["type"] == "missing":
-        message = "is required"
-    elif message.startswith("Value error, "):
-        message = message.removeprefix("Value error, ")
-    else:
-        message = message.replace("Input should be", "must be").replace("String should", "must")
-        message = message.replace("List should", "must").replace("Dictionary should", "must")
-    return f"{path}: {message}" if path else message
-
-
-def _format_path(loc: Iterable[Any]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
+def _read(text: bytes | str, source: str) -> tuple[YamlDocument, PolicyTree]:
+    """The YAML document (a mapping, no key twice) and its node tree, or the reasons why not."""
+    try:
+        document = read_yaml(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [from_yaml_error(exc)]) from exc
+    tree = PolicyTree(document.root)
+    if document.duplicates:
+        found = sorted((from_duplicate(d, tree) for d in document.duplicates), key=lambda p: (p.line, p.column))
+        raise PolicyError(source, found)
+    if not isinstance(document.data, dict):
+        raise PolicyError(source, [Problem("", "the top level must be a mapping", *position(document.root))])
+    return document, tree
 
 
 def _cross_check(policy: Policy) -> Iterable[str]:

@@ -40,7 +40,7 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.body_fields import owned_field_reason
+from gateway.body_fields import TENSOR_PART_TYPES, owned_field_reason
 from gateway.media import MediaUrlRefused, parse_allowlist_entry
 from gateway.policy.groups import ModelGroup
 
@@ -126,6 +126,32 @@ class RequestLimits(Strict):
     """Content parts of one message (text, images, ...)."""
     max_tools: PositiveInt = 128
     """Tools (functions) one request may declare; OpenAI's own limit."""
+    max_stop_sequences: PositiveInt = 16
+    """Stop strings one request may give (``stop``, Messages' ``stop_sequences``, llama.cpp's
+    ``dry_sequence_breakers``). The engine looks for every one in the output at every decoding
+    step, so their number costs every step of the batch, whatever the token limits say; OpenAI
+    takes 4, real clients send a handful. Over it: 400 ``too_many_items``."""
+    max_stop_chars: PositiveInt = 256
+    """Characters in one stop string or banned word (``bad_words``): each step searches the
+    output's tail as long as the longest one. Over it: 400 ``invalid_field`` naming the string."""
+    max_bad_words: PositiveInt = 128
+    """Banned words (vLLM's ``bad_words``): each is two token sequences the engine compares with
+    the output's tail at every step, one by one. A profanity list fits; 20,000 words slowed
+    every request on the engine. Over it: 400 ``too_many_items``."""
+    max_logit_bias: PositiveInt = 300
+    """Entries of ``logit_bias``: the engine rebuilds its bias tables from every running
+    request's entries whenever its batch changes. Enough to ban or force a few hundred tokens
+    (a word list, a label set). Over it: 400 ``too_many_items``."""
+    max_logprobs: Annotated[int, Field(ge=0, le=1000)] = 20
+    """The most log-probabilities per token a request may ask for (``top_logprobs``,
+    completions' ``logprobs``, ``prompt_logprobs``, llama.cpp's ``n_probs``): OpenAI's range and
+    vLLM's default ``--max-logprobs``; vLLM's ``-1`` (the whole vocabulary) is refused. Raise it
+    with the engine's own flag."""
+    max_list_items: PositiveInt = 1024
+    """Entries of every other list or map a request may carry whose size no token bound limits:
+    ``stop_token_ids``, ``allowed_token_ids``, ``guided_choice`` and ``structured_outputs.choice``,
+    ``include``, a structural tag's structures and triggers. Over it: 400 ``too_many_items``
+    naming the field."""
     media_tokens: MediaTokens = MediaTokens()
     extra_body_fields: frozenset[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]] = frozenset()
     """Body fields clients may send beyond the default allowlist (``gateway/body_fields.py``),
@@ -331,11 +357,32 @@ class Tenant(Strict):
     allow_costlier_fallback: bool = True
     """False: a model group's fallback never sends this tenant's requests to a target that costs
     more than the one chosen first (its backends' ``price_per_gpu_hour × gpus``, averaged)."""
+    allow_builtin_tools: frozenset[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] = frozenset()
+    """Tool types beyond functions this tenant may declare, by their exact ``type``: the Responses
+    API's built-in tools (``web_search_preview``, ``mcp``, ``code_interpreter``, ...) and
+    Anthropic's server tools (``web_search_20250305``, ``bash_20250124``, ...). An engine started
+    with a tool server runs them for the tenant (browses, runs code, calls an MCP server), so by
+    default only ``function`` tools (Messages: custom tools) pass and any other is 400
+    ``tool_type_not_allowed``. An ``mcp`` tool's ``server_url`` must still be https to a public
+    host (``gateway/media.py``). Usage: ``allow_builtin_tools: [web_search_preview]``."""
+    allow_content_parts: frozenset[str] = frozenset()
+    """Content-part types that hand the engine raw tensors which this tenant may send
+    (``image_embeds``, ``audio_embeds``, ``prompt_embeds``: ``body_fields.TENSOR_PART_TYPES``).
+    A tensor of the wrong shape can crash the engine (vLLM enables them for trusted users only),
+    so they are 400 ``content_part_not_allowed`` unless listed. Usage: ``allow_content_parts: [image_embeds]``."""
 
     @field_validator("key_hashes")
     @classmethod
     def _hashes_not_keys(cls, hashes: list[str]) -> list[str]:
         return check_key_hashes(hashes)
+
+    @field_validator("allow_content_parts")
+    @classmethod
+    def _tensor_parts_only(cls, names: frozenset[str]) -> frozenset[str]:
+        unknown = sorted(names - TENSOR_PART_TYPES.keys())
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a part type to opt into: one of {sorted(TENSOR_PART_TYPES)}")
+        return names
 
 
 class HealthChecks(Strict):

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
 from gateway.routing.isolation import multi_scope_backends
+from gateway.routing.reach import Reach, policy_reach
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +29,16 @@ class PolicySnapshot:
     models: Mapping[str, ModelPolicy] = field(repr=False)
     backends_by_model: Mapping[str, tuple[Backend, ...]] = field(repr=False)
     warnings: tuple[str, ...] = ()
-    """Allowed but probably not meant, each as ``<path>: <problem>`` (``gateway/policy/loader.py``)."""
+    """Allowed but probably not meant, each as ``<file>:<line>:<column>: warning: <path>: <problem>``
+    (``gateway/policy/loader.py``)."""
     groups: Mapping[str, ModelGroup] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     internal: frozenset[str] = frozenset()
     """Models that only serve groups (targets, fallbacks, shadows): never called, nor listed, by name."""
     multi_scope_backends: frozenset[str] = frozenset()
-    """Backends tenants of several cache scopes may reach (``isolation.multi_scope_backends``)."""
+    """Backends tenants of several cache scopes may reach, by any path (``isolation.multi_scope_backends``):
+    no request may reach one of these without its tenant's salt."""
+    reach: Reach | None = field(default=None, repr=False)
+    """Who reaches each backend, by every path (``gateway/routing/reach.py``)."""
 
     @property
     def public_models(self) -> list[str]:
@@ -56,7 +61,11 @@ def content_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
-def index_policy(policy: Policy, source: str, digest: str, warnings: tuple[str, ...] = ()) -> PolicySnapshot:
+def index_policy(
+    policy: Policy, source: str, digest: str, warnings: tuple[str, ...] = (), reach: Reach | None = None
+) -> PolicySnapshot:
+    """The snapshot of a validated ``policy``; ``reach`` is its ``policy_reach`` when the loader has it."""
+    reach = policy_reach(policy) if reach is None else reach
     by_key = {key_hash: tenant for tenant in policy.tenants for key_hash in tenant.key_hashes}
     by_model: dict[str, list[Backend]] = {}
     for backend in policy.backends:
@@ -72,5 +81,6 @@ def index_policy(policy: Policy, source: str, digest: str, warnings: tuple[str, 
         warnings=warnings,
         groups=MappingProxyType({g.name: g for g in policy.model_groups}),
         internal=frozenset(m for g in policy.model_groups for m in g.members()),
-        multi_scope_backends=multi_scope_backends(policy),
+        multi_scope_backends=multi_scope_backends(policy, reach),
+        reach=reach,
     )

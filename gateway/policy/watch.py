@@ -77,9 +77,10 @@ class ReloadResult:
 
 
 def log_warnings(snapshot: PolicySnapshot) -> None:
-    """One log line per warning of the policy coming into force, with its file and path."""
+    """One log line per warning of the policy coming into force; each warning names its file,
+    line, column and path already (``gateway/policy/loader.py``)."""
     for warning in snapshot.warnings:
-        log.warning("policy %s (version %s): %s", snapshot.source, snapshot.version, warning)
+        log.warning("policy version %s: %s", snapshot.version, warning)
 
 
 class PolicySource:

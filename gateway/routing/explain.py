@@ -32,6 +32,7 @@ from gateway.policy.model import Backend, CacheIsolation, ModelPolicy, PriorityC
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router, RoutingDecision
 from gateway.routing.isolation import CacheSalter, isolation_fields, tenant_scope
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import build_routers
 from gateway.targets import TargetPicker, explain_group, lookup_public
 from gateway.tokens import CharRatioEstimator
@@ -73,7 +74,8 @@ def explain(
     group_lines, target = _target(snapshot, tenant, body, class_name, rollouts or {})
     request = _request(snapshot, tenant, body, session_id, target)
     model = request.model
-    router = build_routers(snapshot, clock)[model]
+    secret = PrefixSecret.from_env(snapshot.policy.cache_isolation.secret_env)  # the gateway's tie-breaks when set
+    router = build_routers(snapshot, clock, secret)[model]
     pool = BackendPool(snapshot)
     now = clock.now()
     _apply_state(pool, router, snapshot, tenant, backend_state or {}, now, session_id, snapshot.models[model])

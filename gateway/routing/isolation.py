@@ -22,9 +22,14 @@ apart by the policy's ``cache_isolation.unsalted`` (``UnsaltedMode``), checked a
 
     isolating = kind in SALTED_KINDS
                 or (kind in PROMPT_CACHE_SWITCH_KINDS and unsalted == no_prompt_cache)
-    scopes    = the cache scopes of the tenants that reach it (``Backend.tenants`` if set,
-                else every tenant; in both cases only those allowed one of its models)
+    scopes    = the cache scopes of the tenants that reach it, by every path: the models they
+                name, the model groups they name (targets, fallbacks, shadow), "*"
+                (``gateway/routing/reach.py``), within ``Backend.tenants`` when it is set
     not isolating and len(scopes) > 1:  shared -> warning; no_prompt_cache, dedicated -> refused
+
+The same ``scopes`` decide where a request may reach a salted engine without its salt: vLLM's
+own ``/v1/messages`` drops ``cache_salt``, so a Messages request is passed through only to a
+backend of one scope (``multi_scope_backends``), and translated to chat everywhere else.
 
 Routing honours ``Backend.tenants`` for every kind (``serves``): a tenant is only ever offered
 the backends that serve it, which is also how dedicated capacity is declared.
@@ -36,11 +41,12 @@ import hashlib
 import hmac
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from gateway.policy.model import Backend, BackendKind, Policy, Tenant, UnsaltedMode
+from gateway.routing.reach import Access, Reach, policy_reach, serves
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +85,6 @@ def isolation_fields(
 def isolates(kind: BackendKind, unsalted: UnsaltedMode) -> bool:
     """Whether a backend of ``kind`` keeps scopes apart by itself, whoever reaches it."""
     return kind in SALTED_KINDS or (unsalted is UnsaltedMode.NO_PROMPT_CACHE and kind in PROMPT_CACHE_SWITCH_KINDS)
-
-
-def serves(backend: Backend, tenant: str) -> bool:
-    """Whether routing may offer ``backend`` to ``tenant`` (its ``tenants`` list, when it has one)."""
-    return backend.tenants is None or tenant in backend.tenants
 
 
 def tenant_scope(tenant: Tenant) -> str:
@@ -138,54 +139,48 @@ class IsolationReport:
     warnings: tuple[str, ...] = ()
 
 
-def check_isolation(policy: Policy) -> IsolationReport:
-    """The load-time half of the rule in the module docstring, with a path in every message."""
+def check_isolation(policy: Policy, reach: Reach | None = None) -> IsolationReport:
+    """The load-time half of the rule in the module docstring, with a path in every message.
+
+    ``reach``: the policy's ``policy_reach``, when the caller has computed it already."""
+    reach = policy_reach(policy) if reach is None else reach
     problems: list[str] = []
     warnings: list[str] = []
     tenants = {t.name: t for t in policy.tenants}
     mode = policy.cache_isolation.unsalted
     for i, backend in enumerate(policy.backends):
+        accesses = reach.of(backend.name)
         for j, name in enumerate(backend.tenants or ()):
-            tenant = tenants.get(name)
-            if tenant is None:
+            if name not in tenants:
                 problems.append(f"backends[{i}].tenants[{j}]: unknown tenant '{name}'")
-            elif not any(_may_use(tenant, model) for model in backend.models):
+            elif not any(a.tenant.name == name for a in accesses):
                 warnings.append(f"backends[{i}].tenants[{j}]: tenant '{name}' may use none of this backend's models")
-        reach = [t for t in _reaching(policy.tenants, backend) if t.name in tenants]
-        if isolates(backend.kind, mode) or len({tenant_scope(t) for t in reach}) < 2:
+        if isolates(backend.kind, mode) or len(_scopes(accesses)) < 2:
             continue
         if mode is UnsaltedMode.SHARED:
-            warnings.append(_shared_warning(i, backend, reach))
+            warnings.append(_shared_warning(i, backend, accesses))
         elif mode is UnsaltedMode.DEDICATED and backend.tenants is not None:
-            problems.extend(_shared_tenants(i, backend, reach))
+            problems.extend(_shared_tenants(i, backend, accesses))
         else:
-            problems.append(_shared_problem(i, backend, reach, mode))
-    warnings.extend(_stranded_tenants(policy))
+            problems.append(_shared_problem(i, backend, accesses, mode))
+    warnings.extend(_stranded_tenants(policy, reach))
     return IsolationReport(tuple(problems), tuple(warnings))
 
 
-def multi_scope_backends(policy: Policy) -> frozenset[str]:
-    """The backends that tenants of two cache scopes or more may reach: on these, and only these,
-    a request that reached the engine without its ``cache_salt`` could share cached blocks with
-    another scope's (the Messages API decides passthrough by it, ``gateway/dialects/messages.py``)."""
-    tenants = [t for t in policy.tenants]
-    return frozenset(b.name for b in policy.backends if len({tenant_scope(t) for t in _reaching(tenants, b)}) > 1)
+def multi_scope_backends(policy: Policy, reach: Reach | None = None) -> frozenset[str]:
+    """The backends that tenants of two cache scopes or more may reach, by any path: on these, and
+    only these, a request that reached the engine without its ``cache_salt`` could share cached
+    blocks with another scope's (the Messages API decides passthrough by it,
+    ``gateway/dialects/messages.py``, and so do shadow copies)."""
+    reach = policy_reach(policy) if reach is None else reach
+    return frozenset(b.name for b in policy.backends if len(_scopes(reach.of(b.name))) > 1)
 
 
-def _may_use(tenant: Tenant, model: str) -> bool:
-    return "*" in tenant.models or model in tenant.models
+def _scopes(accesses: tuple[Access, ...]) -> set[str]:
+    return {tenant_scope(a.tenant) for a in accesses}
 
 
-def _reaching(tenants: Iterable[Tenant], backend: Backend) -> list[Tenant]:
-    """The tenants routing may send to ``backend``, in its ``tenants`` order when it has one."""
-    allowed = [t for t in tenants if any(_may_use(t, m) for m in backend.models)]
-    if backend.tenants is None:
-        return allowed
-    by_name = {t.name: t for t in allowed}
-    return [by_name[name] for name in dict.fromkeys(backend.tenants) if name in by_name]
-
-
-def _shared_warning(i: int, backend: Backend, reach: list[Tenant]) -> str:
+def _shared_warning(i: int, backend: Backend, reach: tuple[Access, ...]) -> str:
     remedy = "no_prompt_cache or dedicated" if backend.kind in PROMPT_CACHE_SWITCH_KINDS else "dedicated"
     return (
         f"backends[{i}]: '{backend.name}' ({backend.kind.value}) cannot salt its prefix cache and serves tenants of "
@@ -194,7 +189,7 @@ def _shared_warning(i: int, backend: Backend, reach: list[Tenant]) -> str:
     )
 
 
-def _shared_problem(i: int, backend: Backend, reach: list[Tenant], mode: UnsaltedMode) -> str:
+def _shared_problem(i: int, backend: Backend, reach: tuple[Access, ...], mode: UnsaltedMode) -> str:
     if mode is UnsaltedMode.NO_PROMPT_CACHE:
         why = "has no switch to turn prompt caching off (cache_isolation.unsalted: no_prompt_cache)"
         remedy = "give it tenants: of one cache scope, or set cache_isolation.unsalted: dedicated"
@@ -207,37 +202,48 @@ def _shared_problem(i: int, backend: Backend, reach: list[Tenant], mode: Unsalte
     )
 
 
-def _shared_tenants(i: int, backend: Backend, reach: list[Tenant]) -> Iterator[str]:
+def _shared_tenants(i: int, backend: Backend, reach: tuple[Access, ...]) -> Iterator[str]:
     """One problem per tenant of ``backend.tenants`` whose scope is not the first tenant's."""
-    first = reach[0]
+    first = reach[0].tenant
     assert backend.tenants is not None
     for j, name in enumerate(backend.tenants):
-        tenant = next((t for t in reach if t.name == name), None)
-        if tenant is not None and tenant_scope(tenant) != tenant_scope(first):
+        access = next((a for a in reach if a.tenant.name == name), None)
+        if access is not None and tenant_scope(access.tenant) != tenant_scope(first):
             yield (
-                f"backends[{i}].tenants[{j}]: tenant '{name}' shares unsalted backend '{backend.name}' with "
-                f"'{first.name}' (another cache scope; cache_isolation.unsalted is dedicated)"
+                f"backends[{i}].tenants[{j}]: tenant '{name}'{_through(access)} shares unsalted backend "
+                f"'{backend.name}' with '{first.name}' (another cache scope; cache_isolation.unsalted is dedicated)"
             )
 
 
-def _stranded_tenants(policy: Policy) -> Iterator[str]:
-    """Tenants allowed a model that no backend of it serves: their requests for it get a 503."""
+def _stranded_tenants(policy: Policy, reach: Reach) -> Iterator[str]:
+    """Tenants that reach a model no backend of which serves them: their requests for it get a 503."""
     by_model: dict[str, list[Backend]] = {}
     for backend in policy.backends:
         for model in backend.models:
             by_model.setdefault(model, []).append(backend)
     for i, tenant in enumerate(policy.tenants):
-        for model, backends in by_model.items():
-            if _may_use(tenant, model) and not any(serves(b, tenant.name) for b in backends):
+        for model, via in reach.models_of(tenant.name).items():
+            backends = by_model.get(model)
+            if backends and not any(serves(b, tenant.name) for b in backends):
+                through = f" (through model group '{via}')" if via is not None else ""
                 yield (
-                    f"tenants[{i}]: tenant '{tenant.name}' may use model '{model}' but none of its backends serves "
-                    f"this tenant (their tenants: lists leave it out); its requests for it get 503 "
+                    f"tenants[{i}]: tenant '{tenant.name}' may use model '{model}'{through} but none of its "
+                    f"backends serves this tenant (their tenants: lists leave it out); its requests for it get 503 "
                     f"no_backend_for_tenant"
                 )
 
 
-def _listing(tenants: list[Tenant]) -> str:
-    """``'acme', 'shared-a' (scope 'public-bot')`` ..., at most ``_NAMES_SHOWN`` names."""
-    shown = [f"'{t.name}'" + (f" (scope '{t.cache_scope}')" if t.cache_scope else "") for t in tenants[:_NAMES_SHOWN]]
-    more = len(tenants) - len(shown)
+def _through(access: Access) -> str:
+    """`` (through model group 'g')`` when the tenant reaches the backend through a group."""
+    return f" (through model group '{access.via}')" if access.via is not None else ""
+
+
+def _listing(reach: tuple[Access, ...]) -> str:
+    """``'acme', 'shared-a' (scope 'public-bot'), 'globex' (through 'grp')`` ..., at most
+    ``_NAMES_SHOWN`` names."""
+    shown = [
+        f"'{a.tenant.name}'" + (f" (scope '{a.tenant.cache_scope}')" if a.tenant.cache_scope else "") + _through(a)
+        for a in reach[:_NAMES_SHOWN]
+    ]
+    more = len(reach) - len(shown)
     return ", ".join(shown) + (f" and {more} more" if more else "")

@@ -2,9 +2,10 @@
 
 The rule, per request, among the candidates (healthy, serving the model, with room):
 
-1. Keys: the prompt's chained block hashes, seeded with the tenant's scope and the model
-   (``prefix_keys.py``), computed once per request; a conversation's next turn continues the
-   chain of its previous turn from the router's ``ChainMemo`` instead of rehashing it.
+1. Keys: the prompt's chained block hashes, seeded with a root keyed by the cache-salt secret,
+   the tenant's scope and the model (``prefix_keys.py``), computed once per request; a
+   conversation's next turn continues the chain of its previous turn from the router's
+   ``ChainMemo`` instead of rehashing it.
 2. Affinity: ``matched_b``, the leading blocks backend b served within the index TTL
    (``prefix_index.py``); the prefix scorer rates it ``matched_b / blocks``.
 3. Load: the in-flight, queue-depth and KV-usage scorers rate each backend's headroom.
@@ -41,6 +42,7 @@ from gateway.routing.base import RouteDetail, RoutingDecision
 from gateway.routing.framework import Cycle, Profile, load_bound, rendezvous
 from gateway.routing.prefix_index import BackendIndexes
 from gateway.routing.prefix_keys import ChainMemo, Splitter, prefix_keys
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.types import InferenceRequest, PrefixKeys
 
 if TYPE_CHECKING:
@@ -50,15 +52,24 @@ if TYPE_CHECKING:
 class PrefixAffinityRouter:
     """Scored prefix affinity with bounded load (see the module docstring for the rule)."""
 
-    __slots__ = ("_clock", "_fresh_s", "_indexes", "_tokenizer", "memo", "profile", "routing")
+    __slots__ = ("_clock", "_fresh_s", "_indexes", "_tokenizer", "memo", "profile", "routing", "secret")
     strategy = "prefix_affinity"
 
     def __init__(
-        self, routing: Routing, profile: Profile, clock: Clock, *, fresh_s: float, tokenizer: Splitter | None = None
+        self,
+        routing: Routing,
+        profile: Profile,
+        clock: Clock,
+        secret: PrefixSecret,
+        *,
+        fresh_s: float,
+        tokenizer: Splitter | None = None,
     ) -> None:
         self.routing = routing
         self.profile = profile
         self._clock = clock
+        self.secret = secret
+        """Keys the chains' roots (``prefix_secret.py``): replicas with one secret share a view."""
         self._fresh_s = fresh_s
         self._tokenizer = tokenizer
         self._indexes = BackendIndexes(routing.index.ttl_s)
@@ -101,7 +112,7 @@ class PrefixAffinityRouter:
 
     def keys(self, request: InferenceRequest, tenant: Tenant) -> PrefixKeys:
         """The request's block hashes under the tenant's scope (memoised on the request)."""
-        return prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self.memo)
+        return prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self.memo, secret=self.secret)
 
     def cycle(self, request: InferenceRequest, keys: PrefixKeys, candidates: Sequence[BackendState]) -> Cycle:
         """What the scorers read: each candidate's matched leading blocks of ``keys``, now."""

@@ -10,14 +10,19 @@ rendering (the estimator's four characters a token), or ``block_tokens`` tokens 
 tokenizer. Only full blocks are keyed, as an engine caches only full blocks.
 
 Chain: ``h_0 = xxh64(block_0, seed=root)``, ``h_i = xxh64(block_i, seed=h_{i-1})`` with
-``root = xxh64(scope ␀ model)`` and ``scope`` from ``isolation.tenant_scope``. So the same
-prompt under two tenants gives unrelated chains, tenants of one shared scope get the same
-chain, and a conversation's next turn (which resends the previous ones) extends the chain of
-the previous turn.
+``root = PrefixSecret.root(scope, model)``, an HMAC of the cache-salt secret
+(``prefix_secret.py``), and ``scope`` from ``isolation.tenant_scope``. So the same prompt under
+two tenants gives unrelated chains, tenants of one shared scope get the same chain, a
+conversation's next turn (which resends the previous ones) extends the chain of the previous
+turn, and only who holds the secret can compute a chain: replicas sharing it (as they share
+engine caches) agree. A chain hash seeds the next, so the hashes themselves never leave the
+process as they are: the trace log writes them through a keyed one-way function, the fleet
+stream seals them (``prefix_secret.py``).
 
-Cost: one join and one encode of the prompt, then one ``xxh64`` per block over a memoryview
-slice (no copy, no per-token Python loop). Keys are computed once per request and kept on
-``InferenceRequest.prefix_keys``: a queued request may be picked several times.
+Cost: one dict lookup for the root (memoised per scope and model), one join and one encode of
+the prompt, then one ``xxh64`` per block over a memoryview slice (no copy, no per-token Python
+loop). Keys are computed once per request and kept on ``InferenceRequest.prefix_keys``: a
+queued request may be picked several times.
 
 Most of that cost is the per-block call, and a conversation's next turn resends the previous
 prompt whole, so a router may pass a ``ChainMemo``: the chains of recent prompts by a 128-bit
@@ -41,6 +46,7 @@ import xxhash
 from gateway.dialects.base import MESSAGE_START, Dialect
 from gateway.policy.model import Tenant
 from gateway.routing.isolation import tenant_scope
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.types import InferenceRequest, PrefixKeys
 
 CHARS_PER_TOKEN = 4
@@ -55,6 +61,9 @@ TOKENIZERS: dict[str, Splitter] = {"words": _WORDS.findall}
 
 
 def scope_root(scope: str, model: str) -> int:
+    """An *unkeyed* root, ``xxh64(scope ␀ model)``: only for tools that know no secret and compare
+    chains among themselves (the load generator's and a what-if replay's synthetic signatures,
+    ``gateway/prefix_signature.py``). The gateway's roots are ``PrefixSecret.root``."""
     return xxhash.xxh64_intdigest(f"{scope}\x00{model}".encode())
 
 
@@ -64,9 +73,11 @@ def prefix_keys(
     block_tokens: int,
     tokenizer: Splitter | None = None,
     memo: ChainMemo | None = None,
+    *,
+    secret: PrefixSecret,
 ) -> PrefixKeys:
-    """The request's keys, from its cache when they were computed with the same scope and block size."""
-    root = scope_root(tenant_scope(tenant), request.model)
+    """The request's keys, from its cache when they were computed with the same root and block size."""
+    root = secret.root(tenant_scope(tenant), request.model)
     cached = request.prefix_keys
     if cached is not None and cached.root == root and cached.block_tokens == block_tokens:
         return cached

@@ -16,7 +16,7 @@ or choices go in ``test_scorers.py`` or ``test_strategies.py``.
 
 Usage::
 
-    routers = build_routers(snapshot, clock)          # {model: Router}
+    routers = build_routers(snapshot, clock, secret)  # {model: Router}; secret: PrefixSecret
     register_strategy("oracle", make_oracle)          # a benchmark's own strategy
 """
 
@@ -33,6 +33,7 @@ from gateway.routing.framework import Profile, Scorer, Weighted
 from gateway.routing.least_load import LeastLoadRouter
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.prefix_keys import TOKENIZERS
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.round_robin import RoundRobinRouter
 from gateway.routing.scorers.in_flight import InFlightScorer
 from gateway.routing.scorers.kv_usage import KvUsageScorer
@@ -46,11 +47,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class RouterSpec:
-    """What a strategy factory gets: the model, its routing section, the clock, scrape freshness."""
+    """What a strategy factory gets: the model, its routing section, the clock, the cache-salt
+    secret keying the prefix roots (``prefix_secret.py``), scrape freshness."""
 
     model: str
     routing: Routing
     clock: Clock
+    secret: PrefixSecret
     fresh_s: float = 3.0
 
 
@@ -79,14 +82,14 @@ def profile_for(routing: Routing) -> Profile:
 def _prefix_affinity(spec: RouterSpec) -> Router:
     tokenizer = TOKENIZERS.get(spec.routing.tokenizer)
     return PrefixAffinityRouter(
-        spec.routing, profile_for(spec.routing), spec.clock, fresh_s=spec.fresh_s, tokenizer=tokenizer
+        spec.routing, profile_for(spec.routing), spec.clock, spec.secret, fresh_s=spec.fresh_s, tokenizer=tokenizer
     )
 
 
 STRATEGIES: dict[str, RouterFactory] = {
     "round_robin": lambda spec: RoundRobinRouter(),
     "least_load": lambda spec: LeastLoadRouter(),
-    "session_affinity": lambda spec: SessionAffinityRouter(spec.routing.epsilon),
+    "session_affinity": lambda spec: SessionAffinityRouter(spec.routing.epsilon, spec.secret),
     "prefix_affinity": _prefix_affinity,
 }
 
@@ -110,21 +113,23 @@ def build_router(spec: RouterSpec) -> Router:
     return STRATEGIES[spec.routing.strategy](spec)
 
 
-def build_routers(snapshot: PolicySnapshot, clock: Clock) -> dict[str, Router]:
+def build_routers(snapshot: PolicySnapshot, clock: Clock, secret: PrefixSecret) -> dict[str, Router]:
     """One router per model of the policy."""
     fresh_s = snapshot.policy.scrape.fresh_s
     return {
-        name: build_router(RouterSpec(name, model.routing, clock, fresh_s)) for name, model in snapshot.models.items()
+        name: build_router(RouterSpec(name, model.routing, clock, secret, fresh_s))
+        for name, model in snapshot.models.items()
     }
 
 
 def update_routers(
-    current: Mapping[str, Router], old: PolicySnapshot, new: PolicySnapshot, clock: Clock
+    current: Mapping[str, Router], old: PolicySnapshot, new: PolicySnapshot, clock: Clock, secret: PrefixSecret
 ) -> dict[str, Router]:
-    """Routers for a reloaded policy: a model whose routing section (and scrape interval) did not
-    change keeps its router and what it learnt; others get a new one."""
+    """Routers for a reloaded policy under the same ``secret``: a model whose routing section (and
+    scrape interval) did not change keeps its router and what it learnt; others get a new one.
+    (Another secret is other chains: the caller builds every router anew.)"""
     same_scrape = old.policy.scrape.interval_s == new.policy.scrape.interval_s
-    fresh = build_routers(new, clock)
+    fresh = build_routers(new, clock, secret)
     for name, model in new.models.items():
         before = old.models.get(name)
         if same_scrape and before is not None and before.routing == model.routing and name in current:

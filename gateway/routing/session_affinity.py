@@ -2,7 +2,8 @@
 
 The session is the ``x-session-id`` header, else the body's ``user`` field, scoped by the
 tenant (two tenants' session "42" are unrelated). Each candidate gets the weight
-``rendezvous(xxh64(session, seed=tenant scope and model), backend)`` and the heaviest one that
+``rendezvous(xxh64(session, seed=root), backend)``, the root keyed with the cache-salt secret
+from the tenant's scope and the model (``prefix_secret.py``), and the heaviest one that
 passes the bounded-load rule (``framework.py``) wins: consistent hashing, so a backend leaving
 moves only its own sessions, and a hot session spills to its next backend instead of piling
 up. A request with no session goes to the least loaded candidate.
@@ -21,7 +22,7 @@ from gateway.routing.base import RoutingDecision
 from gateway.routing.framework import load_bound, rendezvous, within_bound
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.least_load import least_loaded
-from gateway.routing.prefix_keys import scope_root
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
@@ -38,15 +39,16 @@ def session_key(request: InferenceRequest) -> str | None:
 class SessionAffinityRouter:
     """Consistent hashing of the session with bounded loads (see the module docstring)."""
 
-    __slots__ = ("epsilon",)
+    __slots__ = ("epsilon", "secret")
     strategy = "session_affinity"
 
-    def __init__(self, epsilon: float) -> None:
+    def __init__(self, epsilon: float, secret: PrefixSecret) -> None:
         self.epsilon = epsilon
+        self.secret = secret
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
         start = perf_counter()
-        root = scope_root(tenant_scope(tenant), request.model)
+        root = self.secret.root(tenant_scope(tenant), request.model)
         session = session_key(request)
         if session is None:
             tied = least_loaded(candidates)

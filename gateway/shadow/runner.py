@@ -11,7 +11,9 @@ The rule, per request of a group with a ``shadow`` (``gateway/policy/groups.py``
    backend, is ``no_room``. It never waits in a queue and never retries.
 4. Send it as a stream that reports usage, with the tenant's isolation fields for that backend
    (its ``cache_salt``: a copy warms, and may only read, the tenant's own cache scope), bounded
-   by the request's deadline. The tenant is not charged for it (no limiter is asked).
+   by the request's deadline. The tenant is not charged for it (no limiter is asked), and nor
+   are the backend's other tenants: the copy pays its share of the backend's bill under its
+   group (step 7).
 5. Read the stream to its end with the request's dialect: TTFT from the copy's dispatch, the
    gaps between output events, output tokens from the engine's usage; the output text only when
    the group names a quality scorer.
@@ -21,7 +23,11 @@ The rule, per request of a group with a ``shadow`` (``gateway/policy/groups.py``
 7. Whatever ends it, the slot is given back once (in the task's done callback, so even a copy
    cancelled before it started) and one outcome is counted in
    ``gateway_shadow_requests{group,target,outcome}``: ``completed``, ``error``, ``no_room``,
-   ``at_cap``, ``preempted``, ``cancelled`` (``aclose``).
+   ``at_cap``, ``preempted``, ``cancelled`` (``aclose``). A copy that held a slot is then
+   charged like a request the backend finished (``CostMeter.charge_copy``): its tokens as the
+   engine reported them (none without usage, as for a request), under the tenant label
+   ``~shadow:<group>``, the shadow model and the class it ran in; without that, the backend's
+   bill for the interval would be split among the real requests alone.
 
 A copy's answer reaches no client: the runner holds no response, and a ``ShadowHandle`` only
 takes the primary's text for the scorer. A copy's failure is counted and logged at debug with
@@ -43,18 +49,18 @@ import orjson
 from gateway.backends import BackendState
 from gateway.clock import Clock
 from gateway.context import RequestContext
+from gateway.cost_meter import CostMeter
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai_answers import answer_text
 from gateway.dispatch import Dispatcher, Grant
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import ModelPolicy, PriorityClass
-from gateway.routing.isolation import isolation_fields
 from gateway.shadow.scorers import SCORERS, QualityScorer
 from gateway.telemetry import Metrics
 from gateway.types import InferenceRequest
 from gateway.upstream import StreamChunks, UpstreamClient, new_engine_request_id
-from gateway.upstream_body import attempt_body, translated_request
+from gateway.upstream_body import attempt_body, attempt_isolation, translated_request
 from gateway.upstream_errors import is_error_document
 
 log = logging.getLogger(__name__)
@@ -119,6 +125,8 @@ class _Shadow:
     request: InferenceRequest
     grant: Grant
     handle: ShadowHandle
+    class_name: str
+    """The class it runs in (the lowest): its cost is charged under it."""
     task: asyncio.Task[str] | None = None
     ended_by: str | None = None
     """``preempted`` or ``cancelled`` once the runner cancelled it."""
@@ -142,7 +150,7 @@ class ShadowRunner:
 
     Usage::
 
-        runner = ShadowRunner(clock, dispatcher, upstream, metrics)
+        runner = ShadowRunner(clock, dispatcher, upstream, metrics, costs=cost_meter)
         dispatcher.on_wait = runner.preempt
         handle = runner.copy(ctx, group)          # after the request is admitted
         ...                                       # the primary is answered
@@ -158,11 +166,14 @@ class ShadowRunner:
         upstream: UpstreamClient,
         metrics: Metrics,
         rng: random.Random | None = None,
+        *,
+        costs: CostMeter,
     ) -> None:
         self._clock = clock
         self._dispatcher = dispatcher
         self._upstream = upstream
         self._metrics = metrics
+        self._costs = costs
         self._random = (rng or random.Random()).random
         self._shadows: set[_Shadow] = set()
         self._per_group: dict[str, int] = {}
@@ -189,21 +200,20 @@ class ShadowRunner:
             self._count(group.name, policy.model, "at_cap")
             return None
         copy = shadow_request(request, target)
-        priority_class = lowest_class(runtime.snapshot.policy.classes)
+        class_name = lowest_class_name(runtime.snapshot.policy.classes)
+        priority_class = runtime.snapshot.policy.classes[class_name]
         grant = self._dispatcher.place_now(copy, ctx.tenant, priority_class)
         if grant is None:
             self._count(group.name, policy.model, "no_room")
             return None
         backend = grant.state.backend
-        translation = copy.api.translation(backend, backend.name in runtime.snapshot.multi_scope_backends)
-        if translation is not None:  # as the request's own attempts do (Messages through chat)
-            copy = translated_request(copy, translation)
-        unsalted = runtime.snapshot.policy.cache_isolation.unsalted
-        isolation = isolation_fields(backend.kind, unsalted, runtime.salter, ctx.tenant)
-        body = attempt_body(copy, backend, isolation=isolation, rank=priority_class.rank, track=False)
+        isolation = attempt_isolation(copy.api, backend, ctx.tenant, runtime.snapshot, runtime.salter)
+        if isolation.translation is not None:  # as the request's own attempts do (Messages through chat)
+            copy = translated_request(copy, isolation.translation)
+        body = attempt_body(copy, backend, isolation=isolation.fields, rank=priority_class.rank, track=False)
         scorer = SCORERS.get(policy.scorer) if policy.scorer else None
         handle = ShadowHandle(self._judge(group.name, policy.model, scorer) if scorer is not None else None)
-        shadow = _Shadow(group.name, policy.model, copy, grant, handle)
+        shadow = _Shadow(group.name, policy.model, copy, grant, handle, class_name)
         task = asyncio.get_running_loop().create_task(self._run(shadow, body, ctx.deadline), name="shadow")
         shadow.task = task
         self._shadows.add(shadow)
@@ -328,6 +338,7 @@ class ShadowRunner:
         else:
             outcome = task.result()
         self._record(shadow, outcome)
+        self._bill(shadow)
         shadow.handle._shadow_answered("".join(shadow.pieces) if outcome == "completed" else None)
 
     def _give_back(self, shadow: _Shadow) -> None:
@@ -345,6 +356,18 @@ class ShadowRunner:
         tokens = shadow.usage.get("completion_tokens") if shadow.usage else None
         if isinstance(tokens, int) and tokens > 0:
             m.child(m.shadow_output_tokens, *labels).inc(tokens)
+
+    def _bill(self, shadow: _Shadow) -> None:
+        """The copy's share of its backend's bill, to its group (module docstring, step 7)."""
+        usage = shadow.usage or {}
+        tokens = sum(n for key in ("prompt_tokens", "completion_tokens") if isinstance(n := usage.get(key), int))
+        self._costs.charge_copy(
+            group=shadow.group,
+            model=shadow.request.model,
+            class_name=shadow.class_name,
+            backend=shadow.grant.state.name,
+            tokens=tokens,
+        )
 
     def _count(self, group: str, target: str, outcome: str) -> None:
         self._metrics.child(self._metrics.shadow_requests, group, target, outcome).inc()
@@ -375,9 +398,9 @@ def shadow_request(request: InferenceRequest, target: ModelPolicy) -> InferenceR
     )
 
 
-def lowest_class(classes: Mapping[str, PriorityClass]) -> PriorityClass:
+def lowest_class_name(classes: Mapping[str, PriorityClass]) -> str:
     """The class served last (highest ``rank``): the batch class in the usual policies."""
-    return max(classes.values(), key=lambda c: c.rank)
+    return max(classes, key=lambda name: classes[name].rank)
 
 
 def _streams(api: Dialect) -> bool:

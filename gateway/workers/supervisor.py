@@ -152,6 +152,7 @@ class Supervisor:
             body_timeout_s=settings.body_timeout_s,
             keepalive_timeout_s=settings.keepalive_timeout_s,
             max_header_bytes=settings.max_header_bytes,
+            max_headers=settings.max_headers,
             max_connections=settings.admin_max_connections,
         )
         listeners = Listeners()

@@ -46,12 +46,14 @@ def test_a_follow_up_through_another_replica_reaches_the_holder() -> None:
             other_tenant = 200
         except openai.NotFoundError as error:
             other_tenant = error.status_code
-        stored_keys = [key.decode() for key in shared_client().scan_iter(match=f"{prefix}responses:*")]
+        stored_keys = [key.decode() for key in shared_client().scan_iter(match=f"{prefix}*responses*")]
+        stored_fields = [field.decode() for field in shared_client().hkeys(f"{prefix}{{acme}}:responses")]
     holder = served.index(1)
     assert after[holder] == 5  # every follow-up through replica two went to the holder
     assert sum(after) == 5
     assert all(f.status == "completed" or f.status == "incomplete" for f in follow_ups)
     assert other_tenant == 404
     ids = [first.id, *(f.id for f in follow_ups)]
-    assert sorted(stored_keys) == sorted(f"{prefix}responses:{hashlib.sha256(i.encode()).hexdigest()}" for i in ids)
-    assert not any(i in key for i in ids for key in stored_keys)  # hashes, never an id a tenant could present
+    assert sorted(stored_keys) == [f"{prefix}{{acme}}:responses", f"{prefix}{{acme}}:responses:expiry"]
+    assert sorted(stored_fields) == sorted(hashlib.sha256(i.encode()).hexdigest() for i in ids)
+    assert not any(i in key for i in ids for key in stored_keys + stored_fields)  # never an id a tenant could present

@@ -104,6 +104,24 @@ CHAT = DialectSamples(
             "two output bounds that disagree",
         ),
         Refusal({**_chat("Hi"), "stream": "yes"}, "invalid_field", "stream", "a stream flag that is not a boolean"),
+        Refusal(
+            {**_chat("Hi"), "stop": ["."] * 17}, "too_many_items", "stop", "more stop strings than the policy's bound"
+        ),
+        Refusal(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": [{"type": "image_embeds", "image_embeds": "AA"}]}],
+            },
+            "content_part_not_allowed",
+            "messages[0].content[0].type",
+            "an image_embeds part from a tenant that did not opt in",
+        ),
+        Refusal(
+            {**_chat("Hi"), "tools": [{"type": "custom", "custom": {"name": "c"}}]},
+            "tool_type_not_allowed",
+            "tools[0].type",
+            "a tool that is not a function",
+        ),
     ],
     answer={
         **_CHUNK,
@@ -156,6 +174,13 @@ COMPLETIONS = DialectSamples(
             "more token ids than the model's prompt cap, refused before they are read",
         ),
         Refusal({**_completion("Hi"), "n_predict": 0}, "invalid_field", "n_predict", "a bound that is not positive"),
+        Refusal(
+            {**_completion("Hi"), "logit_bias": {str(i): -100 for i in range(301)}},
+            "too_many_items",
+            "logit_bias",
+            "more logit biases than the policy's bound",
+        ),
+        Refusal({**_completion("Hi"), "logprobs": 21}, "invalid_field", "logprobs", "more logprobs than the bound"),
     ],
     answer={
         **_TEXT_CHUNK,
@@ -268,6 +293,24 @@ RESPONSES = DialectSamples(
         Refusal(
             {**_responses("Hi"), "max_output_tokens": 0}, "invalid_field", "max_output_tokens", "a non-positive bound"
         ),
+        Refusal(
+            {**_responses("Hi"), "tools": [{"type": "web_search_preview"}]},
+            "tool_type_not_allowed",
+            "tools[0].type",
+            "a built-in tool from a tenant that did not opt in",
+        ),
+        Refusal(
+            {"model": MODEL, "input": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+            "content_part_not_allowed",
+            "input[0].content[0].type",
+            "a part type the Responses API does not take",
+        ),
+        Refusal(
+            {**_responses("Hi"), "metadata": {str(i): "v" for i in range(17)}},
+            "too_many_items",
+            "metadata",
+            "more metadata pairs than OpenAI's 16",
+        ),
     ],
     answer=_response("incomplete", _RESPONSE_USAGE, [_MESSAGE_ITEM]),
     answer_usage={
@@ -345,6 +388,12 @@ MESSAGES = DialectSamples(
         Refusal({**_messages("Hi"), "messages": [{"role": "user", "content": [{"text": "Hi"}]}]}, "invalid_field",
                 "messages[0].content[0]", "a block without a type"),
         Refusal({**_messages("Hi"), "max_tokens": 0}, "invalid_field", "max_tokens", "a non-positive bound"),
+        Refusal({**_messages("Hi"), "stop_sequences": ["."] * 17}, "too_many_items", "stop_sequences",
+                "more stop sequences than the policy's bound"),
+        Refusal({**_messages("Hi"), "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+                "tool_type_not_allowed", "tools[0].type", "a server tool from a tenant that did not opt in"),
+        Refusal({**_messages("Hi"), "messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]},
+                "content_part_not_allowed", "messages[0].content[0].type", "a block type Messages does not take"),
     ],
     answer=_ANTHROPIC_MESSAGE,
     answer_usage={"prompt_tokens": 9, "completion_tokens": 2},
@@ -392,6 +441,8 @@ COUNT_TOKENS = DialectSamples(
         Refusal({**_count_tokens("Hi"), "tools": {"name": "t"}}, "invalid_field", "tools", "tools not in an array"),
         Refusal({**_count_tokens("Hi"), "chat_template_kwargs": {"chat_template": "{{ x }}"}}, "unsupported_field",
                 "chat_template_kwargs.chat_template", "a template smuggled in as a switch"),
+        Refusal({**_count_tokens("Hi"), "tools": [{"type": "bash_20250124", "name": "bash"}]},
+                "tool_type_not_allowed", "tools[0].type", "a server tool, as Messages refuses it"),
     ],
     answer={"input_tokens": 9, "context_management": {"original_input_tokens": 9}},
     answer_usage={"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9},
@@ -435,6 +486,12 @@ TOKENIZE = DialectSamples(
             "unsupported_field",
             "chat_template",
             "a template of the request's own",
+        ),
+        Refusal(
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "prompt_embeds", "data": "AA"}]}]},
+            "content_part_not_allowed",
+            "messages[0].content[0].type",
+            "a prompt_embeds part, as chat refuses it",
         ),
     ],
     answer={"count": 2, "max_model_len": 4096, "tokens": [9906, 1917], "token_strs": ["Hello", " world"]},
@@ -515,6 +572,12 @@ RERANK = DialectSamples(
             "media_url_not_allowed",
             "documents[1].content[0].image_url.url",
             "a media URL off the allowlist",
+        ),
+        Refusal(
+            {**_rerank("q"), "documents": ["d", {"content": [{"type": "image_embeds", "image_embeds": "AA"}]}]},
+            "content_part_not_allowed",
+            "documents[1].content[0].type",
+            "an image_embeds part from a tenant that did not opt in",
         ),
     ],
     answer={

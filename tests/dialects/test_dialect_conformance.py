@@ -17,6 +17,7 @@ import pytest
 from starlette.types import Message
 
 from gateway.body_fields import OWNED_FIELDS
+from gateway.dialects.allowlists import NO_GRANTS
 from gateway.dialects.base import Dialect
 from gateway.dialects.registry import DIALECTS, register_dialect
 from gateway.errors import InvalidRequest
@@ -30,7 +31,7 @@ from gateway.types import InferenceRequest
 from gateway.validation import build_request
 from tests.dialects.samples import MODEL, SAMPLES, Body, DialectSamples
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import routing_policy, tenant
+from tests.routing.conftest import SECRET, routing_policy, tenant
 
 # The well-known values of gen_ai.operation.name (OpenTelemetry GenAI semantic conventions).
 GENAI_OPERATIONS = {
@@ -60,7 +61,7 @@ def samples_of(dialect: Dialect) -> DialectSamples:
 def accept(dialect: Dialect, body: Body, snapshot: PolicySnapshot, limits: RequestLimits | None = None) -> Any:
     """What the request path does with ``body`` up to admission: screen, then validate."""
     limits = limits or snapshot.policy.limits
-    dialect.screen(body, limits)
+    dialect.screen(body, limits, NO_GRANTS)
     return build_request(
         api=dialect,
         body=body,
@@ -137,7 +138,7 @@ def test_every_backend_kind_gets_the_bound_in_one_of_its_aliases(dialect: Dialec
 def test_a_valid_body_is_accepted_into_a_request_of_that_api(dialect: Dialect, snapshot: PolicySnapshot) -> None:
     body = samples_of(dialect).with_prompt("Hello there")
     assert body.keys() <= dialect.fields
-    assert not dialect.screen(copy.deepcopy(body), snapshot.policy.limits), "nothing to drop"
+    assert not dialect.screen(copy.deepcopy(body), snapshot.policy.limits, NO_GRANTS), "nothing to drop"
     request = accept(dialect, body, snapshot)
     assert isinstance(request, InferenceRequest)
     assert request.api is dialect
@@ -169,7 +170,7 @@ def test_an_owned_field_is_dropped_when_the_gateway_sets_it_and_refused_when_it_
     dialect: Dialect, snapshot: PolicySnapshot
 ) -> None:
     body = {**samples_of(dialect).with_prompt("Hi"), "priority": -100}
-    assert dialect.screen(body, snapshot.policy.limits), "a field was dropped"
+    assert dialect.screen(body, snapshot.policy.limits, NO_GRANTS), "a field was dropped"
     assert "priority" not in body
     error = refusal(dialect, {**samples_of(dialect).with_prompt("Hi"), "kv_transfer_params": {}}, snapshot)
     assert (error.code, error.param) == ("unsupported_field", "kv_transfer_params")
@@ -217,7 +218,7 @@ def test_the_estimate_never_counts_a_cjk_character_as_less_than_a_token(
 
 def keys_of(dialect: Dialect, body: Body, snapshot: PolicySnapshot, tenant_name: str) -> tuple[int, ...]:
     request = accept(dialect, body, snapshot)
-    return prefix_keys(request, tenant(snapshot, tenant_name), block_tokens=4).blocks
+    return prefix_keys(request, tenant(snapshot, tenant_name), block_tokens=4, secret=SECRET).blocks
 
 
 @dialects

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.dialects.allowlists import NO_GRANTS
 from gateway.dialects.chat import CHAT
 from gateway.dialects.messages import MESSAGES
 from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT, chat_body, messages_answer
@@ -249,8 +250,8 @@ def test_a_conversation_with_system_blocks_tools_and_tool_results_becomes_vllm_s
     }  # fmt: skip
     # and it is a valid chat request, which the gateway's own chat validation accepts
     limits = snapshot.policy.limits
-    MESSAGES.screen(body, limits)
-    CHAT.screen(chat, limits)
+    MESSAGES.screen(body, limits, NO_GRANTS)
+    CHAT.screen(chat, limits, NO_GRANTS)
     request = build_request(
         api=CHAT,
         body=chat,

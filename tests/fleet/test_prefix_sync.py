@@ -18,7 +18,11 @@ from typing import Any
 import openai
 import pytest
 
+from gateway.dialects.chat import CHAT
+from gateway.fleet.prefix_wire import decode
 from gateway.policy.loader import parse_policy
+from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.settings import Settings
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX
 from tests.fake_backend import FakeBackend
@@ -27,6 +31,8 @@ from tests.policy_builder import backend, build_policy, model, redis_state
 from tests.servers import free_port, metric, serve_gateway_in_thread, serve_in_process, serve_in_thread, wait_until
 
 TURNS = 6
+SECRET = "prefix-view-test-secret"
+BLOCK_TOKENS = 16
 
 
 def view_policy(urls: dict[str, str], state: dict[str, Any], **fleet: Any) -> str:
@@ -34,7 +40,9 @@ def view_policy(urls: dict[str, str], state: dict[str, Any], **fleet: Any) -> st
     return build_policy(
         "http://unused",
         backends=[backend(name, url, [CHAT_MODEL]) for name, url in urls.items()],
-        models=[model(CHAT_MODEL, max_prompt_tokens=4096, max_output_tokens=32, routing={"block_tokens": 16})],
+        models=[
+            model(CHAT_MODEL, max_prompt_tokens=4096, max_output_tokens=32, routing={"block_tokens": BLOCK_TOKENS})
+        ],
         state=state,
         fleet={"sync_interval_s": 0.02, "lease_ttl_s": 1.0, "timeout_ms": 1000, **fleet},
         health_checks={"interval_s": 60, "timeout_s": 1},
@@ -56,7 +64,7 @@ def started(text: str, count: int) -> Iterator[list[str]]:
 @pytest.fixture(autouse=True)
 def one_salt_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     """Replicas share the engines' caches, hence a prefix view, only with one secret (README)."""
-    monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", "prefix-view-test-secret")
+    monkeypatch.setenv("GATEWAY_CACHE_SALT_SECRET", SECRET)
 
 
 @pytest.fixture
@@ -117,6 +125,42 @@ def test_a_next_turn_on_another_gateway_finds_its_prefix_where_the_first_went(
     with shared_client() as client:
         (stream,) = client.scan_iter(match=f"{prefix}fleet:prefix-view:*")
         assert 0 < client.pttl(stream) <= 600_000, "the stream expires one index TTL after the last flush"
+
+
+def test_the_stream_holds_no_hash_computable_without_the_secret(
+    backends: tuple[dict[str, FakeBackend], dict[str, str]], prefix: str
+) -> None:
+    """Whoever reads the stream and guesses acme's prompt finds neither the chain anyone computes
+    from the prompt, the scope and the model, nor the gateway's own chain in the clear (whose
+    hashes would seed a guessed continuation); the replicas, sharing the secret, still agree."""
+    _, urls = backends
+    with started(view_policy(urls, redis_state(REDIS_URL, prefix)), 2) as (first, second):
+        ask(first, conversation(0))
+        wait_until(
+            lambda: metric(second, "gateway_fleet_prefix_decisions_total", result="received") >= 1,
+            what="the second gateway folded the decision",
+        )
+        ask(second, next_turn(0))
+        assert decisions(second, "prefix_match") == 1, "the replicas agree on the chain"
+        wait_until(
+            lambda: metric(second, "gateway_fleet_prefix_decisions_total", result="published") == 1,
+            what="the second gateway published its decision",
+        )
+    with shared_client() as client:
+        (stream,) = client.scan_iter(match=f"{prefix}fleet:prefix-view:*")
+        entries = [fields for _, fields in client.xrange(stream)]
+    carried = b"".join(value for fields in entries for value in fields.values())
+    keyed = PrefixSecret(SECRET.encode())
+    for messages in (conversation(0), next_turn(0)):
+        rendered = CHAT.render({"model": CHAT_MODEL, "messages": messages})
+        assert isinstance(rendered, str)
+        data, size = rendered.encode(), CHARS_PER_TOKEN * BLOCK_TOKENS
+        unkeyed = chain(data, size, scope_root("tenant:acme", CHAT_MODEL))
+        gateways = chain(data, size, keyed.root("tenant:acme", CHAT_MODEL))
+        for h in (*unkeyed, *gateways):
+            assert h.to_bytes(8, "little") not in carried, f"{h:016x} is in the stream"
+    opened = [tuple(d.blocks) for fields in entries for d in decode(fields, keyed)]
+    assert gateways in opened, "opened with the secret: the gateway's chain of the next turn"
 
 
 def test_another_tenant_never_matches_a_prefix_another_gateway_learnt(

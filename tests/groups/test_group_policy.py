@@ -51,16 +51,16 @@ def test_a_group_hides_its_targets_and_lists_itself() -> None:
 @pytest.mark.parametrize(
     ("group", "sections", "expected"),
     [
-        ({"targets": [{"model": "nope"}]}, {}, "model_groups[0].targets[0].model: unknown model 'nope'"),
-        ({"fallbacks": ["ghost"]}, {}, "model_groups[0].fallbacks[0]: unknown model 'ghost'"),
-        ({"class_fallbacks": {"vip": ["big"]}}, {}, "model_groups[0].class_fallbacks.vip: unknown class 'vip'"),
-        ({"name": "solo"}, {}, "model_groups[0].name: 'solo' is also a model under models"),
+        ({"targets": [{"model": "nope"}]}, {}, "model_groups[pub].targets[0].model: unknown model 'nope'"),
+        ({"fallbacks": ["ghost"]}, {}, "model_groups[pub].fallbacks[0]: unknown model 'ghost'"),
+        ({"class_fallbacks": {"vip": ["big"]}}, {}, "model_groups[pub].class_fallbacks.vip: unknown class 'vip'"),
+        ({"name": "solo"}, {}, "model_groups[solo].name: 'solo' is also a model under models"),
         ({"shadow": {"model": "big", "percent": 5, "scorer": "vibes"}}, {}, "shadow.scorer: unknown scorer 'vibes'"),
         ({"shadow": {"model": "v1", "percent": 5}}, {}, "shadow.model: 'v1' is a target already"),
         (
             {},
             {"tenants": [tenant("acme", KEY_ACME, models=["v1"])]},
-            "tenants[0].models[0]: 'v1' serves model group 'pub' and cannot be called by name",
+            "tenants[acme].models[0]: 'v1' serves model group 'pub' and cannot be called by name",
         ),
     ],
 )

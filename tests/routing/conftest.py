@@ -12,6 +12,7 @@ from gateway.dialects.chat import CHAT
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.tokens import CharRatioEstimator
 from gateway.types import InferenceRequest
 from gateway.validation import build_request
@@ -19,6 +20,8 @@ from tests.policy_builder import NOWHERE, OMIT, backend, build_policy, model
 from tests.policy_builder import tenant as tenant_entry
 
 MODEL = "m"
+SECRET = PrefixSecret(b"routing-test-secret")
+"""The cache-salt secret of the routers these tests build (it keys the prefix roots)."""
 SYSTEM = "You are the assistant of a large company. " * 40  # ~1,700 characters: several blocks
 
 

@@ -7,6 +7,7 @@ names; the loader must give exactly the problems (refused) or the warnings (load
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from tests.policy_builder import tenant as tenant_entry
 from tests.routing.conftest import PUBLIC_BOT, SCOPED_TENANTS
 
 SOURCE = "policies/prod.yaml"
+WARNING_AT = re.compile(rf"^{re.escape(SOURCE)}:\d+:\d+: warning: ")
+"""How each warning begins: the file, the line and column of the entry it is about."""
 
 
 def backend(name: str, kind: str, tenants: list[str] | None = None, models: list[str] | None = None) -> dict[str, Any]:
@@ -52,7 +55,7 @@ REFUSED = [
     pytest.param(
         policy(backend("llama-a", "llamacpp"), M2, unsalted="dedicated"),
         [
-            f"backends[0]: 'llama-a' (llamacpp) is not salted (cache_isolation.unsalted: dedicated) and serves "
+            f"backends[llama-a]: 'llama-a' (llamacpp) is not salted (cache_isolation.unsalted: dedicated) and serves "
             f"tenants of different cache scopes: {EVERYONE}; list in its tenants: the tenants it serves, all of "
             "one cache scope"
         ],
@@ -61,9 +64,9 @@ REFUSED = [
     pytest.param(
         policy(backend("llama-a", "llamacpp", ["acme", "shared-a", "globex"]), M2, unsalted="dedicated"),
         [
-            "backends[0].tenants[1]: tenant 'shared-a' shares unsalted backend 'llama-a' with 'acme' "
+            "backends[llama-a].tenants[1]: tenant 'shared-a' shares unsalted backend 'llama-a' with 'acme' "
             "(another cache scope; cache_isolation.unsalted is dedicated)",
-            "backends[0].tenants[2]: tenant 'globex' shares unsalted backend 'llama-a' with 'acme' "
+            "backends[llama-a].tenants[2]: tenant 'globex' shares unsalted backend 'llama-a' with 'acme' "
             "(another cache scope; cache_isolation.unsalted is dedicated)",
         ],
         id="dedicated names each listed tenant of another scope than the first",
@@ -71,9 +74,9 @@ REFUSED = [
     pytest.param(
         policy(backend("gpt", "openai", ["acme", "globex"]), backend("llama-a", "llamacpp"), M2, unsalted="dedicated"),
         [
-            "backends[0].tenants[1]: tenant 'globex' shares unsalted backend 'gpt' with 'acme' "
+            "backends[gpt].tenants[1]: tenant 'globex' shares unsalted backend 'gpt' with 'acme' "
             "(another cache scope; cache_isolation.unsalted is dedicated)",
-            f"backends[1]: 'llama-a' (llamacpp) is not salted (cache_isolation.unsalted: dedicated) and serves "
+            f"backends[llama-a]: 'llama-a' (llamacpp) is not salted (cache_isolation.unsalted: dedicated) and serves "
             f"tenants of different cache scopes: {EVERYONE}; list in its tenants: the tenants it serves, all of "
             "one cache scope",
         ],
@@ -82,7 +85,7 @@ REFUSED = [
     pytest.param(
         policy(backend("gpt", "openai"), backend("llama-a", "llamacpp"), M2, unsalted="no_prompt_cache"),
         [
-            "backends[0]: 'gpt' (openai) has no switch to turn prompt caching off (cache_isolation.unsalted: "
+            "backends[gpt]: 'gpt' (openai) has no switch to turn prompt caching off (cache_isolation.unsalted: "
             f"no_prompt_cache) and serves tenants of different cache scopes: {EVERYONE}; give it tenants: of "
             "one cache scope, or set cache_isolation.unsalted: dedicated"
         ],
@@ -90,12 +93,12 @@ REFUSED = [
     ),
     pytest.param(
         policy(backend("llama-a", "llamacpp", ["acme", "initech"]), M2),
-        ["backends[0].tenants[1]: unknown tenant 'initech'"],
+        ["backends[llama-a].tenants[1]: unknown tenant 'initech'"],
         id="a backend listing an undeclared tenant is refused",
     ),
     pytest.param(
         policy(backend("llama-a", "llamacpp", []), M2),
-        ["backends[0].tenants: must have at least 1 item after validation, not 0"],
+        ["backends[llama-a].tenants: must have at least 1 item after validation, not 0"],
         id="a backend listing no tenant at all is refused rather than never used",
     ),
 ]
@@ -112,8 +115,8 @@ LOADED = [
     pytest.param(
         policy(backend("llama-a", "llamacpp"), M2),
         [
-            f"backends[0]: 'llama-a' (llamacpp) cannot salt its prefix cache and serves tenants of different cache "
-            f"scopes: {EVERYONE}; each can time whether another sent a prompt (cache_isolation.unsalted is "
+            f"backends[llama-a]: 'llama-a' (llamacpp) cannot salt its prefix cache and serves tenants of different "
+            f"cache scopes: {EVERYONE}; each can time whether another sent a prompt (cache_isolation.unsalted is "
             "shared; set it to no_prompt_cache or dedicated, or give the backend tenants: of one scope)"
         ],
         id="shared, the default, warns about a llamacpp backend that every tenant reaches",
@@ -121,7 +124,7 @@ LOADED = [
     pytest.param(
         policy(backend("gpt", "openai", ["acme", "globex"]), backend("vllm-m", "vllm"), M2),
         [
-            "backends[0]: 'gpt' (openai) cannot salt its prefix cache and serves tenants of different cache "
+            "backends[gpt]: 'gpt' (openai) cannot salt its prefix cache and serves tenants of different cache "
             "scopes: 'acme', 'globex'; each can time whether another sent a prompt (cache_isolation.unsalted is "
             "shared; set it to dedicated, or give the backend tenants: of one scope)"
         ],
@@ -160,9 +163,9 @@ LOADED = [
             unsalted="dedicated",
         ),
         [
-            f"tenants[{i}]: tenant '{name}' may use model '{model}' but none of its backends serves this tenant "
+            f"tenants[{name}]: tenant '{name}' may use model '{model}' but none of its backends serves this tenant "
             "(their tenants: lists leave it out); its requests for it get 503 no_backend_for_tenant"
-            for i, name in enumerate(["globex", "shared-a", "shared-b"], start=1)
+            for name in ["globex", "shared-a", "shared-b"]
             for model in ["m", "m2"]
         ],
         id="a tenant allowed a model that no backend serves to it is warned about",
@@ -173,7 +176,7 @@ LOADED = [
             backend("vllm-m2", "vllm", ["globex", "acme", "shared-a", "shared-b"], models=["m2"]),
             globex_models=["m"],
         ),
-        ["backends[1].tenants[0]: tenant 'globex' may use none of this backend's models"],
+        ["backends[vllm-m2].tenants[0]: tenant 'globex' may use none of this backend's models"],
         id="a backend listing a tenant that may use none of its models is warned about",
     ),
 ]
@@ -181,7 +184,9 @@ LOADED = [
 
 @pytest.mark.parametrize(("text", "warnings"), LOADED)
 def test_a_policy_loads_with_the_isolation_warnings_it_deserves(text: str, warnings: list[str]) -> None:
-    assert list(parse_policy(text, SOURCE).warnings) == warnings
+    loaded = parse_policy(text, SOURCE).warnings
+    assert all(WARNING_AT.match(warning) for warning in loaded), loaded
+    assert [WARNING_AT.sub("", warning, count=1) for warning in loaded] == warnings
 
 
 def test_a_long_list_of_tenants_is_cut_in_the_warning() -> None:

@@ -15,50 +15,50 @@ from tests.routing.conftest import MODEL, routing_policy
         pytest.param(
             "routing: {strategy: random}",
             "",
-            "models[0].routing.strategy: unknown strategy 'random' (known: least_load, prefix_affinity, "
+            "models[m].routing.strategy: unknown strategy 'random' (known: least_load, prefix_affinity, "
             "round_robin, session_affinity)",
             id="an unknown strategy is refused with the known ones",
         ),
         pytest.param(
             "routing: {weights: {prefix: 1}}",
             "",
-            "models[0].routing.weights.prefix: unknown scorer",
+            "models[m].routing.weights.prefix: unknown scorer",
             id="an unknown scorer in the weights is refused",
         ),
         pytest.param(
             "routing: {weights: {in-flight-scorer: 0}}",
             "",
-            "models[0].routing.weights: at least one weight must be greater than 0",
+            "models[m].routing.weights: at least one weight must be greater than 0",
             id="weights that are all zero are refused",
         ),
         pytest.param(
             "routing: {epsilon: -1}",
             "",
-            "models[0].routing.epsilon: must be greater than or equal to 0",
+            "models[m].routing.epsilon: must be greater than or equal to 0",
             id="a negative epsilon is refused",
         ),
         pytest.param(
             "routing: {block_tokens: 1}",
             "",
-            "models[0].routing.block_tokens: must be greater than or equal to 4",
+            "models[m].routing.block_tokens: must be greater than or equal to 4",
             id="a tiny block is refused",
         ),
         pytest.param(
             "routing: {index: {ttl_s: 0}}",
             "",
-            "models[0].routing.index.ttl_s: must be greater than 0",
+            "models[m].routing.index.ttl_s: must be greater than 0",
             id="a zero index ttl is refused",
         ),
         pytest.param(
             "routing: {strategy: prefix_affinity, sticky: true}",
             "",
-            "models[0].routing.sticky: unknown key",
+            "models[m].routing.sticky: unknown key",
             id="an unknown routing key is refused",
         ),
         pytest.param(
             "routing: {tokenizer: llama}",
             "",
-            "models[0].routing.tokenizer: must be 'estimate' or 'words'",
+            "models[m].routing.tokenizer: must be 'estimate' or 'words'",
             id="an unknown tokenizer is refused",
         ),
         pytest.param(
@@ -81,7 +81,7 @@ def test_a_tenant_naming_an_undeclared_cache_scope_is_refused() -> None:
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, "p.yaml")
     assert caught.value.problems == [
-        "tenants[2].cache_scope: unknown cache scope 'public-bott' (declare it under cache_scopes)"
+        "tenants[shared-a].cache_scope: unknown cache scope 'public-bott' (declare it under cache_scopes)"
     ]
 
 
@@ -89,7 +89,7 @@ def test_a_cache_scope_with_an_unknown_key_is_refused() -> None:
     text = routing_policy(cache_scopes={"public-bot": {"members": ["acme"]}})
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, "p.yaml")
-    assert caught.value.problems == ["cache_scopes.public-bot.members: unknown key"]
+    assert caught.value.problems == ["cache_scopes.public-bot.members: unknown key (valid keys: description)"]
 
 
 def test_the_routing_defaults_are_prefix_affinity_with_bounded_load() -> None:

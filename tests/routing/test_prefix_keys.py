@@ -8,13 +8,13 @@ from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.prefix_keys import TOKENIZERS, ChainMemo, prefix_keys, render
-from tests.routing.conftest import chat_request, tenant
+from tests.routing.conftest import SECRET, chat_request, tenant
 
 BLOCK = 16  # tokens: 64 bytes per block
 
 
 def keys_of(snapshot: PolicySnapshot, who: str, *turns: str) -> tuple[int, ...]:
-    return prefix_keys(chat_request(snapshot, *turns), tenant(snapshot, who), BLOCK).blocks
+    return prefix_keys(chat_request(snapshot, *turns), tenant(snapshot, who), BLOCK, secret=SECRET).blocks
 
 
 def test_the_same_prompt_under_two_tenants_gives_unrelated_keys(snapshot: PolicySnapshot) -> None:
@@ -39,7 +39,7 @@ def test_a_conversations_next_turn_extends_the_previous_chain(snapshot: PolicySn
 
 
 def memo_keys(snapshot: PolicySnapshot, memo: ChainMemo, who: str, *turns: str) -> tuple[int, ...]:
-    return prefix_keys(chat_request(snapshot, *turns), tenant(snapshot, who), BLOCK, memo=memo).blocks
+    return prefix_keys(chat_request(snapshot, *turns), tenant(snapshot, who), BLOCK, memo=memo, secret=SECRET).blocks
 
 
 def test_the_memo_continues_a_conversation_with_the_keys_a_full_hash_gives(snapshot: PolicySnapshot) -> None:
@@ -79,8 +79,10 @@ def test_the_memo_is_bounded_by_the_blocks_it_holds(snapshot: PolicySnapshot) ->
 
 
 def test_a_different_system_prompt_changes_every_block(snapshot: PolicySnapshot) -> None:
-    one = prefix_keys(chat_request(snapshot, "Hi"), tenant(snapshot, "acme"), BLOCK).blocks
-    other = prefix_keys(chat_request(snapshot, "Hi", system="X" + "y" * 2000), tenant(snapshot, "acme"), BLOCK)
+    one = prefix_keys(chat_request(snapshot, "Hi"), tenant(snapshot, "acme"), BLOCK, secret=SECRET).blocks
+    other = prefix_keys(
+        chat_request(snapshot, "Hi", system="X" + "y" * 2000), tenant(snapshot, "acme"), BLOCK, secret=SECRET
+    )
     assert not set(one) & set(other.blocks)
 
 
@@ -88,15 +90,17 @@ def test_only_full_blocks_are_keyed(snapshot: PolicySnapshot) -> None:
     request = chat_request(snapshot, "Hi")
     rendered = render(CHAT, request.body)
     assert isinstance(rendered, str)
-    assert len(prefix_keys(request, tenant(snapshot, "acme"), BLOCK).blocks) == len(rendered.encode()) // (4 * BLOCK)
+    assert len(prefix_keys(request, tenant(snapshot, "acme"), BLOCK, secret=SECRET).blocks) == len(
+        rendered.encode()
+    ) // (4 * BLOCK)
 
 
 def test_keys_are_computed_once_and_cached_on_the_request(snapshot: PolicySnapshot) -> None:
     request = chat_request(snapshot, "Hi")
-    first = prefix_keys(request, tenant(snapshot, "acme"), BLOCK)
+    first = prefix_keys(request, tenant(snapshot, "acme"), BLOCK, secret=SECRET)
     assert request.prefix_keys is first
-    assert prefix_keys(request, tenant(snapshot, "acme"), BLOCK) is first
-    assert prefix_keys(request, tenant(snapshot, "acme"), BLOCK * 2) is not first
+    assert prefix_keys(request, tenant(snapshot, "acme"), BLOCK, secret=SECRET) is first
+    assert prefix_keys(request, tenant(snapshot, "acme"), BLOCK * 2, secret=SECRET) is not first
 
 
 @pytest.mark.parametrize(
@@ -138,5 +142,5 @@ def test_a_tokenizer_keys_blocks_of_real_tokens(snapshot: PolicySnapshot) -> Non
     words = TOKENIZERS["words"]
     rendered = render(CHAT, request.body)
     assert isinstance(rendered, str)
-    keys = prefix_keys(request, tenant(snapshot, "acme"), BLOCK, words)
+    keys = prefix_keys(request, tenant(snapshot, "acme"), BLOCK, words, secret=SECRET)
     assert len(keys.blocks) == len(words(rendered)) // BLOCK

@@ -26,7 +26,7 @@ from gateway.routing.framework import load_bound
 from gateway.routing.registry import STRATEGIES, build_routers
 from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, counters, load, routing_policy, states, tenant
+from tests.routing.conftest import MODEL, SECRET, chat_request, counters, load, routing_policy, states, tenant
 
 NAN, INF = math.nan, math.inf
 REASON = re.compile(r"[a-z]+(_[a-z]+)*")
@@ -38,7 +38,7 @@ def snapshot_for(strategy: str, epsilon: float = 0.25) -> PolicySnapshot:
 
 
 def router_for(snapshot: PolicySnapshot) -> Router:
-    return build_routers(snapshot, FakeClock())[MODEL]
+    return build_routers(snapshot, FakeClock(), SECRET)[MODEL]
 
 
 BOUNDED = sorted(name for name in STRATEGIES if isinstance(router_for(snapshot_for(name)), LoadBounded))

@@ -27,7 +27,7 @@ from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import SCORERS, build_routers
 from gateway.types import InferenceRequest, PrefixKeys
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, counters, routing_policy, states, tenant
+from tests.routing.conftest import MODEL, SECRET, chat_request, counters, routing_policy, states, tenant
 
 NOW = 1000.0
 FRESH_S = 3.0
@@ -304,7 +304,7 @@ def scores_as_router_sees(
 
 
 def prefix_router(snapshot: PolicySnapshot) -> PrefixAffinityRouter:
-    router = build_routers(snapshot, FakeClock(NOW))[MODEL]
+    router = build_routers(snapshot, FakeClock(NOW), SECRET)[MODEL]
     assert isinstance(router, PrefixAffinityRouter)
     return router
 

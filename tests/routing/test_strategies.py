@@ -16,11 +16,11 @@ from gateway.routing.framework import load_bound
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import RouterSpec, build_router, build_routers
 from tests.fake_clock import FakeClock
-from tests.routing.conftest import MODEL, chat_request, load, routing_policy, states, tenant
+from tests.routing.conftest import MODEL, SECRET, chat_request, load, routing_policy, states, tenant
 
 
 def router_for(snapshot: PolicySnapshot, clock: Clock | None = None) -> Router:
-    return build_routers(snapshot, clock or FakeClock())[MODEL]
+    return build_routers(snapshot, clock or FakeClock(), SECRET)[MODEL]
 
 
 def strategy(name: str, epsilon: float = 0.25) -> PolicySnapshot:
@@ -204,9 +204,9 @@ def test_session_affinity_spills_past_the_load_bound() -> None:
 
 def test_the_registry_builds_the_policys_strategy_per_model() -> None:
     snapshot = strategy("round_robin")
-    spec = RouterSpec(MODEL, snapshot.models[MODEL].routing, FakeClock())
+    spec = RouterSpec(MODEL, snapshot.models[MODEL].routing, FakeClock(), SECRET)
     assert build_router(spec).strategy == "round_robin"  # type: ignore[attr-defined]
-    assert build_routers(parse_policy(routing_policy(), "t"), FakeClock())[MODEL].strategy == "prefix_affinity"  # type: ignore[attr-defined]
+    assert build_routers(parse_policy(routing_policy(), "t"), FakeClock(), SECRET)[MODEL].strategy == "prefix_affinity"  # type: ignore[attr-defined]
 
 
 ForgetSpy = Callable[[str], None]
@@ -231,10 +231,10 @@ def test_a_reload_keeps_the_router_of_a_model_whose_routing_did_not_change() -> 
     from gateway.routing.registry import update_routers
 
     old = strategy("prefix_affinity")
-    routers = build_routers(old, FakeClock())
+    routers = build_routers(old, FakeClock(), SECRET)
     routing = {"strategy": "prefix_affinity", "block_tokens": 16, "epsilon": 0.25}
     new = parse_policy(routing_policy(version="t2", models={MODEL: {"routing": routing}}), "t")  # another text
-    same = update_routers(routers, old, new, FakeClock())
-    changed = update_routers(routers, old, strategy("round_robin"), FakeClock())
+    same = update_routers(routers, old, new, FakeClock(), SECRET)
+    changed = update_routers(routers, old, strategy("round_robin"), FakeClock(), SECRET)
     assert same[MODEL] is routers[MODEL]
     assert changed[MODEL].strategy == "round_robin"  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ import pytest
 from gateway.backends import BackendPool, BackendState
 from gateway.clock import MonotonicClock
 from gateway.context import RequestContext
+from gateway.cost_meter import CostMeter
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.embeddings import EMBEDDINGS
@@ -156,6 +157,7 @@ class Rig:
     metrics: Metrics
     runner: ShadowRunner
     clock: MonotonicClock
+    costs: CostMeter
 
     @property
     def group(self) -> ModelGroup:
@@ -215,10 +217,11 @@ async def rig(policy: str, rng: random.Random | None = None) -> AsyncIterator[Ri
     dispatcher = Dispatcher(pool, runtime.router, clock, snapshot)
     upstream = UpstreamClient({b.name: b for b in snapshot.policy.backends})
     metrics = Metrics()
-    runner = ShadowRunner(clock, dispatcher, upstream, metrics, rng or random.Random(7))
+    costs = CostMeter(metrics, snapshot.policy.backends, clock)
+    runner = ShadowRunner(clock, dispatcher, upstream, metrics, rng or random.Random(7), costs=costs)
     dispatcher.on_wait = runner.preempt
     try:
-        yield Rig(snapshot, runtime, dispatcher, metrics, runner, clock)
+        yield Rig(snapshot, runtime, dispatcher, metrics, runner, clock, costs)
     finally:
         await runner.aclose()
         await upstream.aclose()
@@ -295,6 +298,26 @@ async def test_a_request_of_an_api_that_does_not_stream_is_not_copied(engines: E
         assert r.runner.in_flight == 0
         assert r.metrics.registry.get_sample_value("gateway_shadow_requests_total", {}) is None
         assert r.slots_held() == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "tokens"),
+    [(200, 7 + 5), (503, 0)],
+    ids=["a completed copy weighs the tokens the engine reported", "a failed copy weighs none, as a request"],
+)
+async def test_a_copy_that_held_a_slot_is_charged_to_its_group_not_to_its_tenant(
+    engines: Engines, fake: FakeBackend, status: int, tokens: int
+) -> None:
+    fake.status, fake.tokens = status, 5
+    policy = shadow_policy(engines, shadow_url=engines.recorder, shadow_kind="vllm")
+    async with rig(policy) as r:
+        assert r.runner.copy(r.context(), r.group) is not None
+        await eventually(lambda: r.runner.in_flight == 0, what="the copy to end")
+        assert r.costs.accountant.pending_requests == 1
+        deltas = r.costs.close_interval()
+    (key,) = deltas
+    assert (key.tenant, key.model, key.class_name) == (f"~shadow:{GROUP}", CANDIDATE, "batch")
+    assert (deltas[key].requests, deltas[key].goodput_requests, deltas[key].tokens) == (1, 0, tokens)
 
 
 async def test_a_failing_shadow_target_is_counted_as_an_error_and_never_scored(

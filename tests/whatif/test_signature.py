@@ -22,6 +22,7 @@ from gateway.prefix_signature import (
 )
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.prefix_keys import prefix_keys
+from gateway.routing.prefix_secret import PrefixSecret
 from gateway.tokens import CharRatioEstimator
 from gateway.types import InferenceRequest, PrefixKeys
 from gateway.validation import build_request
@@ -31,6 +32,7 @@ from loadtests.loadgen.workload import parse_workload
 MODEL = "m"
 SYSTEM = "You are the assistant of a garden-tools shop; answer in two sentences at most. " * 8  # 648 bytes
 BLOCK = 16  # 64 bytes a block: small prompts give several blocks
+SECRET = PrefixSecret(b"signature-test-secret")
 
 
 def chat(*contents: str, **fields: Any) -> dict[str, Any]:
@@ -63,7 +65,7 @@ def tenant(name: str, cache_scope: str | None = None) -> Tenant:
 
 
 def sign(body: dict[str, Any], scope: str = "tenant:acme") -> tuple[str, ...]:
-    return request_signature(request(body), scope, BLOCK).hashes
+    return request_signature(request(body), scope, BLOCK, secret=SECRET).hashes
 
 
 def test_the_same_prompt_under_two_tenants_gives_chains_that_never_meet() -> None:
@@ -92,54 +94,62 @@ def test_a_conversations_next_turn_extends_the_previous_turns_chain() -> None:
 
 
 def test_hashes_are_16_hex_digits_and_hold_no_text() -> None:
-    signature = request_signature(request(chat(SYSTEM, "secret-word " * 30)), "tenant:acme", BLOCK)
+    signature = request_signature(request(chat(SYSTEM, "secret-word " * 30)), "tenant:acme", BLOCK, secret=SECRET)
     assert all(len(h) == 16 and int(h, 16) >= 0 for h in signature.hashes)
     assert signature.block_tokens == BLOCK
     assert "secret" not in repr(signature)
 
 
 def test_only_full_blocks_are_hashed() -> None:
-    exactly_two = request_signature(request({"model": MODEL, "prompt": "x" * 128}, COMPLETIONS), "s", BLOCK)
-    a_bit_more = request_signature(request({"model": MODEL, "prompt": "x" * 191}, COMPLETIONS), "s", BLOCK)
+    exactly_two = request_signature(
+        request({"model": MODEL, "prompt": "x" * 128}, COMPLETIONS), "s", BLOCK, secret=SECRET
+    )
+    a_bit_more = request_signature(
+        request({"model": MODEL, "prompt": "x" * 191}, COMPLETIONS), "s", BLOCK, secret=SECRET
+    )
     assert len(exactly_two.hashes) == len(a_bit_more.hashes) == 2
     assert exactly_two.hashes == a_bit_more.hashes
 
 
 def test_token_id_prompts_are_hashed_by_ids_block_tokens_ids_a_block() -> None:
     ids = list(range(100))
-    signature = request_signature(request({"model": MODEL, "prompt": ids}, COMPLETIONS), "s", BLOCK)
-    longer = request_signature(request({"model": MODEL, "prompt": [*ids, 7, 8]}, COMPLETIONS), "s", BLOCK)
+    signature = request_signature(request({"model": MODEL, "prompt": ids}, COMPLETIONS), "s", BLOCK, secret=SECRET)
+    longer = request_signature(
+        request({"model": MODEL, "prompt": [*ids, 7, 8]}, COMPLETIONS), "s", BLOCK, secret=SECRET
+    )
     assert len(signature.hashes) == 100 // BLOCK
     assert longer.hashes[: len(signature.hashes)] == signature.hashes
 
 
 def test_the_chain_is_capped_and_the_estimate_still_counts_the_whole_prompt() -> None:
     body = {"model": MODEL, "prompt": "y" * (4 * 4 * (MAX_SIGNATURE_BLOCKS + 10))}
-    signature = request_signature(request(body, COMPLETIONS), "s", 4)
+    signature = request_signature(request(body, COMPLETIONS), "s", 4, secret=SECRET)
     assert len(signature.hashes) == MAX_SIGNATURE_BLOCKS
     assert signature.prompt_tokens_est == 4 * (MAX_SIGNATURE_BLOCKS + 10)
 
 
 def test_the_routers_keys_are_reused_when_computed_for_the_same_scope_and_block_size() -> None:
     req = request(chat(SYSTEM, "Which rake?"))
-    keys = prefix_keys(req, tenant("acme"), BLOCK)
-    assert request_signature(req, "tenant:acme", BLOCK).hashes == tuple(f"{h:016x}" for h in keys.blocks)
+    keys = prefix_keys(req, tenant("acme"), BLOCK, secret=SECRET)
+    assert request_signature(req, "tenant:acme", BLOCK, secret=SECRET).hashes == SECRET.trace_hashes(keys.blocks)
     req.prefix_keys = PrefixKeys(keys.root, BLOCK, (1, 2, 3))  # what a router memoised, taken as is
-    assert request_signature(req, "tenant:acme", BLOCK).hashes == (
-        "0000000000000001",
-        "0000000000000002",
-        "0000000000000003",
-    )
-    assert len(request_signature(req, "tenant:acme", BLOCK, reuse_keys=False).hashes) == len(keys.blocks)
-    assert request_signature(req, "tenant:other", BLOCK).hashes != ("0000000000000001",) * 3  # another scope: hashed
-    assert len(request_signature(req, "tenant:acme", 2 * BLOCK).hashes) == len(keys.blocks) // 2
+    assert request_signature(req, "tenant:acme", BLOCK, secret=SECRET).hashes == SECRET.trace_hashes((1, 2, 3))
+    rehashed = request_signature(req, "tenant:acme", BLOCK, secret=SECRET, reuse_keys=False)
+    assert len(rehashed.hashes) == len(keys.blocks)
+    other = request_signature(req, "tenant:other", BLOCK, secret=SECRET)  # another scope: hashed
+    assert other.hashes[:3] != SECRET.trace_hashes((1, 2, 3))
+    assert len(request_signature(req, "tenant:acme", 2 * BLOCK, secret=SECRET).hashes) == len(keys.blocks) // 2
 
 
-def test_the_load_generators_body_signature_is_the_gateways_under_a_private_tenants_scope() -> None:
+def test_the_load_generators_body_signature_has_the_gateways_shape_but_none_of_its_keyed_hashes() -> None:
+    """The load generator knows no secret: its chains are unkeyed, so they never meet a gateway's,
+    which a replay never needs (it compares chains inside one trace)."""
     body = chat(SYSTEM, "Which rake for wet leaves? " * 10, max_tokens=64)
     client_side = body_signature(CHAT, body, scope=private_scope("acme"), block_tokens=BLOCK)
-    gateway_side = request_signature(request(dict(body)), tenant_scope(tenant("acme")), BLOCK)
-    assert client_side == gateway_side
+    gateway_side = request_signature(request(dict(body)), tenant_scope(tenant("acme")), BLOCK, secret=SECRET)
+    assert len(client_side.hashes) == len(gateway_side.hashes) > 5
+    assert client_side.prompt_tokens_est == gateway_side.prompt_tokens_est
+    assert not set(client_side.hashes) & set(gateway_side.hashes)
     assert private_scope("acme") == tenant_scope(tenant("acme"))
     assert tenant_scope(tenant("acme", cache_scope="shared")) != private_scope("acme")
 

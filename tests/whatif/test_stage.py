@@ -118,7 +118,7 @@ def test_a_backend_serving_two_models_cannot_be_one_engine(write_policy: WritePo
 def test_a_policy_the_gateway_refuses_is_refused_with_the_loaders_message(
     write_policy: WritePolicy, tmp_path: Path
 ) -> None:
-    with pytest.raises(PolicyError, match=r"tenants\[0\].limits.rpm"):
+    with pytest.raises(PolicyError, match=r"tenants\[acme\].limits.rpm"):
         plan_for(write_policy(tenants={"acme": {"limits": {"rpm": 0}}}), tmp_path)
 
 
