@@ -178,7 +178,11 @@ def _too_large(what: str, limit: int) -> PayloadTooLarge:
 
 
 def parse_json_object(
-    raw: bytes, max_depth: int, max_containers: int = 16_384, max_keys: int = 16_384
+    raw: bytes,
+    max_depth: int,
+    max_containers: int = 16_384,
+    max_keys: int = 16_384,
+    max_values: int | None = None,
 ) -> dict[str, Any]:
     """Strict JSON to a dict; 400 on a syntax error, a non-object, a duplicate key, or nesting
     over ``max_depth``.
@@ -189,7 +193,9 @@ def parse_json_object(
         raise InvalidRequest("Request body is empty; expected a JSON object.", code="invalid_json")
     scanned: Scan | None = None
     if len(raw) >= SCAN_FROM_BYTES:
-        scanned = check_structure(raw, max_depth=max_depth, max_containers=max_containers, max_keys=max_keys)
+        scanned = check_structure(
+            raw, max_depth=max_depth, max_containers=max_containers, max_keys=max_keys, max_values=max_values
+        )
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

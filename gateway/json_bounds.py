@@ -19,7 +19,8 @@ body: stripping them with ``bytes.replace`` cost 2.3 ms per 900 KiB body full of
 the scan, and made an escaped body a cheaper way to load the gateway than a plain one.
 
 The same pass counts what the duplicate-key check needs (``gateway/intake.py``): every ``:``
-of the body and its ``\\u003a`` escapes, exactly.
+of the body and its ``\\u003a`` escapes, exactly; and its values (array elements and object
+members, the commas outside strings), which bound what parsing a body of numbers costs.
 
 Small bodies skip the scan (``SCAN_FROM_BYTES``): its fixed cost (about 25 us) is more than
 parsing them and walking the result, which ``gateway/intake.py`` does instead.
@@ -37,7 +38,7 @@ from gateway.errors import InvalidRequest
 SCAN_FROM_BYTES = 16_384
 """Below this, a body is parsed first and walked (cheaper than the scan's fixed cost)."""
 
-_BACKSLASH, _QUOTE, _COLON = (ord(c) for c in '\\":')
+_BACKSLASH, _QUOTE, _COLON, _COMMA = (ord(c) for c in '\\":,')
 _OPEN_ARRAY, _CLOSE_ARRAY, _OPEN_OBJECT, _CLOSE_OBJECT = (ord(c) for c in "[]{}")
 _COLON_ESCAPE = np.frombuffer(b"u003", dtype=np.uint8)
 
@@ -55,6 +56,8 @@ class Scan(NamedTuple):
     """Every ``:`` byte, inside strings or not."""
     colon_escapes: int
     """``\\u003a`` escapes (either case) inside strings."""
+    values: int
+    """Array elements and object members, at most: the commas outside strings plus one per container."""
 
 
 def scan(raw: bytes) -> Scan:
@@ -73,7 +76,9 @@ def scan(raw: bytes) -> Scan:
     depth = int(np.cumsum(steps, dtype=np.int32).max(initial=0))
     colon = data == _COLON
     keys = int(np.count_nonzero(colon & outside))
-    return Scan(depth, int(np.count_nonzero(opens)), keys, int(np.count_nonzero(colon)), colon_escapes)
+    containers = int(np.count_nonzero(opens))
+    values = int(np.count_nonzero((data == _COMMA) & outside)) + containers
+    return Scan(depth, containers, keys, int(np.count_nonzero(colon)), colon_escapes, values)
 
 
 def structure(raw: bytes) -> tuple[int, int, int]:
@@ -104,9 +109,12 @@ def _colon_escapes(data: npt.NDArray[np.uint8], escaped: npt.NDArray[np.intp]) -
     return int(np.count_nonzero(matches & ((data[escaped + 4] | 0x20) == ord("a"))))
 
 
-def check_structure(raw: bytes, *, max_depth: int, max_containers: int, max_keys: int) -> Scan:
+def check_structure(
+    raw: bytes, *, max_depth: int, max_containers: int, max_keys: int, max_values: int | None = None
+) -> Scan:
     """400 when ``raw`` nests deeper than ``max_depth``, or holds more than ``max_containers``
-    objects and arrays or more than ``max_keys`` object keys; else its ``Scan``."""
+    objects and arrays, more than ``max_keys`` object keys or more than ``max_values`` array
+    elements and object members; else its ``Scan``."""
     found = scan(raw)
     if found.depth > max_depth:
         raise InvalidRequest(f"Request JSON is nested deeper than {max_depth} levels.", code="too_deep")
@@ -118,6 +126,11 @@ def check_structure(raw: bytes, *, max_depth: int, max_containers: int, max_keys
     if found.keys > max_keys:
         raise InvalidRequest(
             f"Request JSON holds {found.keys} object keys; the limit is {max_keys}.",
+            code="too_complex",
+        )
+    if max_values is not None and found.values > max_values:
+        raise InvalidRequest(
+            f"Request JSON holds about {found.values} array elements and object members; the limit is {max_values}.",
             code="too_complex",
         )
     return found

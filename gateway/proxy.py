@@ -230,7 +230,9 @@ class InferenceHandler:
         limits = snapshot.policy.limits
         require_json_content_type(headers)
         raw = await read_body(receive, headers.content_length, limits.max_body_bytes)
-        body = parse_json_object(raw, limits.max_json_depth, limits.max_json_containers, limits.max_json_keys)
+        body = parse_json_object(
+            raw, limits.max_json_depth, limits.max_json_containers, limits.max_json_keys, snapshot.json_values
+        )
         stripped = self.api.screen(body, limits, tenant)  # the tenant's opt-ins: allowlists.EngineGrants
         model = require_model(body)
         public = lookup_public(snapshot, model)

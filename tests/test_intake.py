@@ -23,8 +23,9 @@ import pytest
 from gateway import intake
 from gateway.errors import InvalidRequest
 from gateway.intake import check_headers, parse_json_object, read_headers
-from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, MAX_BODY_BYTES, metric
+from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, MAX_BODY_BYTES, BackendServer, StartGateway, metric
 from tests.fake_backend import FakeBackend
+from tests.policy_builder import session_policy
 from tests.servers import wait_until
 
 FRESH_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -585,4 +586,22 @@ def test_a_client_that_leaves_while_sending_is_a_disconnect_not_invalid_json(
         what="the disconnect to be recorded",
     )
     assert metric(gateway_url, "gateway_requests_total", outcome="invalid_json") == before["invalid_json"]
+    assert backend.received == []
+
+
+def test_a_body_of_more_numbers_than_any_prompt_needs_is_refused_before_parsing(
+    start_gateway: StartGateway, backend_server: BackendServer, backend: FakeBackend
+) -> None:
+    """The test policy's largest prompt is 64 tokens: no list needs more than that plus the keys
+    and containers the other bounds allow (32,832 values with ``max_json_values`` unset), so a
+    body of 40,000 numbers is refused on its bytes, before it is parsed."""
+    policy = session_policy(backend_server.url, limits={"max_body_bytes": 1_048_576})
+    body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "logit_bias": [1] * 40_000}
+    headers = {"authorization": f"Bearer {KEY_ACME}", "content-type": "application/json"}
+    with start_gateway(policy, health_checks=False) as url:
+        response = httpx.post(f"{url}/v1/chat/completions", content=orjson.dumps(body), headers=headers, timeout=10)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "too_complex"
+    assert "the limit is 32832" in error["message"]
     assert backend.received == []

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.intake import parse_json_object
-from gateway.json_bounds import check_structure, scan, structure
+from gateway.json_bounds import SCAN_FROM_BYTES, check_structure, scan, structure
 
 
 def reference(document: Any) -> tuple[int, int, int]:
@@ -169,3 +169,38 @@ def test_colon_escapes_after_backslash_runs_of_any_length_are_counted_exactly(se
     raw = ('{"k": "' + "".join(backslash_run(rng) for _ in range(40)) + '"}').encode()
     json.loads(raw)  # valid JSON
     assert scan(raw).colon_escapes == scan(raw[:-2] + b'\\""}').colon_escapes == colon_escapes(raw)
+
+
+def values(document: Any) -> int:
+    """Array elements and object members, plus one per empty container (what the scan counts)."""
+    if isinstance(document, dict):
+        return (len(document) or 1) + sum(values(v) for v in document.values())
+    if isinstance(document, list):
+        return (len(document) or 1) + sum(values(v) for v in document)
+    return 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_scan_counts_every_array_element_and_object_member(seed: int) -> None:
+    document = {"model": "m", "x": random_document(random.Random(seed)), "ids": list(range(seed))}
+    assert scan(orjson.dumps(document)).values == values(document)
+    assert scan(json.dumps(document, indent=1).encode()).values == values(document)
+
+
+@pytest.mark.parametrize(
+    ("count", "refused"),
+    [
+        pytest.param(5_000, False, id="a body of 5,000 numbers within the bound is parsed"),
+        pytest.param(5_001, True, id="one more number is refused before parsing"),
+    ],
+)
+def test_a_body_of_more_values_than_the_bound_is_refused_before_parsing(count: int, refused: bool) -> None:
+    raw = orjson.dumps({"prompt": list(range(count - 1))})  # the object's one member, then the list's
+    assert len(raw) >= SCAN_FROM_BYTES
+    if refused:
+        with pytest.raises(InvalidRequest) as error:
+            parse_json_object(raw, max_depth=32, max_values=5_000)
+        assert error.value.code == "too_complex"
+        assert "array elements and object members" in error.value.message
+    else:
+        assert len(parse_json_object(raw, max_depth=32, max_values=5_000)["prompt"]) == count - 1

@@ -122,6 +122,12 @@ class RequestLimits(Strict):
     max_json_containers: PositiveInt = 16_384
     max_json_keys: PositiveInt = 16_384
     """Object keys in the whole body (a chat of 512 messages with tool schemas has a few thousand)."""
+    max_json_values: PositiveInt | None = None
+    """Array elements and object members in the whole body. Unset: the largest ``max_prompt_tokens``
+    of the policy's models plus ``max_json_keys`` and ``max_json_containers`` (a prompt as token
+    ids is the longest list a request may hold, and one longer than the cap is refused anyway).
+    Each value costs an object to parse and to write back for the duplicate-key check: a body of
+    460,000 numbers cost 2.3x the CPU of a text body of its size before its list was refused."""
     max_content_parts: PositiveInt = 256
     """Content parts of one message (text, images, ...)."""
     max_tools: PositiveInt = 128

@@ -39,6 +39,9 @@ class PolicySnapshot:
     no request may reach one of these without its tenant's salt."""
     reach: Reach | None = field(default=None, repr=False)
     """Who reaches each backend, by every path (``gateway/routing/reach.py``)."""
+    json_values: int | None = None
+    """The bound on a body's array elements and object members (``RequestLimits.max_json_values``, or
+    the default it derives from the models)."""
 
     @property
     def public_models(self) -> list[str]:
@@ -83,4 +86,15 @@ def index_policy(
         internal=frozenset(m for g in policy.model_groups for m in g.members()),
         multi_scope_backends=multi_scope_backends(policy, reach),
         reach=reach,
+        json_values=json_values_bound(policy),
     )
+
+
+def json_values_bound(policy: Policy) -> int:
+    """``limits.max_json_values``, or when unset the largest prompt in tokens (as token ids, the
+    longest list a body may need) plus the keys and containers the other bounds allow."""
+    limits = policy.limits
+    if limits.max_json_values is not None:
+        return limits.max_json_values
+    longest = max(m.max_prompt_tokens for m in policy.models)
+    return longest + limits.max_json_keys + limits.max_json_containers
