@@ -21,8 +21,20 @@ the tenant's requests per minute. A tenant known to be out of requests is refuse
 ``precheck`` before its body is read, from what this replica learnt at its last refusal (no
 store call): a stream of invalid bodies cannot outrun its rate limit.
 
+**A concurrency refusal is remembered, not charged.** After the store refused a tenant's
+slot, ``precheck`` refuses that tenant's next requests before their body is read or the store
+is asked, until this process releases a slot of that tenant or ``SLOT_REFUSAL_MEMORY_S``
+passes (a slot freed on another replica is seen that late at most). So a tenant hammering
+at its concurrency limit costs each process a header parse per request and the store at most
+one call per tenant every ``SLOT_REFUSAL_MEMORY_S``, instead of a body read and a Redis round
+trip each. Charging the refusal to rpm instead was rejected: a client that fills its slots and
+honours ``Retry-After`` (a batch job) would spend its rate limit for doing nothing wrong,
+while the memory already makes a hammering client's refusals nearly free.
+
 **Store latency is bounded per request**: admission and settlement share the store's
-``request_budget_s`` (``gateway/limitstore/redis.py``: past it the store answers from its fallback).
+``request_budget_s``, counted in the event loop's free time (``gateway/limitstore/redis.py``:
+past it the store answers from its fallback). While the store cannot enforce the limits at all
+(``state.on_store_loss: closed``), a limited tenant is refused with 503 ``limits_unavailable``.
 
 Every response carries OpenAI's ``x-ratelimit-*`` headers for the limits the tenant has, and
 a refusal is a 429 whose ``Retry-After`` is the time until the bucket holds enough again.
@@ -31,14 +43,24 @@ a refusal is a 429 whose ``Retry-After`` is the time until the bucket holds enou
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from gateway.clock import Clock, MonotonicClock
 from gateway.errors import InvalidRequest, Overloaded
-from gateway.limitstore.base import Adjust, Ask, Bucket, BucketResult, LimitStore, Settlement, Take, Verdict
+from gateway.limitstore.base import (
+    UNAVAILABLE,
+    Adjust,
+    Ask,
+    Bucket,
+    BucketResult,
+    LimitStore,
+    Settlement,
+    SlotAt,
+    Take,
+    Verdict,
+)
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.streaming import TokenTimer
@@ -46,9 +68,12 @@ from gateway.types import InferenceRequest
 from gateway.validation import choices
 
 Headers = list[tuple[bytes, bytes]]
-T = TypeVar("T")
 
 REQUESTS, TOKENS = "rpm", "tpm"
+SLOT_REFUSAL_MEMORY_S = 0.1
+"""How long a concurrency refusal refuses the tenant's next requests before their body (module docstring)."""
+SLOT_RETRY_AFTER_S = 1.0
+"""The Retry-After of a concurrency refusal: when a slot frees is not known, a second is a fair guess."""
 
 
 def resolve_class(tenant: Tenant, requested: bytes | None, snapshot: PolicySnapshot) -> tuple[str, PriorityClass]:
@@ -87,6 +112,7 @@ class Admission:
     store_budget_s: float
     headers: Headers = field(default_factory=list)
     holds_slot: bool = False
+    slot_at: SlotAt = "store"
     took_request: bool = False
     took_tokens: bool = False
 
@@ -142,13 +168,17 @@ class TenantLimiter:
         self.store = store
         self._clock = clock or MonotonicClock()
         self._out_of_requests: dict[str, float] = {}  # tenant -> until when its rpm is known spent
+        self._out_of_slots: dict[str, float] = {}  # tenant -> until when its slots are taken to be full
 
     def precheck(self, tenant: Tenant) -> None:
-        """429 at once, before the body is read, while the tenant is known to be out of requests.
+        """429 at once, before the body is read, while the tenant is known to be out of requests
+        or (for ``SLOT_REFUSAL_MEMORY_S``) of concurrency slots.
 
-        Known from this replica's last refusal of it (``Retry-After`` of its rpm bucket): no
-        store call, so a refused tenant's requests cost nearly nothing. Conservative only by a
-        request refunded meanwhile (one the system refused after admitting it)."""
+        Known from this replica's last refusal of it (``Retry-After`` of its rpm bucket; the
+        slot refusal, until this process releases one of the tenant's slots): no store call, so
+        a refused tenant's requests cost nearly nothing. Conservative only by a request refunded
+        meanwhile (one the system refused after admitting it), or a slot freed on another replica."""
+        self._slots_precheck(tenant)
         until = self._out_of_requests.get(tenant.name)
         if until is None:
             return
@@ -162,6 +192,25 @@ class TenantLimiter:
             status=429,
             code="tenant_rate_limited",
             retry_after_s=wait,
+        )
+
+    def _slots_precheck(self, tenant: Tenant) -> None:
+        until = self._out_of_slots.get(tenant.name)
+        if until is None:
+            return
+        if until <= self._clock.now():
+            del self._out_of_slots[tenant.name]
+            return
+        raise self._slots_full(tenant)
+
+    @staticmethod
+    def _slots_full(tenant: Tenant) -> Overloaded:
+        return Overloaded(
+            f"Tenant '{tenant.name}' already has {tenant.limits.max_concurrent} requests in flight, "
+            "its concurrency limit.",
+            status=429,
+            code="tenant_concurrency_limited",
+            retry_after_s=SLOT_RETRY_AFTER_S,
         )
 
     async def admit(self, tenant: Tenant, request: InferenceRequest) -> Admission:
@@ -179,7 +228,10 @@ class TenantLimiter:
         if limits.max_concurrent is None and not takes:
             return admission
         ask = Ask(scope=tenant.name, slot_limit=limits.max_concurrent, takes=tuple(takes))
-        verdict = await self._timed(admission, lambda budget: self.store.admit(ask, timeout_s=budget))
+        verdict = await self.store.admit(ask, timeout_s=admission.store_budget_s)
+        admission.store_budget_s -= verdict.waited_s
+        if verdict.refused_by == UNAVAILABLE:
+            raise self._unavailable(tenant, verdict.retry_after_s)
         for take, result in zip(takes, verdict.buckets, strict=True):
             kind = "requests" if take.bucket.name == REQUESTS else "tokens"
             self._headers(admission.headers, kind, int(take.bucket.capacity), result)
@@ -189,28 +241,26 @@ class TenantLimiter:
             refusal.headers.update((k.decode(), v.decode()) for k, v in admission.headers)
             raise refusal
         admission.holds_slot = limits.max_concurrent is not None
+        admission.slot_at = verdict.slot_at or "store"
         admission.took_request = limits.rpm is not None
         admission.took_tokens = limits.tpm is not None
         return admission
 
-    async def _timed(self, admission: Admission, call: Callable[[float], Awaitable[T]]) -> T:
-        """Run one store call within what is left of the request's budget, and spend what it took."""
-        started = time.perf_counter()
-        try:
-            return await call(admission.store_budget_s)
-        finally:
-            admission.store_budget_s -= time.perf_counter() - started
+    @staticmethod
+    def _unavailable(tenant: Tenant, retry_after_s: float) -> Overloaded:
+        return Overloaded(
+            f"Tenant '{tenant.name}' has limits that cannot be enforced now: the gateway's limit store is "
+            "unreachable. Try again shortly.",
+            status=503,
+            code="limits_unavailable",
+            retry_after_s=retry_after_s,
+        )
 
     def _refusal(self, tenant: Tenant, verdict: Verdict, results: dict[str, BucketResult], reserved: int) -> Overloaded:
         limits = tenant.limits
         if verdict.refused_by == "slot":
-            return Overloaded(
-                f"Tenant '{tenant.name}' already has {limits.max_concurrent} requests in flight, "
-                "its concurrency limit.",
-                status=429,
-                code="tenant_concurrency_limited",
-                retry_after_s=1.0,
-            )
+            self._out_of_slots[tenant.name] = self._clock.now() + SLOT_REFUSAL_MEMORY_S
+            return self._slots_full(tenant)
         result = results[verdict.refused_by or ""]
         if verdict.refused_by == REQUESTS:
             self._out_of_requests[tenant.name] = self._clock.now() + result.retry_after_s
@@ -261,10 +311,14 @@ class TenantLimiter:
         if used_tokens is None and admission.took_request and limits.rpm is not None:
             adjusts.append(Adjust(requests_bucket(limits.rpm), 1))
             self._out_of_requests.pop(tenant.name, None)
-        settlement = Settlement(scope=tenant.name, release_slot=admission.holds_slot, adjusts=tuple(adjusts))
+        settlement = Settlement(
+            scope=tenant.name, release_slot=admission.holds_slot, slot_at=admission.slot_at, adjusts=tuple(adjusts)
+        )
+        if admission.holds_slot:
+            self._out_of_slots.pop(tenant.name, None)  # a slot of the tenant frees up in this process
         admission.holds_slot = admission.took_tokens = admission.took_request = False
         if settlement.release_slot or settlement.adjusts:
-            await self._timed(admission, lambda budget: self.store.settle(settlement, timeout_s=budget))
+            admission.store_budget_s -= await self.store.settle(settlement, timeout_s=admission.store_budget_s)
 
     async def charge_rejected(self, tenant: Tenant) -> None:
         """Take one request from the tenant's rpm for a request refused before admission.
@@ -277,5 +331,5 @@ class TenantLimiter:
         bucket = requests_bucket(rpm)
         ask = Ask(scope=tenant.name, takes=(Take(bucket, 1),))
         verdict = await self.store.admit(ask, timeout_s=self.store.request_budget_s)
-        if not verdict.admitted:
+        if not verdict.admitted and verdict.refused_by != UNAVAILABLE:
             self._out_of_requests[tenant.name] = self._clock.now() + verdict.buckets[0].retry_after_s

@@ -19,7 +19,8 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
 
 The budgets are this process's part of the backend's capacity (``state.quota``,
 ``gateway/fleet/quota.py``): the whole of it for a process alone, a share when several
-processes or replicas serve the same backends, so that their sum stays within the capacity.
+processes or replicas serve the same backends, so that their sum stays within the capacity;
+a part the ledger granted lets nothing start once its lease has run out (``Quota.until``).
 A process that holds a share also yields to the others: none of its requests starts on a
 backend while another process has a higher class waiting for it, and no paced prefill while
 another process prefills a higher class there. A request larger than the token budget goes to
@@ -42,6 +43,8 @@ def has_room(state: BackendState, priority_class: PriorityClass, tokens: int, no
         max_requests, max_tokens, whole = capacity.max_concurrent, capacity.max_tokens_in_flight, True
         max_prefilling = priority_class.max_prefilling
     else:
+        if now >= quota.until:
+            return False  # this process's lease on its part has run out (``gateway/fleet/coordinator.py``)
         max_requests, max_tokens, whole = quota.requests, quota.tokens, quota.whole
         max_prefilling = None if priority_class.max_prefilling is None else quota.prefills.get(rank, 0)
         if any(count for other, count in state.others_waiting.items() if other < rank):

@@ -25,6 +25,10 @@ The tree (status, ``code``):
     │                          503  queue_full | queue_timeout | deadline_unmeetable | draining | starting
     │                               | model_removed | too_many_connections (gateway/connections.py)
     │                               | worker_unavailable (operator listener of --workers N: gateway/workers/)
+    │                               | response_lookup_unavailable (a follow-up whose holder Redis did not
+    │                                 tell in time: retry, gateway/response_affinity.py)
+    │                               | limits_unavailable (a limited tenant while Redis is lost and
+    │                                 state.on_store_loss is closed: gateway/admission.py)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
     ├── UpstreamError          502  upstream_error | upstream_connect_error | upstream_protocol_error
@@ -298,6 +302,8 @@ class ErrorCode(StrEnum):
     MODEL_REMOVED = "model_removed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
     WORKER_UNAVAILABLE = "worker_unavailable"
+    RESPONSE_LOOKUP_UNAVAILABLE = "response_lookup_unavailable"
+    LIMITS_UNAVAILABLE = "limits_unavailable"
     # 500 InternalError; 503 NoHealthyBackend
     INTERNAL_ERROR = "internal_error"
     NO_HEALTHY_BACKEND = "no_healthy_backend"

@@ -382,7 +382,11 @@ def _outcome(
 
 
 def request_timeout(header: bytes | None, default_s: float) -> float:
-    """Seconds the client gives the request (``x-request-timeout``), else the class deadline."""
+    """Seconds the client gives the request (``x-request-timeout``), else the class deadline.
+
+    A client may shorten its deadline, never lengthen it past its class's ``deadline_s``: the
+    class's deadline is the longest any request runs, which the fleet's ledger counts on to
+    know when a silent process's requests have all ended (``fleet.drain_s``)."""
     if header is None:
         return default_s
     try:
@@ -393,7 +397,7 @@ def request_timeout(header: bytes | None, default_s: float) -> float:
         raise InvalidRequest(
             "x-request-timeout must be a number of seconds between 0 and 86400.", code="invalid_header"
         )
-    return value
+    return min(value, default_s)
 
 
 class DeadlineExpired(Exception):

@@ -23,10 +23,17 @@ Backoff is tenacity's ``wait_random_exponential`` (AWS "full jitter"): the delay
 k-th retry is uniform in ``[0, min(backoff_cap_s, backoff_base_s * 2**(k-1))]``, and
 ``clamp_to_deadline`` shortens it to the time left, or says there is none (``None``).
 
-The budget (``RetryBudget``) follows Envoy's retry budget and the Google SRE book ("Handling
-Overload"): retries may be at most ``budget_ratio`` of the requests of the last
-``budget_window_s`` seconds, except that ``budget_min_per_s`` retries per second are always
-allowed so that a quiet gateway can still retry. A refused retry is counted.
+The budget (``RetryBudget``) follows the Google SRE book ("Handling Overload") and Finagle's
+and tower's retry budgets: the retries of the last ``budget_window_s`` seconds may be at most
+``budget_ratio`` of that window's requests **plus a reserve** of ``budget_min_per_s x
+budget_window_s`` retries, so that a gateway that has just started, or sees little traffic, can
+still retry. The reserve is the window's, not each second's: a burst of failures at once (an
+engine dropping every stream it carries) is retried whole when it fits in the reserve, while the
+sustained rate it allows stays ``budget_min_per_s`` a second. (A floor of ``budget_min_per_s``
+retries in any one second, as this budget once had, refused the fourth of four streams broken
+at once on a gateway a second old: its ratio part counted only that second's requests.) Under a
+real overload the ratio part dominates, and retries never add more than that share of the
+traffic plus the reserve. A refused retry is counted.
 """
 
 from __future__ import annotations
@@ -165,11 +172,13 @@ class RetryBudget:
     Call ``record_request()`` once per client request (not per attempt) and ``try_spend()``
     before each retry. ``now`` defaults to the clock's reading. The counters ``requests``,
     ``spent`` and ``refused`` are totals since start, for telemetry.
+
+    ``RetryBudget(clock, ratio=0.2, min_per_s=3, window_s=10)``: in any 10 s, at most 20% of
+    that window's requests plus 30 retries.
     """
 
     __slots__ = (
         "_clock",
-        "_last_second",
         "_requests",
         "_retries",
         "min_per_s",
@@ -187,7 +196,6 @@ class RetryBudget:
         self.min_per_s = min_per_s
         self._requests = SlidingCounter(window_s)
         self._retries = SlidingCounter(window_s)
-        self._last_second = SlidingCounter(1.0)
         self.requests = 0
         self.spent = 0
         self.refused = 0
@@ -200,15 +208,18 @@ class RetryBudget:
         self._requests.add(self._clock.now() if now is None else now)
         self.requests += 1
 
+    @property
+    def reserve(self) -> float:
+        """The retries every window allows whatever its traffic: ``min_per_s x window_s``."""
+        return self.min_per_s * self._retries.window_s
+
     def try_spend(self, now: float | None = None) -> bool:
         """Take one retry from the budget; ``False`` (and counted) when it is spent."""
         t = self._clock.now() if now is None else now
-        within_ratio = self._retries.total(t) < self.ratio * self._requests.total(t)
-        if not within_ratio and self._last_second.total(t) >= self.min_per_s:
+        if self._retries.total(t) >= self.ratio * self._requests.total(t) + self.reserve:
             self.refused += 1
             return False
         self._retries.add(t)
-        self._last_second.add(t)
         self.spent += 1
         return True
 

@@ -10,6 +10,12 @@ With ``--workers N`` (``gateway/workers/``) each worker is built here too, from 
 its supervisor bound for it (``sockets=``): its share of the API port and its own operator
 listener on loopback, which only the supervisor calls.
 
+Each listener's socket listens as soon as it is bound, before the application starts: two
+processes may bind one port with ``SO_REUSEADDR`` until one of them listens, so a port only
+bound is not yet ours, and a gateway that started beside another would learn it at its first
+``listen`` (a traceback, after its workers had started). A port that cannot be bound is one
+line naming the listener, the address, why, and the flag that moves it (``ListenerUnavailable``).
+
 The operator listener has its own small connection bound, so a flood on the API port never
 takes a scrape or an admin call's connection, and API clients never take the operator's.
 The API listener's bound is lowered, with a warning, when the process may not open that many
@@ -19,7 +25,9 @@ descriptor (after trying to raise the soft limit to what is needed, as Go's runt
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import resource
 import socket
 from collections.abc import Awaitable, Callable
@@ -39,6 +47,54 @@ log = logging.getLogger(__name__)
 FD_RESERVE = 256
 """Descriptors kept for everything but client and upstream connections: the policy file, logs,
 Redis, the trace exporter, the listening sockets, the event loop's own."""
+BACKLOG = 4096
+"""Each listening socket's accept queue (uvicorn's ``backlog``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerFlags:
+    """How an operator names one listener and moves it: ``API`` and ``OPERATOR``."""
+
+    name: str
+    port_flag: str
+    port_env: str
+    host_flag: str
+
+
+API = ListenerFlags("the API listener", "--port", "GATEWAY_PORT", "--host")
+OPERATOR = ListenerFlags(
+    "the operator listener (/metrics, /admin/*, /healthz, /readyz)",
+    "--admin-port",
+    "GATEWAY_ADMIN_PORT",
+    "--admin-host",
+)
+
+
+class ListenerUnavailable(OSError):
+    """A listener whose address cannot be bound, said in one line an operator can act on: which
+    listener, which address, why, and what to pass instead (``serve`` prints it and exits 1).
+    ``ListenerUnavailable(OPERATOR, "127.0.0.1", 9464, error)``."""
+
+    def __init__(self, listener: ListenerFlags, host: str, port: int, cause: OSError) -> None:
+        code = cause.errno or 0
+        if code == errno.EADDRINUSE:
+            why = "the port is already in use (another gateway, or another program, holds it)"
+        elif code == errno.EACCES:
+            why = "permission denied (a port below 1024 needs privileges)"
+        elif code == errno.EADDRNOTAVAIL:
+            why = "no interface of this host has that address"
+        else:
+            why = os.strerror(code) if code else str(cause)
+        if code == errno.EADDRNOTAVAIL:
+            fix = f"pass {listener.host_flag} with an address of this host"
+        else:
+            fix = (
+                f"pass {listener.port_flag} N to choose another port (0 picks a free one), or set {listener.port_env}=N"
+            )
+        super().__init__(code, f"{listener.name} cannot listen on {host}:{port}: {why}; {fix}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the line itself, without OSError's "[Errno 98] "
 
 
 @dataclass
@@ -131,7 +187,7 @@ def build_server(
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=30,
-        backlog=4096,
+        backlog=BACKLOG,
         proxy_headers=False,  # the gateway never reads the client address; saves work per request
         # A worker's uvicorn lines go through the root logger, so they carry its "[worker i]" too.
         log_config=LOGGING_CONFIG if settings.workers == 1 else None,
@@ -142,23 +198,34 @@ def build_server(
 
 
 def bind_listeners(settings: Settings) -> tuple[socket.socket, socket.socket]:
-    """The API and operator sockets of ``settings``, bound; ``OSError`` (neither left open) when one cannot be."""
-    api_socket = bind_socket(settings.host, settings.port)
+    """The API and operator sockets of ``settings``, listening; ``ListenerUnavailable`` (neither
+    left open) when one cannot be."""
+    api_socket = listen_on(API, settings.host, settings.port)
     try:
-        admin_socket = bind_socket(settings.admin_host, settings.admin_port)
+        admin_socket = listen_on(OPERATOR, settings.admin_host, settings.admin_port)
     except OSError:
         api_socket.close()
         raise
     return api_socket, admin_socket
 
 
+def listen_on(listener: ListenerFlags, host: str, port: int) -> socket.socket:
+    """``bind_socket``, its failure said as ``listener``'s (``ListenerUnavailable``)."""
+    try:
+        return bind_socket(host, port)
+    except OSError as exc:
+        raise ListenerUnavailable(listener, host, port, exc) from exc
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A bound TCP socket (uvicorn's own ``Config.bind_socket``, for any number of listeners)."""
+    """A bound TCP socket, listening at once (module docstring; uvicorn's own ``Config.bind_socket``,
+    for any number of listeners)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc

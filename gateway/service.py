@@ -19,8 +19,6 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from gateway.admission import TenantLimiter
 from gateway.attempt import AttemptDeps
 from gateway.backends import BackendPool
@@ -33,6 +31,7 @@ from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replic
 from gateway.fleet.ledger import FleetLedger
 from gateway.fleet.prefix_sync import PrefixSync
 from gateway.lifecycle import Drainable
+from gateway.limitstore.connect import redis_client
 from gateway.limitstore.factory import build_limit_store
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.limitstore.redis import RedisLimitStore
@@ -107,17 +106,24 @@ class Gateway:
             self.clock,
             on_error=lambda operation: m.child(m.redis_errors, operation).inc(),
             on_fallback=lambda operation: m.child(m.redis_fallbacks, operation).inc(),
+            processes=self._live_processes,  # on_store_loss share: limit / the fleet's live processes
+            processes_when_unknown=snapshot.policy.fleet.processes_when_unknown,
         )
         if isinstance(store, RedisLimitStore):
             m.redis_up.set_function(lambda: 1.0 if store.up else 0.0)
         return store
+
+    def _live_processes(self) -> int:
+        """The gateway processes the fleet coordinator counted at its last ledger sync (0: none yet).
+        Read by the limit store only when Redis is lost, long after ``__init__`` built both."""
+        return self.fleet.live if self.fleet is not None else 0
 
     def _affinity(self, snapshot: PolicySnapshot) -> ResponseAffinity:
         """Which backend holds each stored response: in Redis too when the limits are there, so that
         a follow-up may come through any replica (``gateway/response_affinity.py``)."""
         state = snapshot.policy.state
         url = state.resolved_url() if state.backend == "redis" else None
-        shared = aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0) if url else None
+        shared = redis_client(url, socket_connect_timeout=1.0, health_check_interval=0) if url else None
         return ResponseAffinity(
             self.clock,
             per_tenant=self.settings.responses_per_tenant,
@@ -155,9 +161,13 @@ class Gateway:
             partition_quotas(self.pool, snapshot, settings.workers)
             self.metrics.fleet_processes.set(settings.workers)
             return None
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0)
+        client = redis_client(url, socket_connect_timeout=1.0, health_check_interval=0)
         ledger = FleetLedger(
-            client, key_prefix=state.key_prefix, replica=replica_id(), lease_ttl_s=snapshot.policy.fleet.entry_ttl_s
+            client,
+            key_prefix=state.key_prefix,
+            replica=replica_id(),
+            lease_ttl_s=snapshot.policy.fleet.entry_ttl_s,
+            drain_s=snapshot.policy.fleet_drain_s,
         )
         coordinator = FleetCoordinator(ledger, self.pool, self.dispatcher, self.policy, self.clock, self.metrics)
         coordinator.adopt(snapshot)  # nothing is the whole capacity before the first sync
@@ -180,7 +190,7 @@ class Gateway:
         url = snapshot.policy.state.resolved_url()
         assert url is not None  # the fleet runs on it
         view = PrefixSync(
-            aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=0),
+            redis_client(url, socket_connect_timeout=1.0, health_check_interval=0),
             # Replicas share a view only when they share the secret: with another secret, the same
             # tenant's blocks are another cache entry in the engines (another ``cache_salt``).
             key=f"{snapshot.policy.state.key_prefix}fleet:prefix-view:{salter.salt('fleet-prefix-view')[:12]}",
@@ -293,7 +303,7 @@ class Gateway:
         gc.freeze()
         policy = self.policy().policy
         if isinstance(self.limit_store, RedisLimitStore):
-            await self.limit_store.check()  # fail open: a Redis down at start-up is not fatal
+            await self.limit_store.check()  # a Redis down at start-up is not fatal: state.on_store_loss applies
             self._spawn(self.limit_store.run())
         if self.fleet is not None:
             await self.fleet.sync_once()  # its part of each backend before the first request
@@ -347,6 +357,7 @@ class Gateway:
         await self.rollouts.store.aclose()
         await self.affinity.aclose()
         if self.fleet is not None:
+            await self.fleet.leave()  # the upstream is closed: nothing of this process runs any more
             await self.fleet.ledger.client.aclose()
         if self.prefix_view is not None:
             await self.prefix_view.client.aclose()

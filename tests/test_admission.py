@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admission import TenantLimiter, charged_tokens, format_duration, resolve_class
+from gateway.admission import SLOT_REFUSAL_MEMORY_S, TenantLimiter, charged_tokens, format_duration, resolve_class
 from gateway.dialects.chat import CHAT
 from gateway.errors import InvalidRequest, Overloaded
 from gateway.limitstore.memory import MemoryLimitStore
@@ -187,6 +187,35 @@ async def test_a_tenant_refused_for_its_rate_is_refused_before_its_body_is_read(
         limits.precheck(tenant)
     assert early.value.headers["retry-after"] == "60"
     clock.advance(60.0)
+    limits.precheck(tenant)
+    await limits.admit(tenant, request())
+
+
+async def test_a_concurrency_refusal_refuses_the_next_requests_before_their_body_for_a_moment() -> None:
+    """Remembered, not charged: no store call, no body read, and not one request of its rpm."""
+    tenant = tenant_of(policy(max_concurrent=1, rpm=10))
+    limits, clock = limiter()
+    held = await limits.admit(tenant, request())
+    with pytest.raises(Overloaded):
+        await limits.admit(tenant, request())
+    with pytest.raises(Overloaded) as early:
+        limits.precheck(tenant)
+    assert (early.value.status, early.value.code) == (429, "tenant_concurrency_limited")
+    assert early.value.headers["retry-after"] == "1"
+    clock.advance(SLOT_REFUSAL_MEMORY_S)
+    limits.precheck(tenant)  # a slot may have been freed elsewhere: the store is asked again
+    await limits.settle(held, used_tokens=50)
+    admitted = await limits.admit(tenant, request())
+    assert admitted.headers[1] == (b"x-ratelimit-remaining-requests", b"8"), "refusals must not spend rpm"
+
+
+async def test_a_slot_released_in_this_process_ends_the_remembered_refusal_at_once() -> None:
+    tenant = tenant_of(policy(max_concurrent=1))
+    limits, _ = limiter()
+    held = await limits.admit(tenant, request())
+    with pytest.raises(Overloaded):
+        await limits.admit(tenant, request())
+    await limits.settle(held, used_tokens=50)
     limits.precheck(tenant)
     await limits.admit(tenant, request())
 

@@ -286,12 +286,12 @@ def spend(budget: RetryBudget, n: int) -> int:
 
 @pytest.mark.parametrize(
     ("requests", "attempts", "granted"),
-    [(0, 10, 3), (10, 10, 3), (100, 30, 20), (1000, 300, 200)],
+    [(0, 40, 30), (10, 40, 32), (100, 60, 50), (1000, 300, 230)],
     ids=[
-        "with no traffic the floor allows three retries",
-        "ten requests still get the floor of three",
-        "a hundred requests allow twenty retries",
-        "a thousand requests allow two hundred retries",
+        "with no traffic the reserve allows thirty retries at once",
+        "ten requests add two retries to the reserve",
+        "a hundred requests allow twenty retries beyond the reserve",
+        "a thousand requests allow two hundred retries beyond the reserve",
     ],
 )
 def test_budget_caps_retries_at_a_share_of_requests_with_a_floor(requests: int, attempts: int, granted: int) -> None:
@@ -302,17 +302,17 @@ def test_budget_caps_retries_at_a_share_of_requests_with_a_floor(requests: int, 
     assert (budget.spent, budget.refused, budget.requests) == (granted, attempts - granted, requests)
 
 
-def test_budget_floor_is_per_second_and_the_share_slides_with_the_window() -> None:
+def test_budget_reserve_is_per_window_and_the_share_slides_with_the_window() -> None:
     clock = FakeClock()
     budget = RetryBudget(clock)
-    assert spend(budget, 5) == 3
+    assert spend(budget, 20) == 20  # a burst within the reserve, at once
     clock.advance(1.0)
-    assert spend(budget, 5) == 3
+    assert spend(budget, 20) == 10  # the rest of the window's reserve of 30
     for _ in range(100):
         budget.record_request()
-    assert spend(budget, 30) == 14  # 20% of 100, less the 6 retries of the window
+    assert spend(budget, 30) == 20  # 20% of 100 on top of the spent reserve
     clock.advance(10.0)
-    assert spend(budget, 30) == 3  # the requests slid out; only the floor is left
+    assert spend(budget, 40) == 30  # the requests and retries slid out; the reserve is whole again
 
 
 def test_budget_from_policy_and_zero_budget() -> None:

@@ -1,30 +1,49 @@
 """The fleet's capacity ledger in Redis: who holds how much of each backend, moved by demand.
 
 Every process (a worker, a replica) calls ``sync`` every ``fleet.sync_interval_s`` with, for each
-backend, what it uses now (requests in flight, their tokens, prefills by class) and what waits
-in its queues (requests and tokens by class rank). One Lua script, atomic, answers with what it
-may hold from now on. The rule, per budget (requests, tokens, each paced class's prefills):
+backend, what it uses now (requests in flight, their tokens, prefills by class), what waits in
+its queues (requests and tokens by class rank) and what it enforces now (``applied``: its part
+as last applied). One Lua script (``ledger.lua``), atomic, answers with what it may hold from
+now on. Budgets: requests (``max_concurrent``), tokens (``max_tokens_in_flight``), each paced
+class's prefills (``max_prefilling``), and each class's requests and tokens when its
+``max_share`` is below 1 (``floor(max_share x capacity)``). The share is a budget of its own
+because a share taken of each process's part would not hold across processes: a part that
+shrinks keeps the class's requests already in flight, and the other process's part grows meanwhile.
 
-Budgets: requests (``max_concurrent``), tokens (``max_tokens_in_flight``), each paced class's
-prefills (``max_prefilling``), and each class's requests and tokens when its ``max_share`` is
-below 1 (``floor(max_share x capacity)``). The share is a budget of its own because a share
-taken of each process's part would not hold across processes: a part that shrinks keeps the
-class's requests already in flight, and the other process's part grows meanwhile.
-
-1. **Invariant**: the holdings of all live processes sum to at most the capacity. A process
-   grows only into what no one holds; it never holds less than it uses (a request in flight is
-   never taken back), so shrinking waits for its requests to end.
+1. **Invariant: what every process may be using sums to at most the capacity, at every
+   instant.** A process may be using, until its next sync, the larger of the part granted at
+   its last sync and the part it said it enforces (``applied``): a grant takes effect only when
+   its answer reaches the process, and the process goes on with its old part meanwhile (it may
+   even start requests after its report was written). So that larger value is what the others
+   are told is taken. A process grows only into what no one may be using; it never holds less
+   than it uses (a request in flight is never taken back), so shrinking waits for its requests
+   to end. This is what the ledger once missed: a part shrunk in Redis was given to another
+   process while its owner, its answer still on the way, started requests on it (5 on a
+   capacity of 4, in 7 of 19 runs of three processes).
 2. **Target**: what each process should hold. Everyone keeps what it uses; the rest is given
    by class rank, highest class first (a class with a ``max_share`` counts its waiting requests
    only up to what its share leaves free fleet-wide: demand it could not use is no demand, and
    would take the headroom an arrival of a higher class elsewhere needs): all of a rank's
-   waiting demand when it fits, else in
-   proportion to each process's demand (rounded down, the remainder one unit each in process
-   order); what is left after every class is split evenly, as headroom for new arrivals. The
-   same inputs give every process the same targets, whichever syncs first.
-3. **Leases**: a process's entry expires ``lease_ttl_s`` (``fleet.entry_ttl_s``) after its
-   last sync; the next sync of anyone purges it, and its holdings return to the pool. A
-   process that dies stops holding capacity within ``fleet.lease_ttl_s``.
+   waiting demand when it fits, else in proportion to each process's demand (rounded down, the
+   remainder one unit each in process order); what is left after every class is split evenly
+   among the live processes, as headroom for new arrivals. The same inputs give every process
+   the same targets, whichever syncs first.
+3. **Leases, tombstones, drain.** A process that has not synced for ``lease_ttl_s``
+   (``fleet.entry_ttl_s``) may be dead, or alive and cut off from Redis. Alive, it goes on
+   starting requests within its part for ``fleet.outage_s``, then stops, by its own clock
+   (``Quota.until``, measured from when it *sent* its last successful sync, so never later than
+   the ledger's); the requests it started run on until they end, at the latest at their
+   deadline. So the ledger keeps it as a *tombstone*: it holds what it may be using (rule 1's
+   larger part), wants nothing, and gets no headroom, for ``drain_s`` more (``outage_s`` plus
+   the longest deadline, ``Policy.fleet_drain_s``); then it is gone.
+   A process known dead is gone at once: a process on the same host sees a tombstone's process
+   has exited and names it in its next sync (``reap``), and a process that exits gracefully
+   leaves (``leave``). An expiry that returned a live process's part after the lease, as this
+   ledger once did, let another process start requests beside those still running.
+4. **Epoch.** The ledger has an identity, created with it; a Redis that lost its keys (a
+   restart without persistence) answers with a new one, and a process that sees the epoch
+   change keeps within the part it had for ``drain_s`` (``coordinator.py``): the new ledger
+   does not know what the others may still be using.
 
 The answer also says what the others wait for and prefill, by class rank, so that a process
 does not start a class while another process has a higher class waiting for the same backend,
@@ -42,211 +61,20 @@ All keys carry the ``{fleet}`` hash tag, so that a Redis Cluster keeps them on o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 
-from gateway.fleet.quota import NO_SHARE, Share
+from gateway.clock import Clock
+from gateway.fleet.quota import NO_SHARE, Quota, Share
 
-SYNC = r"""
-local me, ttl, report, prefix = ARGV[1], tonumber(ARGV[2]), cjson.decode(ARGV[3]), ARGV[4]
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
-local replicas = prefix .. '{fleet}:replicas'
-local backends = prefix .. '{fleet}:backends'
-local keep_ms = math.ceil(ttl * 4000)
-
-local expired = redis.call('ZRANGEBYSCORE', replicas, '-inf', now)
-if #expired > 0 then
-  for _, name in ipairs(redis.call('SMEMBERS', backends)) do
-    redis.call('HDEL', prefix .. '{fleet}:b:' .. name, unpack(expired))
-  end
-  redis.call('ZREM', replicas, unpack(expired))
-end
-redis.call('ZADD', replicas, now + ttl, me)
-redis.call('PEXPIRE', replicas, keep_ms)
-redis.call('PEXPIRE', backends, keep_ms)
-local live = redis.call('ZCARD', replicas)
-
-local function num(value) return tonumber(value) or 0 end
-
--- A budget is 'req', 'tok', 'p<rank>' (a paced class's prefills), 's<rank>' or 'k<rank>' (a shared
--- class's requests or tokens). What ``state`` uses, waits for (at ``rank``) and holds of it:
-local field = {p = 'pf', s = 'sh', k = 'sk'}
-local function kind_of(budget)
-  if budget == 'req' or budget == 'tok' then return budget, nil end
-  return string.sub(budget, 1, 1), string.sub(budget, 2)
-end
-local function used(state, budget)
-  local kind, rank = kind_of(budget)
-  if rank == nil then return num(state.use[kind]) end
-  return num((state.use[field[kind]] or {})[rank])
-end
-local function wanted(state, budget, rank)
-  local kind, own = kind_of(budget)
-  local want = (own == nil and state.usable or state.want)[rank]
-  if not want then return 0 end
-  if kind == 'req' then return num(want[1]) end
-  if kind == 'tok' then return num(want[2]) end
-  if own ~= rank then return 0 end
-  if kind == 'k' then return num(want[2]) end
-  return num(want[1])
-end
-local function held(state, budget)
-  local kind, rank = kind_of(budget)
-  local hold = state.hold
-  if rank == nil then return num(hold[kind]) end
-  return num((hold[field[kind]] or {})[rank])
-end
-
--- What each process waits for that its class can use: a shared class's waiting requests count
--- only up to what its share leaves free fleet-wide, split in proportion. Batch queued past its
--- share would otherwise take, as demand, the headroom an interactive arrival elsewhere needs.
-local function usable(states, ids, cap)
-  for _, id in ipairs(ids) do states[id].usable = states[id].want end
-  for rank, bound in pairs(cap.sh or {}) do
-    local used_req, used_tok, want_req, want_tok = 0, 0, 0, 0
-    for _, id in ipairs(ids) do
-      local state = states[id]
-      used_req = used_req + num((state.use.sh or {})[rank])
-      used_tok = used_tok + num((state.use.sk or {})[rank])
-      local want = state.want[rank]
-      if want then
-        want_req = want_req + num(want[1])
-        want_tok = want_tok + num(want[2])
-      end
-    end
-    local room_req = math.max(bound - used_req, 0)
-    local room_tok = math.max(num((cap.sk or {})[rank]) - used_tok, 0)
-    if want_req > room_req or want_tok > room_tok then
-      local part_req = want_req > 0 and math.min(room_req / want_req, 1) or 0
-      local part_tok = want_tok > 0 and math.min(room_tok / want_tok, 1) or 0
-      for _, id in ipairs(ids) do
-        local want = states[id].want[rank]
-        if want then
-          local copy = {}
-          for other, value in pairs(states[id].usable) do copy[other] = value end
-          copy[rank] = {math.floor(num(want[1]) * part_req), math.floor(num(want[2]) * part_tok)}
-          states[id].usable = copy
-        end
-      end
-    end
-  end
-end
-
--- Targets of every process for one budget (module docstring, rule 2).
-local function targets(cap, states, ids, ranks, budget)
-  local target, used_total = {}, 0
-  for _, id in ipairs(ids) do
-    target[id] = used(states[id], budget)
-    used_total = used_total + target[id]
-  end
-  local free = math.max(cap - used_total, 0)
-  for _, rank in ipairs(ranks) do
-    if free <= 0 then break end
-    local total = 0
-    for _, id in ipairs(ids) do total = total + wanted(states[id], budget, rank) end
-    if total > 0 then
-      if total <= free then
-        for _, id in ipairs(ids) do target[id] = target[id] + wanted(states[id], budget, rank) end
-        free = free - total
-      else
-        local given = 0
-        for _, id in ipairs(ids) do
-          local share = math.floor(wanted(states[id], budget, rank) * free / total)
-          target[id] = target[id] + share
-          given = given + share
-        end
-        local rest = free - given
-        for _, id in ipairs(ids) do
-          if rest <= 0 then break end
-          if wanted(states[id], budget, rank) > 0 then
-            target[id] = target[id] + 1
-            rest = rest - 1
-          end
-        end
-        free = 0
-      end
-    end
-  end
-  if free > 0 then
-    local each = math.floor(free / #ids)
-    local rest = free - each * #ids
-    for i, id in ipairs(ids) do target[id] = target[id] + each + ((i <= rest) and 1 or 0) end
-  end
-  return target
-end
-
--- What ``me`` holds from now on (rule 1): its target, within what the others leave, never below its use.
-local function settle(cap, states, ids, ranks, budget)
-  local target = targets(cap, states, ids, ranks, budget)
-  local others = 0
-  for _, id in ipairs(ids) do
-    if id ~= me then others = others + held(states[id], budget) end
-  end
-  local hold = math.min(target[me], math.max(cap - others, 0))
-  return math.max(hold, used(states[me], budget))
-end
-
-local answer = {live = live, backends = {}}
-for _, entry in ipairs(report) do
-  local key = prefix .. '{fleet}:b:' .. entry.name
-  redis.call('SADD', backends, entry.name)
-  local states, ids, mine = {}, {}, nil
-  local stored = redis.call('HGETALL', key)
-  for i = 1, #stored, 2 do
-    local state = cjson.decode(stored[i + 1])
-    if stored[i] == me then mine = state else
-      states[stored[i]] = state
-      table.insert(ids, stored[i])
-    end
-  end
-  local hold = mine and mine.hold or {req = 0, tok = 0, pf = {}, sh = {}, sk = {}}
-  states[me] = {use = entry.use, want = entry.want, hold = hold}
-  table.insert(ids, me)
-  table.sort(ids)
-  local seen = {}
-  local ranks = {}
-  for _, id in ipairs(ids) do
-    for rank, _ in pairs(states[id].want) do
-      if not seen[rank] then seen[rank] = true; table.insert(ranks, rank) end
-    end
-  end
-  table.sort(ranks, function(a, b) return tonumber(a) < tonumber(b) end)
-  usable(states, ids, entry.cap)
-  local new = {req = settle(entry.cap.req, states, ids, ranks, 'req'),
-               tok = settle(entry.cap.tok, states, ids, ranks, 'tok'), pf = {}, sh = {}, sk = {}}
-  for rank, bound in pairs(entry.cap.pf) do
-    new.pf[rank] = settle(bound, states, ids, ranks, 'p' .. rank)
-  end
-  for rank, bound in pairs(entry.cap.sh) do
-    new.sh[rank] = settle(bound, states, ids, ranks, 's' .. rank)
-  end
-  for rank, bound in pairs(entry.cap.sk) do
-    new.sk[rank] = settle(bound, states, ids, ranks, 'k' .. rank)
-  end
-  states[me].hold = new
-  states[me].usable = nil
-  redis.call('HSET', key, me, cjson.encode(states[me]))
-  redis.call('PEXPIRE', key, keep_ms)
-  local waiting, prefilling, rate, req, tok = {}, {}, 0, 0, 0
-  for _, id in ipairs(ids) do
-    if id ~= me then
-      rate = rate + num(states[id].use.rate)
-      req = req + num(states[id].use.req)
-      tok = tok + num(states[id].use.tok)
-      for rank, want in pairs(states[id].want) do waiting[rank] = (waiting[rank] or 0) + num(want[1]) end
-      for rank, count in pairs(states[id].use.pf) do prefilling[rank] = (prefilling[rank] or 0) + num(count) end
-    end
-  end
-  answer.backends[entry.name] = {hold = new, waiting = waiting, prefilling = prefilling, rate = rate,
-                                 req = req, tok = tok}
-end
-return cjson.encode(answer)
-"""
+SYNC = files("gateway.fleet").joinpath("ledger.lua").read_text()
+LEAVE = files("gateway.fleet").joinpath("leave.lua").read_text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +97,8 @@ class BackendReport:
     """Requests and their tokens waiting in this process's queues for this backend, by class rank."""
     rate: float = 0.0
     """Requests per second this process has sent to this backend lately."""
+    applied: Quota | None = None
+    """The part this process enforces now (None: nothing yet)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -289,6 +119,7 @@ class BackendReport:
                 "rate": round(self.rate, 3),
             },
             "want": {str(rank): [count, tokens] for rank, (count, tokens) in self.waiting.items() if count},
+            "applied": _applied(self.applied),
         }
 
 
@@ -313,33 +144,78 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Sync:
-    """The answer to one ``sync``: a grant per reported backend, and how many processes are live."""
+    """The answer to one ``sync``: a grant per reported backend, how many processes are live, the
+    ledger's epoch, and the processes that are tombstones (silent past their lease)."""
 
     live: int
     grants: Mapping[str, Grant]
+    epoch: str = ""
+    tombstones: tuple[str, ...] = ()
 
 
 class FleetLedger:
-    """Talks to the ledger's script (module docstring) for one process, ``replica``."""
+    """Talks to the ledger's scripts (module docstring) for one process, ``replica``.
 
-    def __init__(self, client: aioredis.Redis, *, key_prefix: str, replica: str, lease_ttl_s: float) -> None:
+    ``clock``: when given, the scripts take their time from it instead of Redis's (tests drive
+    leases and drains on a ``FakeClock``)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        key_prefix: str,
+        replica: str,
+        lease_ttl_s: float,
+        drain_s: float = 600.0,
+        clock: Clock | None = None,
+    ) -> None:
         self.client = client
         self.key_prefix = key_prefix
         self.replica = replica
         self.lease_ttl_s = lease_ttl_s
+        self.drain_s = drain_s
+        self.clock = clock
         self._script = client.register_script(SYNC)
+        self._leave = client.register_script(LEAVE)
 
-    async def sync(self, report: Sequence[BackendReport]) -> Sync:
+    async def sync(self, report: Sequence[BackendReport], reap: Sequence[str] = ()) -> Sync:
+        """One sync: ``report`` for every backend; ``reap`` names tombstones known dead."""
         argv: list[str | float | bytes] = [
             self.replica,
             self.lease_ttl_s,
             orjson.dumps([b.as_json() for b in report]),
             self.key_prefix,
+            self.drain_s,
+            orjson.dumps(list(reap)),
+            "" if self.clock is None else repr(self.clock.now()),
+            os.urandom(8).hex(),  # the epoch of a ledger this sync creates: new each time, never one seen before
         ]
         raw = await self._script(keys=[], args=argv)
         answer = orjson.loads(raw)
         grants = {name: _grant(entry) for name, entry in (answer.get("backends") or {}).items()}
-        return Sync(int(answer["live"]), grants)
+        tombstones = answer.get("tombstones")
+        return Sync(
+            int(answer["live"]),
+            grants,
+            str(answer.get("epoch") or ""),
+            tuple(tombstones) if isinstance(tombstones, list) else (),
+        )
+
+    async def leave(self) -> None:
+        """Take this process out of the ledger (a graceful exit: nothing of it in flight any more)."""
+        await self._leave(keys=[], args=[self.replica, self.key_prefix])
+
+
+def _applied(quota: Quota | None) -> dict[str, Any]:
+    if quota is None:
+        return {"req": 0, "tok": 0, "pf": {}, "sh": {}, "sk": {}}
+    return {
+        "req": quota.requests,
+        "tok": quota.tokens,
+        "pf": _keyed(quota.prefills),
+        "sh": _keyed({rank: share.requests for rank, share in quota.shares.items()}),
+        "sk": _keyed({rank: share.tokens for rank, share in quota.shares.items()}),
+    }
 
 
 def _keyed(values: Mapping[int, int]) -> dict[str, int]:

@@ -9,19 +9,21 @@ its part of each budget, and the quotas of all processes sum to at most the capa
 * alone (one process, no shared store): the whole capacity (``quota`` None on the backend);
 * ``--workers N`` without a shared store: ``capacity / N`` each, fixed (``partition``);
 * with Redis: what the ledger grants (``gateway/fleet/ledger.py``), moved between processes
-  by their demand every ``fleet.sync_interval_s``;
-* with Redis unreachable: its last grant, frozen (``fallback``). The last grants of all
-  processes sum to at most the capacity (the ledger's invariant), so the sum holds whatever
-  the others do meanwhile. An equal share among the processes last seen would not: a process
-  that held little could then start requests while one that held much still has its own in
-  flight. A process that never reached the ledger takes an equal share among
-  ``fleet.processes_when_unknown``.
+  by their demand every ``fleet.sync_interval_s``, valid until the process's lease ends
+  (``Quota.until``): past it, nothing more starts until a sync succeeds;
+* with Redis unreachable: its last grant, for the rest of its lease (the ledger counts it
+  meanwhile, and as a tombstone after). An equal share among the processes last seen would not
+  keep the sum: a process that held little could then start requests while one that held much
+  still has its own in flight. A process that never reached the ledger holds nothing
+  (``PENDING``), or, when the policy bounds how many run without it
+  (``fleet.processes_when_unknown``), an equal share among them.
 
 Sizes are whole units, rounded down: a share never rounds up past the capacity.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -53,6 +55,12 @@ class Quota:
     shares: Mapping[int, Share] = field(default_factory=dict)
     """What each class with a ``max_share`` below 1 may hold, by rank (this process's part of the share)."""
     whole: bool = False
+    until: float = math.inf
+    """When this part stops letting requests start (the process's lease, on its clock); inf: never."""
+
+
+PENDING = Quota(0, 0)
+"""The part of a process that has not heard from the ledger yet: nothing (others may hold everything)."""
 
 
 def paced(classes: Mapping[str, PriorityClass]) -> dict[int, int]:
@@ -81,10 +89,14 @@ def partition(capacity: Capacity, classes: Mapping[str, PriorityClass], parts: i
     return Quota(capacity.max_concurrent // parts, capacity.max_tokens_in_flight // parts, prefills, shares)
 
 
-def fallback(last: Quota | None, capacity: Capacity, classes: Mapping[str, PriorityClass], unknown: int) -> Quota:
-    """The part to hold while the ledger cannot be reached (module docstring): the last grant,
-    else an equal share among ``unknown`` processes."""
-    return last if last is not None else partition(capacity, classes, max(unknown, 1))
+def fallback(
+    last: Quota | None, capacity: Capacity, classes: Mapping[str, PriorityClass], unknown: int | None
+) -> Quota:
+    """The part to hold while the ledger cannot be reached (module docstring): the last grant
+    (it lapses at its own ``until``), else nothing, or an equal share among ``unknown`` processes."""
+    if last is not None and last is not PENDING:
+        return last
+    return PENDING if unknown is None else partition(capacity, classes, unknown)
 
 
 def at_most(grant: Quota, bound: Quota) -> Quota:
@@ -97,6 +109,7 @@ def at_most(grant: Quota, bound: Quota) -> Quota:
         prefills,
         shares,
         grant.whole and bound.whole,
+        grant.until,
     )
 
 

@@ -18,12 +18,25 @@ refill pays its debt (a take is refused while the level is below the amount, and
 ``retry_after_s`` includes the debt). The floor at ``-capacity`` bounds that wait to two
 minutes of refill for a per-minute limit: a usage figure that is wrong (a backend that ignored
 the output bound, or reported nonsense) must not lock a tenant out for hours.
+
+**A slot is given back where it was taken.** A store that keeps slots in more than one place
+(the Redis store's local fallback, while Redis is lost) says where in ``Verdict.slot_at``; the
+caller hands it back in ``Settlement.slot_at``. Releasing "a slot" wherever one is found would
+free a fallback slot for a request that holds one in Redis, and let a tenant run past its
+limit (issue 28: 12 for a limit of 4 on two replicas).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
+
+SlotAt = Literal["store", "local"]
+"""Where a slot was taken: the store proper, or a local fallback of it."""
+
+UNAVAILABLE = "unavailable"
+"""``Verdict.refused_by`` when the store refuses because it cannot enforce the limits at all
+(``state.on_store_loss: closed`` while Redis is lost): a 503, not the tenant's 429."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +111,23 @@ class Verdict:
     admitted: bool
     refused_by: str | None
     buckets: tuple[BucketResult, ...]
+    slot_at: SlotAt | None = None
+    """Where the slot was taken (when the ask had one and was admitted): give it back there."""
+    waited_s: float = 0.0
+    """What the call cost the request's budget: seconds it waited on a shared store (the event
+    loop's free time, ``limitstore/lag.py``)."""
+    retry_after_s: float = 0.0
+    """For ``UNAVAILABLE``: when to try again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settlement:
-    """What one request gives back or owes at its end: its slot, and adjustments of its buckets."""
+    """What one request gives back or owes at its end: its slot (where it took it: ``slot_at``
+    of its verdict), and adjustments of its buckets."""
 
     scope: str
     release_slot: bool = False
+    slot_at: SlotAt = "store"
     adjusts: tuple[Adjust, ...] = ()
 
 
@@ -125,14 +147,15 @@ class LimitStore(Protocol):
     ``timeout_s`` is what the caller may still wait on the store for this request (what is left
     of its budget, see ``RedisLimitStore``; None: a whole budget); past it, the call is answered
     from a local fallback instead. ``request_budget_s`` is the budget a request starts with
-    (``inf`` for an in-process store).
+    (``inf`` for an in-process store). ``admit`` tells what it cost the budget in
+    ``Verdict.waited_s``, ``settle`` returns it.
     """
 
     request_budget_s: float
 
     async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict: ...
 
-    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> None: ...
+    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> float: ...
 
     async def slots_in_use(self, scope: str) -> int: ...
 

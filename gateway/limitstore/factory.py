@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 from gateway.clock import Clock
 from gateway.limitstore.memory import MemoryLimitStore
+from gateway.limitstore.outage import Processes
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.model import StatePolicy
 
@@ -18,7 +19,13 @@ def _ignore(operation: str) -> None:
     return None
 
 
-def redis_config(state: StatePolicy, env: Mapping[str, str] | None = None) -> RedisConfig:
+def _never_counted() -> int:
+    return 0
+
+
+def redis_config(
+    state: StatePolicy, env: Mapping[str, str] | None = None, *, processes_when_unknown: int | None = None
+) -> RedisConfig:
     """The Redis settings of ``state``; refuses a Redis backend with no URL anywhere."""
     url = state.resolved_url(env)
     if url is None:
@@ -30,6 +37,8 @@ def redis_config(state: StatePolicy, env: Mapping[str, str] | None = None) -> Re
         request_budget_s=state.request_budget_ms / 1000,
         ping_interval_s=state.ping_interval_s,
         lease_ttl_s=state.lease_ttl_s,
+        on_store_loss=state.on_store_loss,
+        processes_when_unknown=processes_when_unknown,
     )
 
 
@@ -39,8 +48,15 @@ def build_limit_store(
     *,
     on_error: Callable[[str], None] = _ignore,
     on_fallback: Callable[[str], None] = _ignore,
+    processes: Processes = _never_counted,
+    processes_when_unknown: int | None = None,
 ) -> MemoryLimitStore | RedisLimitStore:
-    """``MemoryLimitStore(clock)`` by default; a ``RedisLimitStore`` (on Redis's clock) for ``redis``."""
+    """``MemoryLimitStore(clock)`` by default; a ``RedisLimitStore`` (on Redis's clock) for ``redis``.
+
+    ``processes`` counts the live gateway processes (the fleet coordinator's last count, 0 when
+    it has none) and ``processes_when_unknown`` stands in when it has none
+    (``fleet.processes_when_unknown``): what ``state.on_store_loss: share`` divides limits by."""
     if state.backend == "memory":
         return MemoryLimitStore(clock)
-    return RedisLimitStore(redis_config(state), on_error=on_error, on_fallback=on_fallback)
+    config = redis_config(state, processes_when_unknown=processes_when_unknown)
+    return RedisLimitStore(config, on_error=on_error, on_fallback=on_fallback, processes=processes)

@@ -54,9 +54,11 @@ class MemoryLimitStore:
             BucketResult.of(level, take.amount, take.bucket.capacity, take.bucket.refill_per_s, admitted)
             for take, level in zip(ask.takes, levels, strict=True)
         )
-        return Verdict(admitted, refused_by, results)
+        return Verdict(
+            admitted, refused_by, results, slot_at="store" if admitted and ask.slot_limit is not None else None
+        )
 
-    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> None:
+    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> float:
         now = self._clock.now()
         scope = settlement.scope
         if settlement.release_slot:
@@ -69,6 +71,7 @@ class MemoryLimitStore:
             bucket = adjust.bucket
             level = adjusted(self._level(scope, bucket, now), adjust.amount, bucket.capacity)
             self._store(scope, bucket, level, now)
+        return 0.0
 
     async def slots_in_use(self, scope: str) -> int:
         return self._slots.get(scope, 0)

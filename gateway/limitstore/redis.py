@@ -2,41 +2,43 @@
 
 **One round trip per step.** An admission (the tenant's concurrency slot, its requests and
 its tokens per minute) is one Lua script, and so is a settlement (the slot back, the tokens
-adjusted to the real usage); scripts are registered once and run by EVALSHA (redis-py loads
-them again after a ``NOSCRIPT``, e.g. when Redis restarted). Each is atomic, so replicas never
-race on a read-modify-write. A tenant's keys share one hash tag (``gw:{acme}:rpm``, ...): one
-Redis Cluster slot per script.
-
-**Time.** Token buckets refill from Redis's own clock (``TIME`` inside the script), never from
-the replica's: replicas whose clocks disagree still see one bucket level. A ``clock`` may be
-injected for tests; the scripts then use it instead.
+adjusted to the real usage); the scripts are in ``limitstore/scripts.py``, registered once and
+run by EVALSHA (redis-py loads them again after a ``NOSCRIPT``, e.g. when Redis restarted).
+Each is atomic, so replicas never race on a read-modify-write. A tenant's keys share one hash
+tag (``gw:{acme}:rpm``, ...): one Redis Cluster slot per script, and the lease renewal is one
+script per tenant too (pipelined), never one across tenants.
 
 **Concurrency slots: a lease per replica, renewed while it holds slots.** A slot key is a hash
 ``replica -> slots it holds`` plus a sorted set ``replica -> lease expiry``. A replica renews
-its leases (and rewrites its counts from what it really holds) every ``ping_interval_s``; an
-admission first drops the replicas whose lease expired. So a replica that dies holding slots
-frees them ``lease_ttl_s`` later, while a live one keeps slots for requests of any length.
-The alternative, a plain counter with a TTL longer than the longest request deadline (600 s
-by default), would block a tenant for ten minutes after a crash, and never free a leaked slot
-at all while traffic keeps refreshing the TTL. The rewrite also repairs a count that a failed
-release left behind, within one renewal.
+its leases (and rewrites its counts from what it really holds, the slots it took in its
+fallback included) every ``ping_interval_s``; an admission first drops the replicas whose
+lease expired. So a replica that dies holding slots frees them ``lease_ttl_s`` later, while a
+live one keeps slots for requests of any length. The alternative, a plain counter with a TTL
+longer than the longest request deadline (600 s by default), would block a tenant for ten
+minutes after a crash, and never free a leaked slot at all while traffic keeps refreshing the
+TTL. The rewrite also repairs a count that a failed release left behind, within one renewal.
+A slot is released where it was taken (``Verdict.slot_at``): in Redis, or in the fallback.
 
-**Failure: fail open to a per-replica fallback** (Envoy's global rate limit with
-``failure_mode_deny: false``). A command that fails marks Redis down; from then on every
-operation goes straight to an in-process ``MemoryLimitStore`` (same limits, enforced by this
-replica alone, so a tenant may get up to N replicas x its limit) without waiting on Redis,
-until the background ping succeeds again. Requests are never failed because Redis is: an
-outage costs accuracy of the limits, not availability. ``up`` tells whether the last command
-or ping succeeded; ``on_error``/``on_fallback`` count failures and the operations answered
-locally.
+**Failure: a local fallback, as the policy says** (``state.on_store_loss``,
+``limitstore/outage.py``). A command that fails marks Redis down; from then on every
+operation goes straight to this process's ``LocalLimits`` without waiting on Redis, until the
+background ping succeeds again: by default each process enforces its share of every limit
+(``share``); ``open`` is each the whole limit, ``closed`` refuses limited tenants. When Redis is
+back, what was admitted locally is charged to it before it is used again. ``up`` tells whether
+the last command or ping succeeded; ``on_error``/``on_fallback`` count failures and the
+operations answered locally.
 
-**Slow is down: a latency budget per request.** A Redis that answers every command, but in
-30 ms, would add 30 ms to every request per round trip without ever failing. So a request
-may wait on Redis ``request_budget_s`` in all (its admission and its settlement share it, the
-caller passes what is left as ``timeout_s``); a call that would exceed it is cut and answered
-by the fallback, and Redis is marked down as for an outage. The background ping brings it back
-only when it answers within ``probe_max_s`` (half the budget: a request makes two calls), so a
-slow Redis costs one request its budget, not every request, and is used again once fast.
+**Slow is down: a latency budget per request, in the event loop's free time.** A Redis that
+answers every command, but in 30 ms, would add 30 ms to every request per round trip without
+ever failing. So a request may wait on Redis ``request_budget_s`` in all (its admission and
+its settlement share it, the caller passes what is left as ``timeout_s``); a call that would
+exceed it is cut and answered by the fallback, and Redis is marked down as for an outage. The
+background ping brings it back only when it answers within ``probe_max_s`` (half the budget: a
+request makes two calls), so a slow Redis costs one request its budget, not every request, and
+is used again once fast. Every wait on Redis (the budget, the ping's timeout and its time) is
+counted in the time the event loop was free to read the answer (``limitstore/lag.py``): a
+process that is busy, or stalled by one long callback, has not found Redis slow. redis-py's
+own socket timeouts are therefore off (they would cut a reply that waits in the socket).
 """
 
 from __future__ import annotations
@@ -55,179 +57,38 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.clock import Clock
-from gateway.limitstore.base import Ask, Bucket, BucketResult, Settlement, Take, Verdict
-from gateway.limitstore.memory import MemoryLimitStore
+from gateway.limitstore.base import Adjust, Ask, Bucket, BucketResult, Settlement, Take, Verdict
+from gateway.limitstore.connect import redis_client
+from gateway.limitstore.lag import FreeTimeout, LoopLag, timed_out
+from gateway.limitstore.outage import LocalLimits, LossMode, Processes
+from gateway.limitstore.scripts import ADMIT, IN_USE, RENEW, SETTLE
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 FAILURES = (RedisError, OSError, TimeoutError)
-
-# ARGV[1], ARGV[2]: the injected clock's seconds and microseconds, or "" for the server's TIME.
-_NOW = """
-local function now(sec, usec)
-  if sec == '' then
-    local t = redis.call('TIME')
-    return t[1], t[2]
-  end
-  return sec, usec
-end
-local sec, usec = now(ARGV[1], ARGV[2])
-local t = tonumber(sec) + tonumber(usec) / 1e6
-"""
-
-# Bucket hashes {level, s, us}: the level and the time it was written (refilled lazily).
-_BUCKETS = """
-local function level_of(key, capacity, rate)
-  local state = redis.call('HMGET', key, 'level', 's', 'us')
-  if not state[1] then
-    return capacity
-  end
-  local elapsed = (tonumber(sec) - tonumber(state[2])) + (tonumber(usec) - tonumber(state[3])) / 1e6
-  return math.min(capacity, tonumber(state[1]) + math.max(0, elapsed) * rate)
-end
-local function store(key, value, capacity, rate)
-  if value >= capacity then
-    redis.call('DEL', key)
-    return
-  end
-  redis.call('HSET', key, 'level', string.format('%.17g', value), 's', sec, 'us', usec)
-  redis.call('PEXPIRE', key, math.ceil((capacity - value) / rate * 1000) + 1000)
-end
-"""
-
-# KEYS[1]: hash replica -> slots held; KEYS[2]: zset replica -> lease expiry (seconds).
-_SLOTS = (
-    _NOW
-    + _BUCKETS
-    + """
-local function purge()
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', t)
-  for _, replica in ipairs(expired) do
-    redis.call('HDEL', KEYS[1], replica)
-  end
-  if #expired > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t)
-  end
-  local used = 0
-  for _, n in ipairs(redis.call('HVALS', KEYS[1])) do
-    used = used + tonumber(n)
-  end
-  return used
-end
-"""
-)
-
-# One admission: KEYS[3..] the buckets to take from; ARGV[3..5]: replica, slot limit ('' for
-# none), lease ttl; then per bucket amount, capacity, refill per second. Everything or nothing.
-# Returns {refused, level...}: refused 0 (admitted), 1 (the slot) or 1 + the refusing bucket's
-# position; each bucket's level after the take (before it, when refused).
-ADMIT = (
-    _SLOTS
-    + """
-local replica, limit, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
-local refused = 0
-if limit ~= '' and purge() >= tonumber(limit) then
-  refused = 1
-end
-local levels, amounts = {}, {}
-for i = 3, #KEYS do
-  local j = 6 + (i - 3) * 3
-  local amount = tonumber(ARGV[j])
-  local level = level_of(KEYS[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
-  levels[i - 2], amounts[i - 2] = level, amount
-  if refused == 0 and level < amount then
-    refused = i - 1
-  end
-end
-if refused == 0 then
-  if limit ~= '' then
-    redis.call('HINCRBY', KEYS[1], replica, 1)
-    redis.call('ZADD', KEYS[2], t + ttl, replica)
-    redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000))
-    redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000))
-  end
-  for i = 3, #KEYS do
-    local j = 6 + (i - 3) * 3
-    levels[i - 2] = levels[i - 2] - amounts[i - 2]
-    store(KEYS[i], levels[i - 2], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
-  end
-end
-local reply = {refused}
-for i, level in ipairs(levels) do
-  reply[i + 1] = string.format('%.17g', level)
-end
-return reply
-"""
-)
-
-# One settlement: ARGV[3..4]: replica, '1' to release one of its slots; then per bucket
-# (KEYS[3..]) the adjustment (> 0 gives back, < 0 charges), capacity, refill per second.
-# Levels stay within [-capacity, capacity] (see ``limitstore/base.py``).
-SETTLE = (
-    _SLOTS
-    + """
-if ARGV[4] == '1' then
-  local n = redis.call('HINCRBY', KEYS[1], ARGV[3], -1)
-  if n <= 0 then
-    redis.call('HDEL', KEYS[1], ARGV[3])
-    redis.call('ZREM', KEYS[2], ARGV[3])
-  end
-end
-for i = 3, #KEYS do
-  local j = 5 + (i - 3) * 3
-  local amount, capacity, rate = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  local level = level_of(KEYS[i], capacity, rate)
-  store(KEYS[i], math.min(capacity, math.max(-capacity, level + amount)), capacity, rate)
-end
-return 1
-"""
-)
-
-IN_USE = _SLOTS + "return purge()\n"
-
-# KEYS: pairs (held hash, lease zset); ARGV[3..4]: replica, ttl; ARGV[5..]: per pair, the
-# slots this replica holds there (written as the truth), or -1 (an operation is in flight:
-# only extend the lease).
-RENEW = (
-    _NOW
-    + """
-local replica, ttl = ARGV[3], tonumber(ARGV[4])
-for i = 1, #KEYS, 2 do
-  local held, leases = KEYS[i], KEYS[i + 1]
-  local n = tonumber(ARGV[4 + (i + 1) / 2])
-  if n == 0 then
-    redis.call('HDEL', held, replica)
-    redis.call('ZREM', leases, replica)
-  else
-    if n > 0 then
-      redis.call('HSET', held, replica, n)
-    end
-    if redis.call('HEXISTS', held, replica) == 1 then
-      redis.call('ZADD', leases, t + ttl, replica)
-      redis.call('PEXPIRE', held, math.ceil(ttl * 1000))
-      redis.call('PEXPIRE', leases, math.ceil(ttl * 1000))
-    end
-  end
-end
-return 1
-"""
-)
+RECONCILE_ROUNDS = 5
+"""Charging an outage to Redis awaits it; what was admitted meanwhile is charged in another round."""
 
 
 def _ignore(operation: str) -> None:
     return None
 
 
+def _never_counted() -> int:
+    return 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedisConfig:
-    """Where the shared state lives and how long to wait for it.
+    """Where the shared state lives, how long to wait for it, and what to do without it.
 
     ``RedisConfig(url="redis://127.0.0.1:6379/0", key_prefix="gw:", timeout_s=0.05)``; several
     gateways (or test runs) share one Redis under different prefixes. ``timeout_s`` bounds one
     command off the request path (pings, renewals); ``request_budget_s`` bounds what one
-    request may wait on Redis in all (see ``RedisLimitStore``). The URL may hold a password,
-    so ``repr`` shows only where it points.
+    request may wait on Redis in all (see ``RedisLimitStore``); ``on_store_loss`` and
+    ``processes_when_unknown`` are ``limitstore/outage.py``'s. The URL may hold a password, so
+    ``repr`` shows only where it points.
     """
 
     url: str
@@ -236,6 +97,8 @@ class RedisConfig:
     request_budget_s: float = 0.02
     ping_interval_s: float = 1.0
     lease_ttl_s: float = 10.0
+    on_store_loss: LossMode = "open"
+    processes_when_unknown: int | None = None
 
     @property
     def probe_max_s(self) -> float:
@@ -246,16 +109,16 @@ class RedisConfig:
         where = self.url.rsplit("@", 1)[-1].split("://")[-1]
         return (
             f"RedisConfig(url=<{where}>, key_prefix={self.key_prefix!r}, timeout_s={self.timeout_s}, "
-            f"request_budget_s={self.request_budget_s})"
+            f"request_budget_s={self.request_budget_s}, on_store_loss={self.on_store_loss!r})"
         )
 
 
 class RedisLimitStore:
-    """``LimitStore`` in Redis, failing open to a ``MemoryLimitStore`` (see the module docstring).
+    """``LimitStore`` in Redis, with a local fallback while Redis is lost (see the module docstring).
 
     Built in the lifespan; ``await store.check()`` once, then ``run()`` as an owned task (pings,
-    renews leases, brings Redis back after an outage); ``aclose()`` at shutdown.
-    """
+    renews leases, brings Redis back after an outage); ``aclose()`` at shutdown. ``processes``
+    is how many gateway processes the fleet counts (``share`` divides the limits by it)."""
 
     def __init__(
         self,
@@ -264,19 +127,27 @@ class RedisLimitStore:
         clock: Clock | None = None,
         on_error: Callable[[str], None] = _ignore,
         on_fallback: Callable[[str], None] = _ignore,
+        processes: Processes = _never_counted,
     ) -> None:
         self.config = config
         self.request_budget_s = config.request_budget_s
         self.replica = uuid.uuid4().hex[:16]
         self.up = True  # optimistic until a command fails; check() at start-up tells for sure
-        self.fallback = MemoryLimitStore(clock)
+        self.lag = LoopLag()
+        self.fallback = LocalLimits(
+            config.on_store_loss,
+            clock,
+            processes=processes,
+            processes_when_unknown=config.processes_when_unknown,
+            retry_after_s=config.ping_interval_s,
+        )
         self._clock = clock
         self._on_error = on_error
         self._on_fallback = on_fallback
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+        self._redis: aioredis.Redis = redis_client(
             config.url,
-            socket_timeout=config.timeout_s,
-            socket_connect_timeout=config.timeout_s,
+            socket_timeout=None,  # every call is bounded in free time instead (module docstring)
+            socket_connect_timeout=None,
             retry=Retry(NoBackoff(), 0),  # no retry: a failure falls back at once
         )
         self._admit = self._redis.register_script(ADMIT)
@@ -285,7 +156,7 @@ class RedisLimitStore:
         self._renew = self._redis.register_script(RENEW)
         self._held: dict[str, int] = {}  # scope -> slots this replica holds in Redis
         self._pending: dict[str, int] = {}  # scope -> admissions/settlements with a slot in flight
-        self._local: dict[str, int] = {}  # scope -> slots this replica holds in the fallback
+        self._adopted: dict[str, int] = {}  # scope -> fallback slots the last renewal wrote into Redis's count
 
     def _now(self) -> list[str]:
         if self._clock is None:
@@ -298,20 +169,35 @@ class RedisLimitStore:
         base = f"{self.config.key_prefix}{{{scope}}}"
         return [f"{base}:held", f"{base}:leases", *(f"{base}:{b.name}" for b in buckets)]
 
+    async def _within(self, remote: Callable[[], Awaitable[T]], limit_s: float) -> tuple[T, float]:
+        """``remote()`` cut after ``limit_s`` of the loop's free time; its result and the free time taken."""
+        deadline = FreeTimeout(self.lag, limit_s)
+        try:
+            async with deadline:
+                result = await remote()
+        except TimeoutError as exc:
+            raise timed_out(exc, deadline) from exc
+        return result, deadline.free_s
+
     async def _call(
-        self, operation: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]], budget_s: float
-    ) -> T:
-        """``remote()`` while Redis is up and within ``budget_s``, else ``local()`` (the fallback)."""
+        self, operation: str, remote: Callable[[], Awaitable[T]], local: Callable[[], T], budget_s: float
+    ) -> tuple[T, float]:
+        """``remote()`` while Redis is up and within ``budget_s``, else ``local()`` (the fallback);
+        with the free time spent waiting on Redis."""
+        waited = 0.0
         if self.up:
+            deadline = FreeTimeout(self.lag, min(budget_s, self.config.timeout_s * 4))  # connect plus command
             try:
                 if budget_s <= 0:
                     raise TimeoutError("the request's budget for Redis is spent")
-                async with asyncio.timeout(min(budget_s, self.config.timeout_s * 4)):  # connect plus command
-                    return await remote()
+                async with deadline:
+                    result = await remote()
+                return result, deadline.free_s
             except FAILURES as exc:
-                self._failed(operation, exc)
+                self._failed(operation, timed_out(exc, deadline))
+            waited = deadline.free_s
         self._on_fallback(operation)
-        return await local()
+        return local(), waited
 
     def _budget(self, timeout_s: float | None) -> float:
         return self.config.request_budget_s if timeout_s is None else timeout_s
@@ -319,17 +205,24 @@ class RedisLimitStore:
     def _failed(self, operation: str, exc: BaseException) -> None:
         self._on_error(operation)
         if self.up:
+            processes = self.fallback.lost()
             log.warning(
-                "Redis %r failed on %s (%s: %s): tenant limits now enforced by this replica alone",
+                "Redis %r failed on %s (%s: %s): tenant limits now enforced by this process alone (%s)",
                 self.config,
                 operation,
                 type(exc).__name__,
                 exc,
+                self.fallback.terms(processes),
             )
         self.up = False
 
+    def _saw(self, scope: str, buckets: list[Bucket], levels: list[bytes]) -> None:
+        for bucket, level in zip(buckets, levels, strict=True):
+            self.fallback.saw(scope, bucket.name, float(level))
+
     async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict:
         scope, slot = ask.scope, ask.slot_limit is not None
+        buckets = [take.bucket for take in ask.takes]
 
         async def remote() -> Verdict:
             if slot:
@@ -344,61 +237,60 @@ class RedisLimitStore:
                 for take in ask.takes:
                     b = take.bucket
                     args += [repr(float(take.amount)), repr(float(b.capacity)), repr(float(b.refill_per_s))]
-                keys = self._keys(scope, [take.bucket for take in ask.takes])
-                refused, *levels = await self._admit(keys=keys, args=args)
+                refused, *levels = await self._admit(keys=self._keys(scope, buckets), args=args)
                 admitted = refused == 0
             finally:
                 if slot:
                     if not admitted:
                         self._held[scope] -= 1  # a lost answer may leave one counted: the renewal repairs it
                     self._done(scope)
+            self._saw(scope, buckets, levels)
             refused_by = None if admitted else "slot" if refused == 1 else ask.takes[refused - 2].bucket.name
             results = tuple(
                 _result(float(level), take, admitted) for take, level in zip(ask.takes, levels, strict=True)
             )
-            return Verdict(admitted, refused_by, results)
+            return Verdict(admitted, refused_by, results, slot_at="store" if admitted and slot else None)
 
-        async def local() -> Verdict:
-            verdict = await self.fallback.admit(ask)
-            if verdict.admitted and slot:
-                self._local[scope] = self._local.get(scope, 0) + 1
-            return verdict
+        def local() -> Verdict:
+            return self.fallback.admit(ask, held=self._held.get(scope, 0))
 
-        return await self._call("admit", remote, local, self._budget(timeout_s))
+        verdict, waited = await self._call("admit", remote, local, self._budget(timeout_s))
+        return Verdict(
+            verdict.admitted, verdict.refused_by, verdict.buckets, verdict.slot_at, waited, verdict.retry_after_s
+        )
 
-    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> None:
-        """Slots are given back where they were taken: a fallback slot first (those are certain),
-        else one held in Redis. A release that fails is not retried: the slot is counted out
-        here, and the next renewal writes the true count to Redis."""
+    async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> float:
+        """The slot goes back where it was taken: a fallback slot to the fallback, a Redis slot to
+        Redis. A release that fails is not retried: the slot is counted out here, and the next
+        renewal writes the true count to Redis."""
         scope = settlement.scope
         release_remote = False
         if settlement.release_slot:
-            if self._local.get(scope, 0) > 0:
-                self._local[scope] -= 1
-                await self.fallback.settle(Settlement(scope=scope, release_slot=True))
+            if settlement.slot_at == "local":
+                self.fallback.release(scope)
+                if self.up and self._adopted.get(scope, 0) > 0:  # Redis counts it since a renewal
+                    self._adopted[scope] -= 1
+                    release_remote = True
             elif self._held.get(scope, 0) > 0:
                 self._held[scope] -= 1
                 release_remote = True
         if not release_remote and not settlement.adjusts:
-            return
+            return 0.0
 
         async def remote() -> None:
             if release_remote:
                 self._pending[scope] = self._pending.get(scope, 0) + 1
             try:
-                args = [*self._now(), self.replica, "1" if release_remote else "0"]
-                for adjust in settlement.adjusts:
-                    b = adjust.bucket
-                    args += [repr(float(adjust.amount)), repr(float(b.capacity)), repr(float(b.refill_per_s))]
-                await self._settle(keys=self._keys(scope, [a.bucket for a in settlement.adjusts]), args=args)
+                await self._adjust(scope, settlement.adjusts, release_remote)
             finally:
                 if release_remote:
                     self._done(scope)
 
-        async def local() -> None:
-            await self.fallback.settle(Settlement(scope=scope, adjusts=settlement.adjusts))
+        def local() -> None:
+            self.fallback.settle(Settlement(scope=scope, adjusts=settlement.adjusts))
 
-        await self._call("settle", remote, local, self._budget(timeout_s))
+        _, waited = await self._call("settle", remote, local, self._budget(timeout_s))
+        return waited
 
     def _done(self, scope: str) -> None:
         pending = self._pending.get(scope, 0) - 1
@@ -411,46 +303,92 @@ class RedisLimitStore:
         async def remote() -> int:
             return int(await self._in_use(keys=self._keys(scope, []), args=self._now()))
 
-        return await self._call("slots_in_use", remote, lambda: self.fallback.slots_in_use(scope), math.inf)
+        def local() -> int:
+            return self._held.get(scope, 0) + self.fallback.slots_in_use(scope)
+
+        used, _ = await self._call("slots_in_use", remote, local, math.inf)
+        return used
 
     async def check(self) -> bool:
         """Ping Redis (renewing this replica's leases on the way); sets and returns ``up``.
 
-        A Redis that is down comes back only when the ping answers within ``probe_max_s``: one
-        that answers, but slower than a request may wait for it, stays out like one that does
-        not. A Redis that is up is taken out by a failed ping, not by a slow one: requests find
-        out for themselves (their budget), and a ping's time includes the event loop's own
-        delays, which must not flap the limits between shared and local."""
-        loop = asyncio.get_running_loop()
+        A Redis that is down comes back only when the ping answers within ``probe_max_s`` (of
+        free time) and what was admitted locally meanwhile is charged to it. One that answers,
+        but slower than a request may wait for it, stays out like one that does not. A Redis
+        that is up is taken out by a failed ping, not by a slow one: requests find out for
+        themselves (their budget)."""
         try:
             if not self.up:
                 # Idle connections from before the outage may be dead (a partition sends no FIN).
                 await self._redis.connection_pool.disconnect(inuse_connections=False)
-            started = loop.time()
-            async with asyncio.timeout(self.config.timeout_s * 4):
-                await self._heartbeat()
-            took = loop.time() - started
-            if took > self.config.probe_max_s and not self.up:
-                raise TimeoutError(f"a ping took {took * 1000:.1f} ms, over {self.config.probe_max_s * 1000:g} ms")
+            _, took = await self._within(self._heartbeat, self.config.timeout_s * 4)
+            if not self.up:
+                if took > self.config.probe_max_s:
+                    raise TimeoutError(f"a ping took {took * 1000:.1f} ms, over {self.config.probe_max_s * 1000:g} ms")
+                if not await self._reconcile():
+                    return False
         except FAILURES as exc:
             self._failed("ping", exc)
             return False
         if not self.up:
             log.warning("Redis %r is reachable again: tenant limits are shared again", self.config)
+            self.fallback.recovered()
         self.up = True
         return True
 
-    async def _heartbeat(self) -> None:
-        keys: list[str] = []
-        counts: list[str] = []
-        for scope, held in list(self._held.items()):
-            keys += self._keys(scope, [])
-            counts.append("-1" if self._pending.get(scope) else str(max(0, held)))
-        if not keys:
+    async def _reconcile(self) -> bool:
+        """Charge Redis what this process admitted on its own during the outage (``outage.py``);
+        True once nothing is left to charge (requests admitted meanwhile go in another round)."""
+        for _ in range(RECONCILE_ROUNDS):
+            debts = self.fallback.debts()
+            if not debts:
+                return True
+            for scope, adjusts in debts.items():
+                await self._within(lambda: self._adjust(scope, adjusts), self.config.timeout_s * 4)  # noqa: B023
+                self.fallback.paid(scope, adjusts)
+        return False
+
+    async def _adjust(self, scope: str, adjusts: tuple[Adjust, ...], release: bool = False) -> None:
+        """One SETTLE script: ``adjusts`` to the scope's buckets, and one of its slots back if ``release``."""
+        buckets = [adjust.bucket for adjust in adjusts]
+        args = [*self._now(), self.replica, "1" if release else "0"]
+        for adjust in adjusts:
+            b = adjust.bucket
+            args += [repr(float(adjust.amount)), repr(float(b.capacity)), repr(float(b.refill_per_s))]
+        levels = await self._settle(keys=self._keys(scope, buckets), args=args)
+        self._saw(scope, buckets, levels)
+
+    def _holdings(self) -> dict[str, str]:
+        """What this replica holds per scope, as the renewal writes it: its Redis slots and its
+        fallback slots (both run on the tenant's behalf), or -1 while a slot operation is in flight."""
+        local = self.fallback.scopes_with_slots()
+        counts: dict[str, str] = {}
+        for scope in set(self._held) | set(local) | set(self._adopted):
+            held = max(0, self._held.get(scope, 0)) + local.get(scope, 0)
+            counts[scope] = "-1" if self._pending.get(scope) else str(held)
+        return counts
+
+    async def _heartbeat(self, counts: dict[str, str] | None = None) -> None:
+        """Renew this replica's leases with ``counts`` (default ``_holdings()``): one script per
+        scope (its own hash tag), all in one pipeline; a plain PING when it holds nothing.
+
+        A count written includes the fallback slots still held (``_adopted``): from then on,
+        releasing one of them releases it in Redis too."""
+        local = self.fallback.scopes_with_slots()
+        counts = self._holdings() if counts is None else counts
+        if not counts:
             await self._redis.ping()
             return
-        args = [*self._now(), self.replica, repr(self.config.lease_ttl_s), *counts]
-        await self._renew(keys=keys, args=args)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for scope, count in counts.items():
+                args = [*self._now(), self.replica, repr(self.config.lease_ttl_s), count]
+                await self._renew(keys=self._keys(scope, []), args=args, client=pipe)
+            await pipe.execute()
+        for scope, count in counts.items():
+            if count != "-1":
+                self._adopted[scope] = min(local.get(scope, 0), self.fallback.slots_in_use(scope))
+            if not self._adopted.get(scope):
+                self._adopted.pop(scope, None)
         for scope, held in list(self._held.items()):
             if held <= 0 and not self._pending.get(scope):
                 del self._held[scope]
@@ -463,16 +401,13 @@ class RedisLimitStore:
 
     async def aclose(self) -> None:
         """Give back this replica's leases (best effort), then close the connections."""
-        for scope in self._held:
-            self._held[scope] = 0
-        if self.up and self._held:
+        counts = {scope: "0" for scope in self._holdings()}
+        if self.up and counts:
             try:
-                async with asyncio.timeout(self.config.timeout_s * 4):
-                    await self._heartbeat()
+                await self._within(lambda: self._heartbeat(counts), self.config.timeout_s * 4)
             except FAILURES:
                 log.info("leases not given back at shutdown; they expire in %ss", self.config.lease_ttl_s)
         await self._redis.aclose()
-        await self.fallback.aclose()
 
 
 def _result(level: float, take: Take, admitted: bool) -> BucketResult:

@@ -596,18 +596,24 @@ class FleetPolicy(Strict):
 
     Usage in a policy file (it applies when ``state.backend`` is ``redis``)::
 
-        fleet: {sync_interval_s: 0.05, lease_ttl_s: 2, timeout_ms: 200, processes_when_unknown: 4,
+        fleet: {sync_interval_s: 0.05, lease_ttl_s: 2, timeout_ms: 200, outage_s: 30,
                 prefix_view: true, prefix_flush_s: 0.05, prefix_history: 10000}
 
     Every ``sync_interval_s`` (and at once when a request must wait for lack of this process's
-    part) a process tells the ledger what it uses and what waits, and learns what it may hold.
-    A process that stops syncing is dead, and its part is back with the others within
-    ``lease_ttl_s``: its entry in the ledger expires ``entry_ttl_s`` (three sync intervals less)
-    after its last sync, so that the others' next syncs, which take the part, still fall within
-    the lease.
-    A sync slower than ``timeout_ms`` fails; then the process keeps its last part, frozen (an
-    equal share among ``processes_when_unknown`` when it has never reached the ledger), until a
-    sync succeeds again (``gateway/fleet/quota.py`` says why not an equal share of the live).
+    part) a process tells the ledger what it uses, what waits and what part it enforces, and
+    learns what it may hold (``gateway/fleet/ledger.py`` states the rule). A sync slower than
+    ``timeout_ms`` fails. A process whose syncs fail keeps starting requests within its last
+    part for its lease (``entry_ttl_s``: three sync intervals less than ``lease_ttl_s``) and
+    ``outage_s`` more, measured from when it sent its last successful sync; then it starts
+    nothing until a sync succeeds (Redis lost for longer than ``outage_s`` stops the fleet:
+    no process can know what the others use). The ledger counts a silent process as still
+    holding its part for as long as it may be using it: its lease, ``outage_s``, then the
+    longest class ``deadline_s`` for its last requests to end (``Policy.fleet_drain_s``; a
+    client's ``x-request-timeout`` may only shorten a deadline). A process known dead is dropped
+    at once (one on the same host sees it gone; a graceful exit leaves the ledger). A process
+    that has never reached the ledger holds nothing, unless ``processes_when_unknown`` says how
+    many processes at most ever run without it: then it takes an equal share among them (safe
+    only if that bound holds).
 
     With ``prefix_view`` (read at start-up), every process also publishes its routing decisions
     every ``prefix_flush_s`` and folds in the others', so that prefix-affinity routing on one
@@ -617,7 +623,13 @@ class FleetPolicy(Strict):
     sync_interval_s: Annotated[float, Field(ge=0.005, le=5)] = 0.05
     lease_ttl_s: Annotated[float, Field(gt=0, le=600)] = 2.0
     timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 200.0
-    processes_when_unknown: Annotated[int, Field(ge=1, le=10_000)] = 4
+    outage_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    """How long past its lease a process cut off from the ledger keeps starting requests within
+    its last part. Longer: more tolerance of a Redis outage; but the part of a process that
+    crashed on another host stays counted that much longer (plus the longest deadline)."""
+    processes_when_unknown: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    """Unset: a process that never reached the ledger holds nothing (the invariant cannot be
+    kept otherwise). Set: such a process takes ``1/processes_when_unknown`` of every backend."""
     prefix_view: bool = True
     """Share routing decisions (tenant-scoped block hashes and the backend chosen) so that every
     process's prefix index sees where the fleet sent each prefix (``gateway/fleet/prefix_sync.py``)."""
@@ -655,25 +667,42 @@ class StatePolicy(Strict):
     them between replicas; the environment variable named by ``url_env`` replaces ``redis_url``
     when set (use it, from a Secret, when the URL carries a password), and one of the two is
     required. When Redis is unreachable or slower than ``timeout_ms``, every replica enforces
-    the limits on its own until Redis answers again (fail open, ``gateway/limitstore/redis.py``).
-    ``request_budget_ms`` is what one request may wait on Redis in all (admission plus
-    settlement, one script each): past it the request is answered from the in-process limits
-    and Redis counts as down until a background ping answers within half of it, so a slow
-    Redis costs one request this budget, not every request a round trip. A Redis in the same
-    zone answers a script in well under a millisecond; 20 ms leaves room for a busy one.
+    the limits on its own until Redis answers again, as ``on_store_loss`` says
+    (``gateway/limitstore/redis.py``). ``request_budget_ms`` is what one request may wait on
+    Redis in all (admission plus settlement, one script each): past it the request is answered
+    from the in-process limits and Redis counts as down until a background ping answers within
+    half of it, so a slow Redis costs one request this budget, not every request a round trip.
+    Both count only the time the process's event loop was free to read Redis's answer: a
+    process that is merely busy never takes Redis for lost (``gateway/limitstore/lag.py``).
+    A Redis in the same zone answers a script in well under a millisecond; 20 ms leaves room
+    for a busy one.
     A replica renews its concurrency leases every ``ping_interval_s``; a dead replica's slots
     are freed ``lease_ttl_s`` after its last renewal. Read at start-up only: a reload that
     changes this section is logged and takes effect at the next restart.
     """
 
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: Annotated[str, Field(pattern=r"^(rediss?|unix)://\S+$")] | None = None
+    redis_url: Annotated[str, Field(pattern=r"^(rediss?|unix|rediss?\+sentinel)://\S+$")] | None = None
     url_env: EnvName = "GATEWAY_REDIS_URL"
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,64}$")] = "gw:"
     timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 50.0
     request_budget_ms: Annotated[float, Field(gt=0, le=5000)] = 20.0
     ping_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
     lease_ttl_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    on_store_loss: Literal["share", "open", "closed"] = "share"
+    """What each process enforces while Redis is lost (``gateway/limitstore/outage.py``):
+
+    * ``share`` (the default): its share of every tenant limit, the limit divided by the live
+      gateway processes the fleet last counted (``fleet.processes_when_unknown`` when it never
+      counted them; unset, a limited tenant is refused as with ``closed``). It starts from its
+      share of each bucket's last level seen in Redis, not a full bucket, and what it admitted
+      is charged to Redis when Redis is back: a tenant gets about its limit across an outage.
+      A share below one request (a limit smaller than the processes) admits nothing.
+    * ``open``: the whole limit in every process (up to N processes x the limit), as before.
+    * ``closed``: a limited tenant's requests are refused (503 ``limits_unavailable``, with
+      Retry-After) until Redis is back; tenants without limits are served as always.
+
+    E.g. ``state: {backend: redis, on_store_loss: open}`` for availability before accuracy."""
 
     @model_validator(mode="after")
     def _leases_outlive_renewals(self) -> StatePolicy:
@@ -709,3 +738,9 @@ class Policy(Strict):
     state: StatePolicy = StatePolicy()
     fleet: FleetPolicy = FleetPolicy()
     kind: Literal["gateway-policy"] = "gateway-policy"
+
+    @property
+    def fleet_drain_s(self) -> float:
+        """How long past its lease the ledger counts a silent process's part: it may start
+        requests for ``fleet.outage_s``, and none outlives the longest class deadline."""
+        return self.fleet.outage_s + max(c.deadline_s for c in self.classes.values())

@@ -68,6 +68,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from gateway.limitstore.connect import redis_client
+
 T = TypeVar("T")
 
 STEP_TTL_S = 86_400
@@ -213,7 +215,7 @@ class RedisRolloutStore:
 
     @classmethod
     def from_url(cls, url: str, prefix: str, timeout_s: float) -> RedisRolloutStore:
-        client = aioredis.Redis.from_url(
+        client = redis_client(  # redis://, rediss://, unix:// or redis+sentinel:// (gateway/limitstore/connect.py)
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,

@@ -9,16 +9,28 @@ once (``WorkerSet.operator_url``) and answers:
   while the set drains);
 * ``GET /metrics``: every worker's ``/metrics`` merged, each sample labelled ``worker``
   (``merge.py``), then the supervisor's own;
-* ``POST /admin/reload``, ``GET /admin/policy``: asked of every worker (below).
+* ``POST /admin/reload``, ``GET /admin/policy``, ``GET /admin/rollout``: asked of every worker (below);
+* ``POST /admin/rollout``: sent to one worker (below).
 
-The admin endpoints are forwarded with the request's ``Authorization`` header as it came: each
-worker checks the key against the policy it holds, as a single gateway does, so there is no
-second copy of the admin keys to keep in step. If any worker answers 401 or 403, that answer is
-the supervisor's, alone: a caller without an admin key learns no more from the set than from one
-gateway. Otherwise the answer is every worker's, ``{"workers": [{"worker": 0, "status": 200,
-"response": {...}}, ...]}``, with the highest of their statuses: 200 only when every worker
-answered 200 (a reload applied everywhere), 422 when one refused the file, 503 when one did not
-answer (``worker_unavailable``, within ``ADMIN_TIMEOUT_S``).
+The admin endpoints are forwarded with the request's ``Authorization`` headers as they came (two
+of them are refused by the worker as by a single gateway): each worker checks the key against
+the policy it holds, as a single gateway does, so there is no second copy of the admin keys to
+keep in step. If any worker answers 401 or 403, that answer is the supervisor's, alone: a caller
+without an admin key learns no more from the set than from one gateway. Otherwise the answer is
+every worker's, ``{"workers": [{"worker": 0, "status": 200, "response": {...}}, ...]}``, with the
+highest of their statuses: 200 only when every worker answered 200 (a reload applied
+everywhere), 422 when one refused the file, 503 when one did not answer (``worker_unavailable``,
+within ``ADMIN_TIMEOUT_S``). ``GET /admin/rollout`` so shows how each worker follows each rollout
+(its split, and the last verdict of the worker that judged it).
+
+An operator's verdict on a rollout (``POST /admin/rollout``) is one decision, so it goes to one
+worker, the first running, with its body, ``x-operator`` and ``content-type``, and its answer is
+the supervisor's as it came (the same as a single gateway's). That worker saves the verdict in
+the rollout store the set shares (Redis, or the rollout directory's files:
+``gateway/rollout/store.py``) and applies it at once; the others follow at their next interval,
+as the replicas do. Sent to every worker, it would be applied, logged and counted N times, and a
+``promote`` would move the rollout N steps. A worker that does not answer gives 503
+``worker_unavailable``, not a second try elsewhere: the first may have saved the verdict.
 """
 
 from __future__ import annotations
@@ -35,8 +47,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Router
 from starlette.types import Receive, Scope, Send
 
+from gateway.admin import MAX_BODY_BYTES
 from gateway.app import OpenAIRoute, error_response, request_path, with_common_headers
-from gateway.errors import NotFound, Overloaded
+from gateway.errors import GatewayError, NotFound, Overloaded
+from gateway.intake import ClientDisconnected, read_body, read_headers
 from gateway.workers.merge import merge_families, parse_pages, supervisor_families
 
 log = logging.getLogger(__name__)
@@ -47,6 +61,9 @@ METRICS_TIMEOUT_S = 5.0
 """A worker's /metrics (Prometheus's scrape timeout is 10 s by default)."""
 ADMIN_TIMEOUT_S = 10.0
 """A worker's reload: it reads, validates and builds the whole policy before answering."""
+FORWARDED = (b"authorization", b"x-operator", b"content-type")
+"""The headers an admin call is forwarded with, every occurrence: what the worker acts on."""
+Headers = list[tuple[bytes, bytes]]
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -94,6 +111,7 @@ class SupervisorApp:
                 OpenAIRoute("/metrics", self._metrics, methods=["GET"]),
                 OpenAIRoute("/admin/reload", self._admin, methods=["POST"]),
                 OpenAIRoute("/admin/policy", self._admin, methods=["GET"]),
+                OpenAIRoute("/admin/rollout", self._rollout, methods=["GET", "POST"]),
             ],
             default=self._not_found,
             redirect_slashes=False,
@@ -108,9 +126,7 @@ class SupervisorApp:
             return
         await self._router(scope, receive, send)
 
-    async def ask_all(
-        self, method: str, path: str, timeout_s: float, headers: dict[str, str] | None = None
-    ) -> list[Answer]:
+    async def ask_all(self, method: str, path: str, timeout_s: float, headers: Headers | None = None) -> list[Answer]:
         """``method path`` of every worker at once; a worker not running, or not answering within
         ``timeout_s``, gives 503 ``worker_unavailable``."""
         alive = self._workers.alive()
@@ -118,12 +134,19 @@ class SupervisorApp:
         return list(await asyncio.gather(*asks))
 
     async def _ask(
-        self, index: int, alive: bool, method: str, path: str, timeout_s: float, headers: dict[str, str] | None
+        self,
+        index: int,
+        alive: bool,
+        method: str,
+        path: str,
+        timeout_s: float,
+        headers: Headers | None,
+        body: bytes | None = None,
     ) -> Answer:
         if alive:
             try:
                 url = self._workers.operator_url(index) + path
-                reply = await self._http.request(method, url, headers=headers, timeout=timeout_s)
+                reply = await self._http.request(method, url, headers=headers, content=body, timeout=timeout_s)
                 return Answer(index, reply.status_code, reply.content)
             except httpx.HTTPError as exc:
                 log.warning("worker %d did not answer %s %s: %s", index, method, path, exc or type(exc).__name__)
@@ -159,18 +182,39 @@ class SupervisorApp:
         return Response(merged, media_type=METRICS_TYPE)
 
     async def _admin(self, request: Request) -> Response:
-        authorization = request.headers.get("authorization")
-        headers = {"authorization": authorization} if authorization is not None else {}
-        answers = await self.ask_all(request.method, request.url.path, ADMIN_TIMEOUT_S, headers)
+        answers = await self.ask_all(request.method, request.url.path, ADMIN_TIMEOUT_S, _forwarded(request))
         for answer in answers:
             if answer.status in (401, 403):
                 return Response(answer.body, status_code=answer.status, media_type="application/json")
         status = max(a.status for a in answers)
         return JSONResponse({"workers": [a.summary() for a in answers]}, status_code=status)
 
+    async def _rollout(self, request: Request) -> Response:
+        """``GET``: every worker's view; ``POST``: one worker's verdict (module docstring)."""
+        if request.method == "GET":
+            return await self._admin(request)
+        try:
+            body = await read_body(
+                request.receive, read_headers(request.scope["headers"]).content_length, MAX_BODY_BYTES
+            )
+        except GatewayError as error:
+            return error_response(error)
+        except ClientDisconnected:
+            return Response(status_code=400)  # gone: nobody reads it
+        alive = self._workers.alive()
+        first = next((index for index, running in enumerate(alive) if running), 0)
+        path = request.url.path
+        answer = await self._ask(first, alive[first], "POST", path, ADMIN_TIMEOUT_S, _forwarded(request), body)
+        return Response(answer.body, status_code=answer.status, media_type="application/json")
+
     async def _not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = NotFound(f"No route for {scope.get('method', '')} {scope.get('path', '')}.")
         await error_response(error)(scope, receive, send)
+
+
+def _forwarded(request: Request) -> Headers:
+    """The request's ``FORWARDED`` headers, each occurrence as it came."""
+    return [(name, value) for name, value in request.scope["headers"] if name.lower() in FORWARDED]
 
 
 def _merge(count: int, pages: dict[int, str], alive: list[bool], restarts: list[int]) -> bytes:

@@ -12,6 +12,11 @@ Why the supervisor binds them, and keeps its own descriptor of each:
 * ``--port 0`` gives one port for the whole set, and a port already taken fails once, at start,
   before any worker runs. A bound socket that never listens reserves the port for the set's
   whole life (even while every worker restarts), and no other program can bind it.
+* Taken means taken by anyone, even another set of this user: ``SO_REUSEPORT`` lets every socket
+  of the same user that sets it join a group, so a second ``serve --workers`` on the port would
+  silently share the first one's connections. So the port is first bound alone, without
+  ``SO_REUSEPORT`` (``_unshared``): held by anything listening there, that fails, and the start
+  fails with it (``ListenerUnavailable``: the one line naming ``--port``).
 * A worker that dies leaves its socket, and the connections the kernel queued on it, to its
   replacement: restarted at once (``supervisor.py``), it serves them a second later instead of
   their being reset.
@@ -27,10 +32,7 @@ from __future__ import annotations
 
 import socket
 
-from gateway.server import bind_socket
-
-BACKLOG = 4096
-"""Each socket's accept queue (the same as uvicorn's ``backlog`` in ``gateway/server.py``)."""
+from gateway.server import API, BACKLOG, ListenerUnavailable, bind_socket
 
 
 def reuseport_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
@@ -52,13 +54,18 @@ def reuseport_socket(host: str, port: int, *, listen: bool = True) -> socket.soc
 class WorkerSockets:
     """The API group and the loopback operator sockets of ``count`` workers (module docstring).
 
-    ``WorkerSockets("0.0.0.0", 8080, 4)``; ``OSError`` (nothing left open) when the port is taken."""
+    ``WorkerSockets("0.0.0.0", 8080, 4)``; ``ListenerUnavailable`` (nothing left open) when the
+    port is taken."""
 
     def __init__(self, host: str, port: int, count: int) -> None:
         self.host = host
         self._api: list[socket.socket | None] = []
         self._admin: list[socket.socket] = []
-        self._reservation = reuseport_socket(host, port, listen=False)
+        try:
+            _unshared(host, port)
+            self._reservation = reuseport_socket(host, port, listen=False)
+        except OSError as exc:
+            raise ListenerUnavailable(API, host, port, exc) from exc
         self.port: int = self._reservation.getsockname()[1]
         try:
             for _ in range(count):
@@ -95,7 +102,16 @@ class WorkerSockets:
         self._reservation.close()
 
 
+def _unshared(host: str, port: int) -> None:
+    """``OSError`` when something already listens on ``host:port``, even in a ``SO_REUSEPORT``
+    group this user could join (module docstring). Port 0 is always free."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT is no holder
+        probe.bind((host, port))
+
+
 def _loopback() -> socket.socket:
-    sock = bind_socket("127.0.0.1", 0)
-    sock.listen(BACKLOG)
-    return sock
+    return bind_socket("127.0.0.1", 0)

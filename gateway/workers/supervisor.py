@@ -47,7 +47,7 @@ import uvicorn
 from gateway.connections import ConnectionLimits, GuardedHttpToolsProtocol, Listener, Listeners
 from gateway.policy.loader import PolicyError, load_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.server import base_url, bind_socket
+from gateway.server import OPERATOR, base_url, listen_on
 from gateway.settings import Settings
 from gateway.workers.operator import SupervisorApp
 from gateway.workers.sockets import WorkerSockets
@@ -139,7 +139,8 @@ class Supervisor:
             await asyncio.gather(*keepers)
             if serving is not None:
                 server.should_exit = True
-                await serving
+                if not await _served(serving):
+                    status = 1
         if self._backstop is not None:
             self._backstop.cancel()
         log.warning("every worker has exited")
@@ -347,6 +348,17 @@ class Supervisor:
                 await asyncio.wait_for(self._drain.wait(), delay)
 
 
+async def _served(serving: asyncio.Task[None]) -> bool:
+    """Whether the operator listener served and stopped cleanly; its failure is one line, never a
+    traceback (``_announce`` has stopped the workers already)."""
+    try:
+        await serving
+    except OSError as exc:
+        log.error("the operator listener failed: %s", exc)
+        return False
+    return True
+
+
 async def _answers(url: str) -> None:
     """Return once ``url`` answers 200 (the worker's own listener, bound before it started)."""
     async with httpx.AsyncClient(timeout=5.0) as http:
@@ -407,7 +419,7 @@ def supervise(settings: Settings, snapshot: PolicySnapshot) -> int:
         print(f"cannot start: {exc}", file=sys.stderr)
         return 1
     try:
-        operator = bind_socket(settings.admin_host, settings.admin_port)
+        operator = listen_on(OPERATOR, settings.admin_host, settings.admin_port)
     except OSError as exc:
         sockets.close()
         print(f"cannot start: {exc}", file=sys.stderr)

@@ -70,18 +70,23 @@ FAULT_MODES = ("fail_503", "stall", "close_mid_stream")
 
 
 class _ByPriority(Collector):
-    """``sim:num_requests_by_priority{priority}``: requests in the engine by priority, at scrape time."""
+    """``sim:num_requests_by_priority{priority}``: requests in the engine by priority, at scrape time
+    (or another count by priority under ``name``: the high-water marks)."""
 
-    def __init__(self, counts: dict[int, int], values: tuple[str, str]) -> None:
+    def __init__(
+        self,
+        counts: dict[int, int],
+        values: tuple[str, str],
+        name: str = "sim:num_requests_by_priority",
+        doc: str = "Requests in the engine (running or waiting), by their priority field.",
+    ) -> None:
         self._counts = counts
         self._values = values
+        self._name = name
+        self._doc = doc
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "sim:num_requests_by_priority",
-            "Requests in the engine (running or waiting), by their priority field.",
-            labels=["model_name", "engine", "priority"],
-        )
+        family = GaugeMetricFamily(self._name, self._doc, labels=["model_name", "engine", "priority"])
         for priority, count in sorted(self._counts.items()):
             family.add_metric([*self._values, str(priority)], count)
         yield family
@@ -107,6 +112,18 @@ class EngineMetrics:
         """Requests in the engine (running or waiting) by their ``priority`` field: what a bench
         reads to check a class's share of an engine (the gateway sends the class rank there)."""
         reg.register(_ByPriority(self.in_engine, values))
+        self.held_max = 0
+        """The most requests the engine ever held at once (running or waiting), counted at every
+        submission: a bench's exact peak, with no sampling interval for a spike to fall between."""
+        self.held_max_by_priority: dict[int, int] = {}
+        reg.register(
+            _ByPriority(
+                self.held_max_by_priority,
+                values,
+                "sim:requests_held_max_by_priority",
+                "The most requests of each priority the engine held at once since it started.",
+            )
+        )
 
         def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
             Gauge(name, doc, names, registry=reg).labels(*values).set_function(fn)
@@ -118,6 +135,11 @@ class EngineMetrics:
             return Histogram(name, doc, names, buckets=buckets, registry=reg).labels(*values)
 
         gauge("vllm:num_requests_running", "Requests in the running batch.", running)
+        gauge(
+            "sim:requests_held_max",
+            "The most requests the engine held at once since it started.",
+            lambda: self.held_max,
+        )
         gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0 to 1.", kv_usage)
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
@@ -135,6 +157,12 @@ class EngineMetrics:
         self.success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
         faults = Counter("sim:faults_injected", "Requests hit by an injected fault.", [*names, "mode"], registry=reg)
         self.faults = {mode: faults.labels(*values, mode) for mode in FAULT_MODES}
+
+    def submitted(self, priority: int) -> None:
+        """A request entered the engine: count it, and move the high-water marks."""
+        self.in_engine[priority] = self.in_engine.get(priority, 0) + 1
+        self.held_max = max(self.held_max, sum(self.in_engine.values()))
+        self.held_max_by_priority[priority] = max(self.held_max_by_priority.get(priority, 0), self.in_engine[priority])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -314,7 +314,7 @@ class EngineApp:
             self.metrics.faults[fault.mode.value].inc()
         stream = engine.submit(EngineRequest(token_ids, max_tokens, priority, cache_salt, stall_at))
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, engine, stream))
-        self.metrics.in_engine[priority] = self.metrics.in_engine.get(priority, 0) + 1
+        self.metrics.submitted(priority)
         try:
             yield stream
         finally:

@@ -4,11 +4,18 @@ Another tenant's id must take the very path of an unknown id (the issue measured
 faster: an existence oracle), so these tests assert on structure, the Redis commands a lookup
 sends, never on time. The end-to-end test floods one tenant through the official SDK and the
 simulated engine, and checks that the other tenant's conversation goes on.
+
+With Redis behind a proxy that delays each reply 30 ms, or drops everything (``DelayProxy``,
+on a thread of its own): a lookup is one round trip within its budget, even on a new
+connection; a lookup Redis does not answer is a 503 to retry, never "unknown"; a write that
+timed out lands once Redis answers again; a reply that waited while the event loop was busy is
+not a slow Redis.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,11 +26,13 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.errors import Overloaded
 from gateway.response_affinity import ResponseAffinity
+from loadtests.delay_proxy import DelayProxy
 from loadtests.sim import build_engine_app
 from tests.conftest import StartGateway
 from tests.fake_clock import FakeClock
-from tests.limitstore.redis_server import REDIS_URL, drop_keys, shared_client, unique_prefix
+from tests.limitstore.redis_server import REDIS_URL, drop_keys, eventually, shared_client, unique_prefix
 from tests.policy_builder import KEY_ACME, KEY_GLOBEX, backend, build_policy, model, tenant
 from tests.servers import free_port, metric, serve_in_thread, server_in_thread, wait_until
 
@@ -77,14 +86,19 @@ async def test_past_the_total_bound_the_tenant_holding_the_most_loses_its_oldest
 # With Redis: what every replica shares
 
 
-class RecordingRedis(aioredis.Redis):
-    """A real Redis client that notes the name of every command it sends."""
+class RecordingConnection(aioredis.Connection):
+    """A real Redis connection that notes the name of every command it sends (its handshake too);
+    with ``stall_s``, it holds the event loop that long right after sending an ``EVALSHA``, as a
+    busy process would while Redis answers."""
 
     commands: list[str]
+    stall_s = 0.0
 
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
+    async def send_command(self, *args: Any, **kwargs: Any) -> None:
         self.commands.append(str(args[0]))
-        return await super().execute_command(*args, **options)
+        await super().send_command(*args, **kwargs)
+        if args[0] == "EVALSHA" and self.stall_s:
+            time.sleep(self.stall_s)  # noqa: ASYNC251 (the point: the loop held while Redis answers)
 
 
 @pytest.fixture
@@ -94,18 +108,43 @@ async def prefix() -> AsyncIterator[str]:
     drop_keys(REDIS_URL, prefix)
 
 
-def replica(prefix: str, **bounds: int) -> ResponseAffinity:
-    """A replica's map, sharing Redis under ``prefix``."""
-    client = RecordingRedis.from_url(REDIS_URL)
-    assert isinstance(client, RecordingRedis)
-    client.commands = []
-    return ResponseAffinity(FakeClock(0.0), shared=client, key_prefix=prefix, timeout_s=2.0, **bounds)
+@pytest.fixture
+def proxy() -> Iterator[DelayProxy]:
+    """The test Redis behind a proxy on a thread of its own, 30 ms per reply (the issue's case)."""
+    with DelayProxy(upstream_port=int(REDIS_URL.rsplit(":", 1)[1].split("/")[0]), delay_s=0.03) as running:
+        yield running
+
+
+def replica(prefix: str, *, url: str = REDIS_URL, timeout_s: float = 2.0, **bounds: int) -> ResponseAffinity:
+    """A replica's map, sharing the Redis at ``url`` under ``prefix``; each of its commands is noted."""
+    commands: list[str] = []
+    recording = type("Recording", (RecordingConnection,), {"commands": commands})
+    client = aioredis.Redis.from_url(url, connection_class=recording)
+    return ResponseAffinity(FakeClock(0.0), shared=client, key_prefix=prefix, timeout_s=timeout_s, **bounds)
 
 
 def sent(affinity: ResponseAffinity) -> list[str]:
-    assert isinstance(affinity.shared, RecordingRedis)
-    commands, affinity.shared.commands = affinity.shared.commands, []
+    assert affinity.shared is not None
+    kind = affinity.shared.connection_pool.connection_class
+    assert issubclass(kind, RecordingConnection)
+    commands = list(kind.commands)
+    kind.commands.clear()
     return commands
+
+
+def stored(prefix: str, tenant: str) -> list[bytes]:
+    """The id hashes in ``tenant``'s map in Redis, read directly."""
+    with shared_client() as redis:
+        return list(redis.hkeys(f"{prefix}{{{tenant}}}:responses"))
+
+
+def field(response_id: str) -> bytes:
+    return hashlib.sha256(response_id.encode()).hexdigest().encode()
+
+
+async def _async(value: bool) -> bool:
+    """``value`` as an async condition, for ``eventually``."""
+    return value
 
 
 async def test_another_tenants_id_takes_the_path_of_an_unknown_id(prefix: str) -> None:
@@ -148,6 +187,115 @@ async def test_the_bound_per_tenant_holds_in_redis_for_every_replica(prefix: str
     assert sorted(stored) == sorted(hashlib.sha256(f"resp_acme_{i}".encode()).hexdigest().encode() for i in (3, 4, 5))
     assert ranked == 3
     assert 0 < ttl_ms <= 3_600_000
+
+
+async def test_a_lookup_is_one_round_trip_within_its_budget_even_on_a_new_connection(
+    prefix: str, proxy: DelayProxy
+) -> None:
+    one = replica(prefix)
+    one.remember("resp_1", "acme", "engine-0", "llama")
+    await one.shared_now()
+    two = replica(prefix, url=proxy.url, timeout_s=0.05)  # 30 ms a reply, 50 ms allowed: the issue's case
+    found = await two.holder("resp_1", "acme")
+    handshake = sent(two)
+    again = await two.holder("resp_1", "acme")  # now in two's own map: no Redis at all
+    await one.aclose()
+    await two.aclose()
+    assert found is not None
+    assert found.backend == "engine-0"
+    assert handshake[-1:] == ["EVALSHA"]  # the lookup itself, after the connection's own handshake
+    assert again == found
+    assert sent(two) == []
+
+
+async def test_a_lookup_redis_does_not_answer_is_a_503_to_retry_never_an_unknown_id(
+    prefix: str, proxy: DelayProxy
+) -> None:
+    one = replica(prefix)
+    one.remember("resp_1", "acme", "engine-0", "llama")
+    await one.shared_now()
+    two = replica(prefix, url=proxy.url, timeout_s=0.05)
+    assert await two.holder("resp_warm", "acme") is None  # a connection opened, an unknown id
+    proxy.pause()
+    answers = []
+    for response_id in ("resp_1", "resp_unknown"):  # one that exists, one that does not: the same answer
+        with pytest.raises(Overloaded) as refused:
+            await two.holder(response_id, "acme")
+        answers.append((refused.value.status, refused.value.code, refused.value.headers.get("retry-after")))
+    proxy.resume()
+    found = await two.holder("resp_1", "acme")
+    await one.aclose()
+    await two.aclose()
+    assert answers == [(503, "response_lookup_unavailable", "1")] * 2
+    assert found is not None
+
+
+async def test_a_write_that_timed_out_reaches_redis_once_it_answers_again(prefix: str, proxy: DelayProxy) -> None:
+    one = replica(prefix, url=proxy.url, timeout_s=0.05)
+    assert await one.holder("resp_warm", "acme") is None  # a connection opened
+    proxy.pause()
+    one.remember("resp_1", "acme", "engine-0", "llama")
+    await one.shared_now()  # the first write timed out: the answer is sent anyway
+    during = stored(prefix, "acme")
+    proxy.resume()
+    await eventually(lambda: _async(field("resp_1") in stored(prefix, "acme")), what="the write to land")
+    assert one.sharing is not None
+    await eventually(lambda: _async(not one.sharing.pending), what="nothing left to write")
+    two = replica(prefix)
+    found = await two.holder("resp_1", "acme")
+    with shared_client() as redis:
+        ttl_ms = redis.pttl(f"{prefix}{{acme}}:responses")
+    await one.aclose()
+    await two.aclose()
+    assert during == []
+    assert found is not None
+    assert 3_590_000 < found.expires_at * 1000 <= 3_600_000  # the expiry it had, not a new one
+    assert 0 < ttl_ms <= 3_600_000
+
+
+async def test_the_writes_waiting_for_redis_are_bounded_the_oldest_given_up_first(
+    prefix: str, proxy: DelayProxy
+) -> None:
+    one = replica(prefix, url=proxy.url, timeout_s=0.05)
+    assert one.sharing is not None
+    one.sharing.max_pending = 2
+    proxy.pause()
+    for i in range(4):
+        one.remember(f"resp_{i}", "acme", "engine-0", "llama")
+    await one.shared_now()
+    waiting = sorted(response_id for _, response_id in one.sharing.pending)
+    proxy.resume()
+    await eventually(lambda: _async(not one.sharing.pending), what="the waiting writes to land")
+    await one.aclose()
+    assert waiting == ["resp_2", "resp_3"]
+    assert sorted(stored(prefix, "acme")) == sorted([field("resp_2"), field("resp_3")])
+
+
+async def test_a_forgotten_response_is_not_written_after_all(prefix: str, proxy: DelayProxy) -> None:
+    one = replica(prefix, url=proxy.url, timeout_s=0.05)
+    proxy.pause()
+    one.remember("resp_lost", "acme", "engine-0", "llama")
+    one.remember("resp_kept", "acme", "engine-0", "llama")
+    await one.shared_now()
+    one.forget("resp_lost", "acme")  # its engine said it lost it before Redis came back
+    proxy.resume()
+    await eventually(lambda: _async(field("resp_kept") in stored(prefix, "acme")), what="the kept one to land")
+    await one.aclose()
+    assert stored(prefix, "acme") == [field("resp_kept")]
+
+
+async def test_a_reply_that_waited_while_the_event_loop_was_busy_is_not_a_slow_redis(prefix: str) -> None:
+    one = replica(prefix)
+    one.remember("resp_1", "acme", "engine-0", "llama")
+    await one.shared_now()
+    two = replica(prefix, timeout_s=0.02)
+    assert await two.holder("resp_warm", "acme") is None  # a connection opened and the script loaded
+    assert two.shared is not None
+    two.shared.connection_pool.connection_class.stall_s = 0.1  # 5 x the budget, right after the send
+    found = await two.holder("resp_1", "acme")
+    await one.aclose()
+    await two.aclose()
+    assert found is not None
 
 
 async def test_a_forgotten_response_is_unknown_to_every_replica(prefix: str) -> None:

@@ -1,20 +1,32 @@
-"""A stored response is found through any replica: two gateway processes share where it lives in Redis."""
+"""A stored response is found through any replica: two gateway processes share where it lives in Redis.
+
+Then with Redis behind a proxy on a thread of its own (``DelayProxy``) that holds each reply
+30 ms, the issue's case with the default 50 ms budget, or drops everything (a silent Redis): a
+follow-up through the other replica still reaches the holder; while Redis is silent it is a 503
+to retry, never the 404 that says the conversation is gone; and a response created while Redis
+was silent is in Redis once it answers again, so its follow-up goes through either replica.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
+import pytest
 
+from loadtests.delay_proxy import DelayProxy
 from loadtests.sim import build_engine_app
 from tests.apis.test_responses import MODEL, policy
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, shared_client, unique_prefix
 from tests.policy_builder import KEY_ACME, KEY_GLOBEX, redis_state
-from tests.servers import metric, serve_in_process, serve_in_thread
+from tests.servers import ChildServer, metric, serve_in_process, serve_in_thread, wait_until
 
 
 def test_a_follow_up_through_another_replica_reaches_the_holder() -> None:
@@ -57,3 +69,98 @@ def test_a_follow_up_through_another_replica_reaches_the_holder() -> None:
     assert sorted(stored_keys) == [f"{prefix}{{acme}}:responses", f"{prefix}{{acme}}:responses:expiry"]
     assert sorted(stored_fields) == sorted(hashlib.sha256(i.encode()).hexdigest() for i in ids)
     assert not any(i in key for i in ids for key in stored_keys + stored_fields)  # never an id a tenant could present
+
+
+# Redis answering in 30 ms, or not at all
+
+
+@dataclass
+class SlowFleet:
+    """Two engines, two gateway processes, and the Redis they share behind ``proxy``."""
+
+    engines: tuple[str, str]
+    one: ChildServer
+    two: ChildServer
+    proxy: DelayProxy
+    prefix: str
+
+    def served(self) -> list[float]:
+        return [metric(e, "vllm:request_success_total", finished_reason="length") for e in self.engines]
+
+    def in_redis(self, response_id: str) -> bool:
+        field = hashlib.sha256(response_id.encode()).hexdigest().encode()
+        return field in shared_client().hkeys(f"{self.prefix}{{acme}}:responses")
+
+
+@pytest.fixture(scope="module")
+def slow() -> Iterator[SlowFleet]:
+    prefix = unique_prefix()
+    with ExitStack() as stack:
+        proxy = stack.enter_context(
+            DelayProxy(upstream_port=int(REDIS_URL.rsplit(":", 1)[1].split("/")[0]), delay_s=0.03)
+        )
+        engines = tuple(
+            stack.enter_context(serve_in_thread(build_engine_app("fixed", model="served", ttft_ms=2, itl_ms=5)))
+            for _ in range(2)
+        )
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        path = folder / "policy.yaml"
+        # The responses' budget is the policy's state.timeout_ms, the default 50 ms; the tenant
+        # limits get a roomy request budget, so that they stay out of this test's way.
+        state = {**redis_state(proxy.url, prefix, timeout_ms=50, ping_interval_s=0.5), "request_budget_ms": 1000}
+        path.write_text(policy(engines, state=state))  # type: ignore[arg-type]
+        argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", "0", "--admin-port", "0"]
+        one = stack.enter_context(serve_in_process([*argv, "--log-level", "info"]))
+        two = stack.enter_context(serve_in_process([*argv, "--log-level", "info"]))
+        stack.callback(drop_keys, REDIS_URL, prefix)
+        yield SlowFleet(engines, one, two, proxy, prefix)  # type: ignore[arg-type]
+
+
+def create(url: str) -> str:
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=20) as client:
+        return client.responses.create(model=MODEL, input="Remember 7.", max_output_tokens=4, store=True).id
+
+
+def follow_up(url: str, previous: str) -> httpx.Response:
+    body = {"model": MODEL, "input": "Which?", "previous_response_id": previous, "max_output_tokens": 4}
+    return httpx.post(f"{url}/v1/responses", json=body, headers={"authorization": f"Bearer {KEY_ACME}"}, timeout=20)
+
+
+def test_a_follow_up_through_another_replica_reaches_the_holder_while_redis_answers_in_30ms(slow: SlowFleet) -> None:
+    first = create(slow.one.url)
+    served = slow.served()
+    answers = [follow_up(slow.two.url, first).status_code for _ in range(4)]
+    after = slow.served()
+    holder = max(range(2), key=lambda i: after[i] - served[i])
+    assert answers == [200] * 4
+    assert after[holder] - served[holder] == 4  # every follow-up through replica two went to the holder
+    assert sum(after) - sum(served) == 4
+
+
+def test_while_redis_is_silent_a_follow_up_through_another_replica_is_a_503_to_retry_never_a_404(
+    slow: SlowFleet,
+) -> None:
+    first = create(slow.one.url)
+    slow.proxy.pause()
+    try:
+        silent = [follow_up(slow.two.url, first) for _ in range(3)]
+    finally:
+        slow.proxy.resume()
+    back = follow_up(slow.two.url, first)
+    assert [a.status_code for a in silent] == [503] * 3
+    assert {a.json()["error"]["code"] for a in silent} == {"response_lookup_unavailable"}
+    assert all(a.headers.get("retry-after") == "1" for a in silent)
+    assert back.status_code == 200, back.text
+
+
+def test_a_response_created_while_redis_is_silent_is_in_redis_once_it_answers_again(slow: SlowFleet) -> None:
+    slow.proxy.pause()
+    try:
+        created = create(slow.one.url)  # its entry's first write times out: the answer comes all the same
+        during = slow.in_redis(created)
+    finally:
+        slow.proxy.resume()
+    wait_until(lambda: slow.in_redis(created), what="the held-back write to reach Redis")
+    through_two = follow_up(slow.two.url, created)
+    assert not during
+    assert through_two.status_code == 200, through_two.text

@@ -1,9 +1,10 @@
 """The capacity ledger's rule, against the real Redis: processes share each backend by demand.
 
 Each test plays several processes (``FleetLedger``s with their own ids) under a key prefix of
-its own. The rule is in ``gateway/fleet/ledger.py``: holdings never sum past the capacity, a
-process never holds less than it uses, higher classes' demand is served first, and a process
-that stops syncing gives its holdings back once its lease expires.
+its own. The rule is in ``gateway/fleet/ledger.py``: what every process may be using never sums
+past the capacity (its part as granted or as it still applies it), a process never holds less
+than it uses, higher classes' demand is served first, and a process that stops syncing keeps
+what it may still use until its drain ends, unless it is known dead or leaves.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.fleet.ledger import BackendReport, FleetLedger, Grant
-from gateway.fleet.quota import Share
-from tests.limitstore.redis_server import REDIS_URL, drop_keys, eventually, unique_prefix
+from gateway.fleet.quota import Quota, Share
+from tests.fake_clock import FakeClock
+from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
 
 REQUESTS, TOKENS, PREFILLS = 10, 1000, 2
 SHARE = Share(5, 500)
@@ -40,6 +42,7 @@ def report(
     prefilling: Mapping[int, int] | None = None,
     batch_requests: int = 0,
     rate: float = 0.0,
+    applied: Quota | None = None,
 ) -> list[BackendReport]:
     """One backend ``b`` with 10 requests, 1,000 tokens, 2 batch prefills and a batch share of half.
 
@@ -57,6 +60,7 @@ def report(
             class_use={BATCH: Share(batch_requests, batch_requests * 10)},
             waiting=waiting or {},
             rate=rate,
+            applied=applied,
         )
     ]
 
@@ -177,15 +181,92 @@ async def test_waiting_demand_past_a_class_share_is_no_demand(processes: list[Fl
     assert free.requests >= (REQUESTS - 5) // 2, "the idle process keeps half the free slots as headroom"
 
 
-async def test_a_process_that_stops_syncing_gives_its_holdings_back_when_its_lease_ends(
+LEASE_S, DRAIN_S = 2.0, 30.0
+
+
+@pytest.fixture
+async def clocked() -> AsyncIterator[tuple[list[FleetLedger], FakeClock]]:
+    """Three processes whose ledger reads a ``FakeClock`` (leases and drains without sleeping)."""
+    prefix, clock = unique_prefix(), FakeClock()
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        yield (
+            [
+                FleetLedger(
+                    client, key_prefix=prefix, replica=f"p{i}", lease_ttl_s=LEASE_S, drain_s=DRAIN_S, clock=clock
+                )
+                for i in range(3)
+            ],
+            clock,
+        )
+    finally:
+        await client.aclose()
+        drop_keys(REDIS_URL, prefix)
+
+
+async def test_a_silent_process_keeps_what_it_may_use_until_its_drain_ends(
+    clocked: tuple[list[FleetLedger], FakeClock],
+) -> None:
+    """Past its lease a silent process may be alive and cut off, its requests running on: the
+    ledger keeps its whole part (a tombstone, no headroom) until the drain ends, then frees it."""
+    (silent, survivor, _), clock = clocked
+    await grant(silent, requests=8)
+    clock.advance(LEASE_S + 0.1)
+    seen = await survivor.sync(report(waiting={0: (10, 100)}))
+    assert seen.tombstones == ("p0",)
+    assert seen.live == 1
+    assert seen.grants["b"].requests == 0, "all ten may still be used by the silent process"
+    clock.advance(DRAIN_S - 0.2)
+    assert (await grant(survivor, waiting={0: (10, 100)})).requests == 0
+    clock.advance(0.2)
+    assert (await grant(survivor, waiting={0: (10, 100)})).requests == REQUESTS, "the drain is over"
+
+
+async def test_a_tombstone_known_dead_is_freed_at_once(clocked: tuple[list[FleetLedger], FakeClock]) -> None:
+    (dead, survivor, _), clock = clocked
+    await grant(dead, requests=8)
+    clock.advance(LEASE_S + 0.1)
+    assert (await survivor.sync(report(), reap=["p0"])).tombstones == ()
+    assert (await grant(survivor, waiting={0: (10, 100)})).requests == REQUESTS
+
+
+async def test_a_live_process_is_never_reaped(clocked: tuple[list[FleetLedger], FakeClock]) -> None:
+    (alive, other, _), _ = clocked
+    await grant(alive, requests=8)
+    seen = await other.sync(report(), reap=["p0"])  # a mistaken neighbour: p0 synced within its lease
+    assert seen.live == 2
+    assert seen.grants["b"].others_requests == 8, "p0 is still counted"
+    assert (await grant(alive, requests=8)).requests >= 8
+
+
+async def test_a_process_that_leaves_frees_its_part_at_once(clocked: tuple[list[FleetLedger], FakeClock]) -> None:
+    (leaving, staying, _), _ = clocked
+    await grant(leaving, requests=0, waiting={0: (10, 100)})
+    await leaving.leave()
+    assert (await grant(staying, waiting={0: (10, 100)})).requests == REQUESTS
+
+
+async def test_a_part_still_applied_is_never_given_to_another_until_its_owner_syncs_again(
     processes: list[FleetLedger],
 ) -> None:
-    gone, survivor = processes[0], processes[1]
-    gone.lease_ttl_s = 0.2
-    await grant(gone, requests=8)
-    assert (await grant(survivor, waiting={0: (10, 100)})).requests == 0, "the other holds all, headroom included"
-    await eventually(lambda: _holds(survivor, REQUESTS), within=10, what="the dead process's holdings back in the pool")
+    """The race that put 5 requests on a capacity of 4: a process reports 2 in use while it
+    enforces a part of 10, and goes on starting requests under that part until the answer (a
+    smaller part) reaches it. Another process syncing meanwhile must not be given any of the 10."""
+    owner, other, _ = processes
+    await other.sync(report())
+    await owner.sync(report(requests=2, waiting={0: (8, 80)}))
+    await other.sync(report())  # gives up its headroom to the owner's demand
+    assert (await grant(owner, requests=2, waiting={0: (8, 80)})).requests == REQUESTS
+    shrunk = (await owner.sync(report(requests=2, applied=Quota(REQUESTS, TOKENS)))).grants["b"]
+    assert shrunk.requests < REQUESTS, "idle now: the owner's part shrinks to leave the other headroom"
+    taken = (await other.sync(report(waiting={0: (10, 100)}))).grants["b"]
+    assert taken.requests == 0, "the owner may still start requests on the 10 it enforces"
+    await owner.sync(report(requests=2, applied=Quota(shrunk.requests, shrunk.tokens)))  # applied, and said so
+    assert (await other.sync(report(waiting={0: (10, 100)}))).grants["b"].requests > 0
 
 
-async def _holds(process: FleetLedger, requests: int) -> bool:
-    return (await grant(process, waiting={0: (10, 100)})).requests == requests
+async def test_a_ledger_that_lost_its_keys_has_a_new_epoch(processes: list[FleetLedger]) -> None:
+    first = await processes[0].sync(report())
+    assert first.epoch == (await processes[1].sync(report())).epoch
+    drop_keys(REDIS_URL, processes[0].key_prefix)
+    assert (await processes[0].sync(report())).epoch != first.epoch

@@ -233,7 +233,8 @@ def test_with_redis_unreachable_requests_are_answered_and_decisions_dropped(
 ) -> None:
     fakes, urls = backends
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
-    with started(view_policy(urls, redis_state(unreachable, unique_prefix())), 1) as (only,):
+    policy = view_policy(urls, redis_state(unreachable, unique_prefix()), processes_when_unknown=1)
+    with started(policy, 1) as (only,):  # alone, by the operator's word: it serves without the ledger
         for topic in range(3):
             ask(only, conversation(topic))
         ask(only, conversation(0))

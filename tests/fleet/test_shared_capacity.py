@@ -29,12 +29,12 @@ from tests.servers import free_port, metric, serve_gateway_in_thread, serve_in_t
 CAPACITY = 2
 
 
-def fleet_policy(backend_url: str, state: dict[str, Any] | None = None) -> str:
+def fleet_policy(backend_url: str, state: dict[str, Any] | None = None, **fleet: Any) -> str:
     """One backend of capacity 2; requests may wait 20 s for it (the test holds them)."""
     sections: dict[str, Any] = {
         "backends": {"fake": {"capacity": {"max_concurrent": CAPACITY}}},
         "classes": {"interactive": {"queue": {"max_wait_s": 20}}},
-        "fleet": {"sync_interval_s": 0.02, "lease_ttl_s": 1.0, "timeout_ms": 1000},
+        "fleet": {"sync_interval_s": 0.02, "lease_ttl_s": 1.0, "timeout_ms": 1000, **fleet},
         "health_checks": {"interval_s": 60, "timeout_s": 1},
     }
     if state is not None:
@@ -98,14 +98,23 @@ def test_workers_without_a_shared_store_each_take_their_share(fake: tuple[FakeBa
         assert metric(url, "gateway_fleet_processes") == 2
 
 
-def test_a_gateway_that_never_reached_the_ledger_takes_a_share_of_the_processes_assumed(
-    fake: tuple[FakeBackend, str],
+@pytest.mark.parametrize(
+    ("assumed", "part"),
+    [
+        pytest.param(None, 0, id="a gateway that never reached the ledger holds nothing"),
+        pytest.param(4, 8 // 4, id="with processes_when_unknown it takes a share of the processes assumed"),
+    ],
+)
+def test_a_gateway_that_never_reached_the_ledger_holds_nothing_unless_told_how_many_run(
+    fake: tuple[FakeBackend, str], assumed: int | None, part: int
 ) -> None:
+    """Without the ledger a process cannot know what the others hold: anything it took could be
+    in use elsewhere. Only an operator's bound on how many run without it makes a share safe."""
     _, backend_url = fake
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
-    text = fleet_policy(backend_url, redis_state(unreachable, unique_prefix())).replace(
-        "max_concurrent: 2", "max_concurrent: 8"
-    )
+    fleet = {} if assumed is None else {"processes_when_unknown": assumed}
+    text = fleet_policy(backend_url, redis_state(unreachable, unique_prefix()), **fleet)
+    text = text.replace("max_concurrent: 2", "max_concurrent: 8")
     with gateways(text, 1) as (url,):
         wait_until(lambda: metric(url, "gateway_fleet_syncs_total", result="failed") >= 1, what="a failed sync")
-        assert metric(url, "gateway_fleet_quota_requests", backend="fake") == 8 // 4, "a quarter: 4 processes assumed"
+        assert metric(url, "gateway_fleet_quota_requests", backend="fake") == part

@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from gateway.limitstore.base import Adjust, Ask, Bucket, Settlement, Take
+from gateway.limitstore.base import Adjust, Ask, Bucket, Settlement, Take, Verdict
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import (
@@ -40,6 +40,15 @@ def slot(limit: int, scope: str = "acme") -> Ask:
 
 
 RELEASE = Settlement(scope="acme", release_slot=True)
+
+
+def release(verdict: Verdict, scope: str = "acme") -> Settlement:
+    """The settlement giving back the slot ``verdict`` took, where it took it."""
+    assert verdict.admitted
+    assert verdict.slot_at is not None
+    return Settlement(scope=scope, release_slot=True, slot_at=verdict.slot_at)
+
+
 RUN_INSIDE_SCRIPTS = {"hmget", "hset", "hincrby", "hdel", "hvals", "pexpire", "del", "zadd", "zrem"}
 RUN_INSIDE_SCRIPTS |= {"zrangebyscore", "zremrangebyscore", "time"}
 
@@ -241,13 +250,14 @@ async def test_a_redis_that_never_answers_costs_a_request_at_most_its_budget(rep
         port = silent.getsockname()[1]
         store, events = replicas.new(f"redis://127.0.0.1:{port}/0", timeout_s=1.0, budget_s=0.05)
         started = time.monotonic()
-        assert (await store.admit(slot(1))).admitted
+        first = await store.admit(slot(1))
+        assert first.admitted
         waited = time.monotonic() - started
         assert waited < 0.5, f"the call waited {waited:.3f}s on a silent Redis (budget 0.05 s)"
         assert events.errors == ["admit"]
         assert not (await store.admit(slot(1))).admitted  # the fallback holds the limit of 1
         assert events.errors == ["admit"], "a store that knows Redis is down must not wait on it again"
-        await store.settle(RELEASE)
+        await store.settle(release(first))
         assert (await store.admit(slot(1))).admitted
 
 
@@ -255,11 +265,13 @@ async def test_slots_taken_from_the_fallback_are_given_back_to_it_after_recovery
     replicas: Replicas, private_redis: RedisProcess
 ) -> None:
     store, _ = replicas.new(private_redis.url, timeout_s=0.05)
-    assert (await store.admit(slot(1))).admitted  # Redis down: the fallback's slot
+    local = await store.admit(slot(1))
+    assert local.admitted  # Redis down: the fallback's slot
+    assert local.slot_at == "local"
     private_redis.start()
     assert await store.check()
-    await store.settle(RELEASE)
-    assert await store.fallback.slots_in_use("acme") == 0
+    await store.settle(release(local))
+    assert store.fallback.slots_in_use("acme") == 0
     assert (await store.admit(slot(1))).admitted  # now in Redis
     assert await store.slots_in_use("acme") == 1
 

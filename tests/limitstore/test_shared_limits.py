@@ -1,8 +1,9 @@
 """Gateways sharing their tenant limits through Redis, seen by a client (the ``openai`` SDK).
 
 Two gateway replicas on one Redis and one key prefix enforce one tenant's requests per minute
-together; a replica whose Redis is killed keeps serving (fail open, ``gateway_redis_up`` 0) and
-shares its limits again once Redis is back on the same port (``gateway_redis_up`` 1).
+together; a replica whose Redis is killed keeps serving (its share of the limits,
+``gateway_redis_up`` 0) and shares its limits again once Redis is back on the same port
+(``gateway_redis_up`` 1); with ``on_store_loss: closed`` it refuses limited tenants meanwhile.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric
+from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway, metric
 from tests.fake_backend import FakeBackend
 from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, unique_prefix
 from tests.policy_builder import redis_state, session_policy
 from tests.servers import admin_url, wait_until
 
 
-def sdk(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=5)
+def sdk(url: str, key: str = KEY_ACME) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=5)
 
 
 def chat(client: openai.OpenAI) -> str | None:
@@ -86,5 +87,31 @@ def test_a_replica_keeps_serving_while_redis_is_down_and_shares_again_when_it_is
             assert chat(client)
             with redis_server.client() as redis_client:
                 assert redis_client.exists(f"{prefix}{{acme}}:rpm"), "the limits did not go back to Redis"
+    finally:
+        redis_server.stop()
+
+
+def test_with_on_store_loss_closed_a_limited_tenant_is_refused_with_503_while_redis_is_down(
+    backend_server: BackendServer, backend: FakeBackend, start_gateway: StartGateway, prefix: str
+) -> None:
+    redis_server = RedisProcess()
+    redis_server.start()
+    try:
+        state = {**redis_state(redis_server.url, prefix), "on_store_loss": "closed"}
+        tenants = {"acme": {"limits": {"rpm": 100}}}
+        text = session_policy(backend_server.url, tenants=tenants, state=state)
+        with start_gateway(text) as url, sdk(url) as limited, sdk(url, KEY_GLOBEX) as unlimited:
+            wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1")
+            assert chat(limited)
+            redis_server.kill()
+            with pytest.raises(openai.InternalServerError) as refused:
+                chat(limited)  # its connection to Redis is cut: the limit store finds Redis lost at once
+            assert refused.value.status_code == 503
+            assert refused.value.code == "limits_unavailable"
+            assert refused.value.response.headers["retry-after"] == "1"
+            assert chat(unlimited), "a tenant without limits needs no store"
+            redis_server.start()
+            wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1 again")
+            assert chat(limited)
     finally:
         redis_server.stop()

@@ -24,8 +24,8 @@ def with_state(section: str) -> str:
         pytest.param("{backend: etcd}", "state.backend: must be 'memory' or 'redis'", id="an unknown backend"),
         pytest.param(
             "{backend: redis, redis_url: 'http://cache:6379'}",
-            "state.redis_url: must match pattern '^(rediss?|unix)://\\S+$'",
-            id="a URL that is not redis:// or rediss://",
+            "state.redis_url: must match pattern '^(rediss?|unix|rediss?\\+sentinel)://\\S+$'",
+            id="a URL that is not redis://, rediss://, unix:// or redis+sentinel://",
         ),
         pytest.param("{timeout_ms: 0}", "state.timeout_ms: must be greater than 0", id="a zero timeout"),
         pytest.param(
@@ -38,6 +38,11 @@ def with_state(section: str) -> str:
             id="a lease that could lapse between two renewals",
         ),
         pytest.param("{backend: redis, url: 'redis://x'}", "state.url: unknown key", id="an unknown key"),
+        pytest.param(
+            "{on_store_loss: ignore}",
+            "state.on_store_loss: must be 'share', 'open' or 'closed'",
+            id="an unknown behaviour on store loss",
+        ),
     ],
 )
 def test_a_bad_state_section_is_refused_at_load(section: str, problem: str) -> None:
@@ -64,6 +69,18 @@ async def test_a_redis_state_builds_a_redis_store_with_its_settings() -> None:
     assert store.request_budget_s == store.config.request_budget_s == 0.008
     assert store.config.probe_max_s == 0.004
     await store.aclose()
+
+
+async def test_each_process_enforces_its_share_of_the_limits_when_redis_is_lost_unless_told_otherwise() -> None:
+    state = parse_policy(with_state("{backend: redis, redis_url: 'redis://cache:6379/0'}"), "p.yaml").policy.state
+    assert state.on_store_loss == "share"
+    store = build_limit_store(state, FakeClock(), processes=lambda: 3, processes_when_unknown=5)
+    assert isinstance(store, RedisLimitStore)
+    assert (store.config.on_store_loss, store.config.processes_when_unknown) == ("share", 5)
+    assert store.fallback.lost() == 3  # the fleet's count when Redis is lost
+    await store.aclose()
+    closed = parse_policy(with_state("{backend: redis, redis_url: 'redis://c:6379', on_store_loss: closed}"), "p.yaml")
+    assert redis_config(closed.policy.state, {}).on_store_loss == "closed"
 
 
 def test_the_url_variable_replaces_the_policys_url() -> None:

@@ -1,0 +1,110 @@
+"""Opens the Redis the policy names (``state.redis_url``): directly, or through Redis Sentinel.
+
+``redis://``, ``rediss://`` and ``unix://`` URLs are redis-py's own (``Redis.from_url``). A
+Sentinel deployment is named the way Kombu and most Redis clients do, since redis-py has no URL
+for it::
+
+    redis+sentinel://[[username]:password@]host:port[,host:port...]/service_name[/db]
+    rediss+sentinel://...     (TLS to the master)
+
+Every sentinel listed is asked, in turn, where the master of ``service_name`` is (port 26379 when
+a host gives none); the client then talks to that master and asks again after a failover (its
+connections fail, redis-py's ``SentinelConnectionPool`` looks the master up anew). The username
+and password are the master's; the sentinels are reached without them.
+
+Not Redis Cluster: every store here runs Lua scripts over keys of one hash tag (per tenant, per
+backend), so each call would fit one cluster slot, but the stores open one client and pipeline
+across tags; a cluster client (``RedisCluster``) is a change of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    """A parsed ``redis+sentinel://`` URL (module docstring)."""
+
+    nodes: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """The parts of a Sentinel URL; ``ValueError`` naming what is wrong."""
+    scheme, _, rest = url.partition("://")
+    if scheme not in SENTINEL_SCHEMES:
+        raise ValueError(f"not a Sentinel URL: the scheme must be one of {', '.join(SENTINEL_SCHEMES)}")
+    netloc, _, path = rest.partition("/")
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    parts = [part for part in path.split("/") if part]
+    if not hosts or not parts or len(parts) > 2:
+        raise ValueError("a Sentinel URL is redis+sentinel://host:port[,host:port...]/service_name[/db]")
+    nodes = tuple(_node(host) for host in hosts.split(","))
+    if len(parts) == 2 and not parts[1].isdigit():
+        raise ValueError(f"the database of a Sentinel URL must be a number, not {parts[1]!r}")
+    return SentinelURL(
+        nodes=nodes,
+        service=unquote(parts[0]),
+        db=int(parts[1]) if len(parts) == 2 else 0,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        tls=scheme.startswith("rediss"),
+    )
+
+
+def _node(host: str) -> tuple[str, int]:
+    name, _, port = host.rpartition(":") if ":" in host else (host, "", "")
+    if port and not port.isdigit():
+        raise ValueError(f"a sentinel's port must be a number: {host!r}")
+    return (name or host, int(port) if port else SENTINEL_PORT)
+
+
+class SentinelMaster(aioredis.Redis):
+    """The client of a Sentinel's master, which closes its connections to the sentinels with its own."""
+
+    sentinels_of: Sentinel | None = None
+    """The Sentinel that found the master (not named ``sentinel``: that is a Redis command)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinels_of is not None:
+            for client in self.sentinels_of.sentinels:
+                await client.aclose()
+
+
+def redis_client(url: str, **options: Any) -> aioredis.Redis:
+    """An asyncio client for ``url`` with redis-py's connection ``options`` (timeouts, retry)."""
+    if url.partition("://")[0] not in SENTINEL_SCHEMES:
+        return aioredis.Redis.from_url(url, **options)
+    where = parse_sentinel_url(url)
+    sentinel = Sentinel(list(where.nodes), sentinel_kwargs=_sentinel_options(options))  # type: ignore[no-untyped-call]
+    master: SentinelMaster = sentinel.master_for(
+        where.service,
+        redis_class=SentinelMaster,
+        db=where.db,
+        username=where.username,
+        password=where.password,
+        ssl=where.tls,
+        **options,
+    )
+    master.sentinels_of = sentinel
+    return master
+
+
+def _sentinel_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The timeouts of ``options`` for the sentinels too: a silent sentinel must not hang a call."""
+    return {key: options[key] for key in ("socket_timeout", "socket_connect_timeout") if key in options}
