@@ -20,7 +20,9 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
 The budgets are this process's part of the backend's capacity (``state.quota``,
 ``gateway/fleet/quota.py``): the whole of it for a process alone, a share when several
 processes or replicas serve the same backends, so that their sum stays within the capacity;
-a part the ledger granted lets nothing start once its lease has run out (``Quota.until``).
+a part the ledger granted lets nothing start once its lease has run out (``Quota.until``), and
+may be smaller than what the process has in flight (its tenants hold more than their fair
+share of the fleet's capacity: it starts nothing until its requests fall below it).
 A process that holds a share also yields to the others: none of its requests starts on a
 backend while another process has a higher class waiting for it, and no paced prefill while
 another process prefills a higher class there. A request larger than the token budget goes to

@@ -6,10 +6,17 @@
    room (``capacity.has_room``), the request is placed at once, no queue involved.
 2. Otherwise it must wait, and is refused immediately (503, with ``Retry-After``) when
    - the class's queue already holds ``queue.max_depth`` requests (``queue_full``), or
-   - its estimated wait (requests ahead of it over the measured drain rate) exceeds the
-     class's wait budget (``max_wait_s``; by default its TTFT objective less the measured
-     dispatch-to-first-token time) or what is left of its deadline, with a 25% margin
-     (``deadline_unmeetable``).
+   - its estimated wait exceeds the class's wait budget (``max_wait_s``; by default its TTFT
+     objective less the measured dispatch-to-first-token time) or what is left of its
+     deadline, with a 25% margin (``deadline_unmeetable``). The estimate is the work ahead of
+     it in the fleet's fair order over the fleet's drain rate (``_ahead``, ``_drain_rate``): the requests of
+     higher classes waiting anywhere, the tickets of its own queue whose start tag is at most
+     the one it would get (``ClassQueue.ahead_of``), and, of the same class waiting in other
+     processes, what fair order puts ahead of it (its own tenant's, and of each other tenant
+     about as many as its own tenant's ahead of it, by weight); over the dispatches per second
+     of this process and of the others to the same backends. A light tenant's request is
+     therefore judged by the short wait fair order gives it, not by a flooding neighbour's
+     backlog, and one process's small part of an engine does not make a wait look long.
 3. A queued request waits at most ``min(max_wait_s, deadline)`` (then ``queue_timeout``);
    a client that disconnects cancels the wait and leaves the queue at once.
 4. Whenever capacity frees up (a request ends, a scrape or health check changes a backend),
@@ -31,6 +38,7 @@ of the model at all fails at once with 503 ``no_backend_for_tenant``.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +46,7 @@ from gateway.backends import BackendPool, BackendState, Lane
 from gateway.capacity import has_room
 from gateway.clock import Clock
 from gateway.errors import NoHealthyBackend, NotFound, Overloaded
+from gateway.fleet.quota import TenantUse, busiest
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.queueing import ClassQueue, DrainMeter, Ticket
@@ -57,6 +66,8 @@ class Grant:
     prefilling: bool = True
     lane: str = ""
     """The key of the lane it was granted in (``ModelQueues.key``); empty: the model's own."""
+    tenant: str = ""
+    """The tenant it serves (the fleet's ledger shares capacity by tenant)."""
 
     @property
     def state(self) -> BackendState:
@@ -67,9 +78,23 @@ SERVICE_TTFT_WEIGHT = 1 / 8
 SERVICE_DEV_WEIGHT = 1 / 4
 """Gains of the dispatch-to-first-token estimator (RFC 6298's alpha and beta)."""
 
+RECENT_S = 10.0
+"""A tenant served this recently, idle now, is still reported to the fleet's ledger (headroom for its next arrival)."""
+
 ESTIMATE_MARGIN = 1.25
 """Refuse when the estimated wait is within 25% of what the request may wait: a request that
 would likely time out in the queue is better refused at once, while its client can still retry."""
+
+
+@dataclass(slots=True)
+class Served:
+    """A tenant's latest dispatch to a backend (for the fleet's ledger: ``Dispatcher.tenants``)."""
+
+    at: float
+    tokens: int
+    peak: int
+    """The most requests it had in flight there at once, reached at ``peak_at`` (within ``RECENT_S``)."""
+    peak_at: float
 
 
 def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
@@ -189,6 +214,14 @@ class Dispatcher:
         self._api_lanes: dict[tuple[str, str], tuple[Lane, Lane]] = {}
         self._classes: dict[str, PriorityClass] = {}
         self._fresh_s = snapshot.policy.scrape.fresh_s
+        self._use: dict[str, dict[tuple[int, str], list[int]]] = {}
+        """Requests and tokens in flight per backend, by (class rank, tenant)."""
+        self._served: dict[str, dict[tuple[int, str], Served]] = {}
+        """When each (class rank, tenant) was last given each backend, that request's tokens, and
+        the most it has had in flight there lately."""
+        self._weights: dict[str, float] = {}
+        self._elsewhere: dict[str, Mapping[int, Mapping[str, tuple[float, int]]]] = {}
+        """What the other processes of the fleet have waiting per backend, by class rank and tenant."""
         self.apply(snapshot)
 
     def apply(self, snapshot: PolicySnapshot) -> None:
@@ -238,6 +271,49 @@ class Dispatcher:
                     by_rank[queue.rank] = (count + queue.depth, tokens + queue.cost)
         return out
 
+    def tenants(self) -> dict[str, list[TenantUse]]:
+        """Each backend's busiest tenants here, by class rank: in flight, waiting (a request waiting
+        for a lane counts for each of its backends), and served lately (``busiest``)."""
+        rows: dict[str, dict[tuple[int, str], list[int]]] = {}
+        for backend, uses in self._use.items():
+            for key, (count, tokens) in uses.items():
+                rows.setdefault(backend, {})[key] = [count, tokens, 0, 0]
+        for mq in self._queues.values():
+            if not mq.depth:
+                continue
+            states = mq.lane if mq.lane is not None else self.pool.for_model(mq.model)
+            for queue in mq.classes:
+                for tenant, (count, tokens) in queue.by_tenant().items() if queue.depth else ():
+                    for state in states:
+                        row = rows.setdefault(state.name, {}).setdefault((queue.rank, tenant), [0, 0, 0, 0])
+                        row[2] += count
+                        row[3] += tokens
+        horizon = self.clock.now() - RECENT_S
+        for backend, served in self._served.items():
+            for key in [key for key, seen in served.items() if seen.at < horizon]:
+                del served[key]
+            for key in served:
+                rows.setdefault(backend, {}).setdefault(key, [0, 0, 0, 0])
+        return {
+            backend: busiest([self._tenant_use(backend, key, row) for key, row in entries.items()])
+            for backend, entries in rows.items()
+        }
+
+    def _tenant_use(self, backend: str, key: tuple[int, str], row: list[int]) -> TenantUse:
+        rank, tenant = key
+        count, tokens, waiting, waiting_tokens = row
+        seen = self._served.get(backend, {}).get(key)
+        latest, peak = (seen.tokens, seen.peak) if seen is not None else (0, 0)
+        weight = self._weights.get(tenant, 1.0)
+        return TenantUse(tenant, rank, weight, count, tokens, waiting, waiting_tokens, latest, peak)
+
+    def heard(self, backend: str, others: Mapping[int, Mapping[str, tuple[float, int]]]) -> None:
+        """The fleet's ledger says what the other processes have waiting for ``backend``, by class and tenant."""
+        if others:
+            self._elsewhere[backend] = others
+        else:
+            self._elsewhere.pop(backend, None)
+
     def depth(self, model: str, rank: int) -> int:
         """Requests of class ``rank`` waiting for ``model``, in all its lanes."""
         return sum(q.depth for mq in self._lanes.get(model, ()) for q in mq.classes if q.rank == rank)
@@ -282,7 +358,7 @@ class Dispatcher:
             if decision is not None:
                 self._commit(request, tenant, decision, priority_class.rank, tokens)
                 mq.meter.count(now)
-                return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key)
+                return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key, tenant=tenant.name)
         if max_wait_s is not None:
             deadline = min(deadline, now + max_wait_s)
         return await self._wait(mq, request, tenant, class_name, priority_class, tokens, deadline, now, exclude)
@@ -310,7 +386,7 @@ class Dispatcher:
         decision = self.router_for(model).pick(request, tenant, roomy)
         self._commit(request, tenant, decision, priority_class.rank, tokens)
         mq.meter.count(now)
-        return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key)
+        return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key, tenant=tenant.name)
 
     def _awaited_backends(self) -> set[str]:
         """The backends some queued request (of any model, any lane) may be handed."""
@@ -335,7 +411,8 @@ class Dispatcher:
         queue = mq.queue(class_name, priority_class)
         limit = priority_class.queue
         rate = self._drain_rate(mq, now)
-        ahead = mq.waiting_above(priority_class.rank) + queue.ahead_of(tenant.name)
+        budget = min(mq.wait_budget(priority_class), deadline - now)
+        ahead = self._ahead(mq, queue, tenant, budget, rate)
         estimate = (ahead + 1) / rate if rate else 0.0
         if ahead == 0 and self._held_elsewhere(mq, priority_class.rank, tokens):
             estimate = 0.0  # room comes with the next sync (woken below), not with a request's end
@@ -346,17 +423,18 @@ class Dispatcher:
             estimate = 0.0  # a slot a shadow gives back is this request's, in a moment
         elif queue.depth >= limit.max_depth:
             self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
-        budget = min(mq.wait_budget(priority_class), deadline - now)
         if estimate * ESTIMATE_MARGIN > budget:
             raise system_full(
                 "deadline_unmeetable",
                 f"The estimated wait in the {class_name} queue for this model is {estimate:.1f}s "
-                f"({ahead} ahead, served at {rate or 0:.1f}/s), more than this request can wait ({budget:.1f}s).",
+                f"({ahead} ahead in fair order, served at {rate or 0:.1f}/s), more than this request can wait "
+                f"({budget:.1f}s).",
                 estimate,
             )
         future: asyncio.Future[RoutingDecision] = asyncio.get_running_loop().create_future()
         ticket = Ticket(request, tenant, tokens, now, future, exclude=exclude)
         queue.push(ticket)
+        self._weights[tenant.name] = tenant.weight
         if self.on_pressure is not None:
             self.on_pressure()
         try:
@@ -365,7 +443,9 @@ class Dispatcher:
         except BaseException as exc:
             if future.done() and not future.cancelled() and future.exception() is None:
                 # Granted in the same instant as we leave (timeout, client gone): give it back.
-                self.give_back(request.model, Grant(future.result(), priority_class.rank, tokens, 0.0))
+                self.give_back(
+                    request.model, Grant(future.result(), priority_class.rank, tokens, 0.0, tenant=tenant.name)
+                )
             else:
                 queue.remove(ticket)
             if isinstance(exc, TimeoutError):
@@ -377,7 +457,35 @@ class Dispatcher:
                 ) from None
             raise
         granted_at = self.clock.now()
-        return Grant(decision, priority_class.rank, tokens, granted_at - now, granted_at, lane=mq.key)
+        return Grant(
+            decision, priority_class.rank, tokens, granted_at - now, granted_at, lane=mq.key, tenant=tenant.name
+        )
+
+    def _ahead(self, mq: ModelQueues, queue: ClassQueue, tenant: Tenant, budget: float, rate: float | None) -> int:
+        """The requests the fleet serves before a new one of ``tenant`` in ``queue`` (module docstring, 2).
+
+        Counting stops once the wait is known to be too long (past ``budget`` at ``rate``)."""
+        rank = queue.rank
+        states = mq.lane if mq.lane is not None else self.pool.for_model(mq.model)
+        above = mq.waiting_above(rank) + sum(
+            max((state.others_waiting.get(other, 0) for state in states), default=0)
+            for other in {other for state in states for other in state.others_waiting if other < rank}
+        )
+        limit = int(budget * rate / ESTIMATE_MARGIN) + 1 if rate else None
+        here = queue.ahead_of(tenant.name, limit)
+        elsewhere: dict[str, tuple[float, int]] = {}
+        for state in states:  # a request waiting for a lane counts for each backend: the most, not the sum
+            for name, (weight, count) in self._elsewhere.get(state.name, {}).get(rank, {}).items():
+                if count > elsewhere.get(name, (0.0, 0))[1]:
+                    elsewhere[name] = (weight, count)
+        mine = queue.waiting_of(tenant.name) + elsewhere.pop(tenant.name, (0.0, 0))[1]
+        rounds = (mine + 1) / tenant.weight  # fair order: each other tenant is served about this much, by weight
+        return (
+            above
+            + here
+            + (mine - queue.waiting_of(tenant.name))
+            + sum(min(count, math.ceil(rounds * weight)) for weight, count in elsewhere.values())
+        )
 
     def _held_elsewhere(self, mq: ModelQueues, rank: int, tokens: int) -> bool:
         """Whether a backend of the lane has room fleet-wide that only this process's part lacks:
@@ -506,6 +614,19 @@ class Dispatcher:
         self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision, rank: int, tokens: int
     ) -> None:
         decision.state.reserve(rank, tokens)
+        backend, key = decision.state.name, (rank, tenant.name)
+        use = self._use.setdefault(backend, {}).setdefault(key, [0, 0])
+        use[0] += 1
+        use[1] += tokens
+        now = self.clock.now()
+        seen = self._served.setdefault(backend, {}).get(key)
+        if seen is None:
+            self._served[backend][key] = Served(now, tokens, use[0], now)
+        else:
+            seen.at, seen.tokens = now, tokens
+            if use[0] >= seen.peak or seen.peak_at < now - RECENT_S:
+                seen.peak, seen.peak_at = use[0], now
+        self._weights[tenant.name] = tenant.weight
         self.router_for(request.model).on_dispatch(request, tenant, decision)
         if self.on_routed is not None:
             self.on_routed(request, decision)
@@ -526,6 +647,13 @@ class Dispatcher:
         state = grant.state
         state.unreserve(grant.rank, grant.tokens, grant.prefilling)
         grant.prefilling = False
+        uses = self._use.get(state.name, {})
+        use = uses.get((grant.rank, grant.tenant))
+        if use is not None:
+            use[0] -= 1
+            use[1] -= grant.tokens
+            if use[0] <= 0:
+                del uses[(grant.rank, grant.tenant)]
         if state.others_waiting and self.on_pressure is not None:
             self.on_pressure()
         self.hand_out(model)

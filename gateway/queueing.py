@@ -16,6 +16,11 @@ fewer tickets waiting than the busiest tenant pushes out the busiest tenant's ne
 
 ``DrainMeter`` measures how fast a queue is served (dispatches in a sliding window), from
 which the estimated wait of a new arrival and the ``Retry-After`` of a refusal are computed.
+The work ahead of an arrival is counted in the queue's own order (``ahead_of``): the tickets
+whose start tag is at most the one the arrival would get. A light tenant's ticket takes the
+virtual time, so only the few tickets at that tag are ahead of it, however deep a flooding
+tenant's backlog is; counting one ticket per waiting tenant instead, as this module once did,
+refused a light tenant's requests that fair order would have served first.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class ClassQueue:
     _heads: list[tuple[float, int, str]] = field(default_factory=list)
     _seq: count[int] = field(default_factory=count)
     _live: dict[str, int] = field(default_factory=dict)  # tickets waiting, per tenant
+    _live_cost: dict[str, int] = field(default_factory=dict)  # their tokens, per tenant
 
     @property
     def rank(self) -> int:
@@ -85,6 +91,7 @@ class ClassQueue:
         self.depth += 1
         self.cost += ticket.cost
         self._live[ticket.tenant_name] = self._live.get(ticket.tenant_name, 0) + 1
+        self._live_cost[ticket.tenant_name] = self._live_cost.get(ticket.tenant_name, 0) + ticket.cost
 
     def remove(self, ticket: Ticket) -> None:
         """Take a ticket out (client gone, timed out); it is skipped when it reaches the head."""
@@ -99,14 +106,40 @@ class ClassQueue:
         left = self._live[tenant] - 1
         if left:
             self._live[tenant] = left
+            self._live_cost[tenant] -= ticket.cost
         else:
             del self._live[tenant]
+            del self._live_cost[tenant]
 
-    def ahead_of(self, tenant: str) -> int:
-        """About how many tickets a new one of ``tenant`` would wait behind under fair order:
-        each tenant gets a turn per round, so a tenant with n waiting puts min(n, mine + 1) ahead."""
-        mine = self._live.get(tenant, 0)
-        return sum(min(n, mine + 1) for n in self._live.values())
+    def start_tag(self, tenant: str) -> float:
+        """The start tag a new ticket of ``tenant`` would get now (``push``)."""
+        return max(self._virtual_time, self._finish_tags.get(tenant, 0.0))
+
+    def ahead_of(self, tenant: str, limit: int | None = None) -> int:
+        """How many tickets a new one of ``tenant`` would wait behind in fair order: those whose
+        start tag is at most the one it would get (a tie goes to the ticket pushed first). Its own
+        tenant's are all ahead; a tenant that sent more than its share has its later tickets behind.
+        Counting stops past ``limit`` (the caller only needs to know the wait is too long).
+
+        Cost: one step per tenant waiting and per ticket counted (a tenant's tickets are in tag order)."""
+        start = self.start_tag(tenant)
+        ahead = 0
+        for waiting in self._per_tenant.values():
+            for ticket in waiting:
+                if ticket.start_tag > start:
+                    break
+                ahead += not ticket.removed
+                if limit is not None and ahead > limit:
+                    return ahead
+        return ahead
+
+    def waiting_of(self, tenant: str) -> int:
+        """Tickets of ``tenant`` waiting here."""
+        return self._live.get(tenant, 0)
+
+    def by_tenant(self) -> dict[str, tuple[int, int]]:
+        """Tickets and their tokens waiting here, per tenant."""
+        return {tenant: (count, self._live_cost[tenant]) for tenant, count in self._live.items()}
 
     def push_out(self, arriving_tenant: str) -> Ticket | None:
         """Make room for ``arriving_tenant`` in a full queue by removing the newest ticket of the

@@ -3,7 +3,7 @@
 Usage::
 
     python -m loadtests.fleet_stress [--runs 20] [--baseline-runs 5] [--capacities 4,8] [--starts 0,8]
-                                     [--hogs 0,1] [--delays-ms 0,5,30] [--tokens 300] [--time-scale 0.2]
+                                     [--hogs 0,1] [--delays-ms 0,5,30] [--tokens 300] [--time-scale 0.05]
                                      [--sample-hz 25] [--out loadtests/results/fleet_stress]
 
 What the issue saw, made a bench: one simulated engine (profile ``llama-3.1-8b-h100``, its own
@@ -26,7 +26,9 @@ gateways' fleet syncs that failed and limit-store operations answered by the fal
 never above C/2), and, against ``--baseline-runs`` runs of one ``serve`` process alone in the
 same conditions, the fleet's efficiency: requests served (goal: at least 0.95x one process's)
 and refused (at most 1.05x). The engine runs ``--time-scale`` times faster than the profile (a
-request of 300 tokens takes about 0.5 s at 0.2), which keeps 480 runs within a few hours.
+request of 300 tokens takes about 0.15 s at 0.05: the ledger re-grants faster than at the
+profile's speed, the harsher case), which keeps 600 runs (twice as many when two halves of
+the grid run side by side) within two hours.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ import aiohttp
 
 from gateway.keys import hash_api_key
 from loadtests.delay_proxy import DelayProxy
-from loadtests.harness import GATEWAY, free_port, metric_sum, metrics, pin, policy_file, process
+from loadtests.harness import GATEWAY, free_port, metric_sum, metrics, pin, policy_file
+from loadtests.harness import processes as all_running
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KEYS = {"interactive": "stress-interactive-key", "batch": "stress-batch-key"}
@@ -130,26 +133,26 @@ def hogging(on: bool) -> Iterator[None]:
         hog.wait()
 
 
-@contextmanager
-def fleet(path: Path, processes: int, tree: str | None = None) -> Iterator[tuple[list[str], list[str]]]:
-    """``serve --workers 2`` plus one ``serve`` (three processes), or one ``serve``: their API
-    URLs (the workers' port listed twice: it is two processes) and operator URLs. ``tree``: run
-    the gateway from that source tree (an older commit's checkout), for a before/after."""
-    env = dict(os.environ)
-    gateway = GATEWAY
-    if tree is not None:
-        env["PYTHONPATH"] = tree
-        gateway = [sys.executable, "-P", "-m", "gateway"]  # -P: not the working directory's tree
-    with ExitStack() as stack:
-        apis, admins = [], []
-        for workers in [2, 1] if processes == 3 else [1]:
-            port, admin = free_port(), free_port()
-            argv = [*pin(GATEWAY_CORE), *gateway, "serve", "--policy", str(path), "--port", str(port)]
-            argv += ["--admin-port", str(admin), *(["--workers", str(workers)] if workers > 1 else [])]
-            stack.enter_context(process(argv, f"http://127.0.0.1:{port}/readyz", timeout_s=60, env=env))
-            apis += [f"http://127.0.0.1:{port}"] * workers
-            admins.append(f"http://127.0.0.1:{admin}")
-        yield apis, admins
+def fleet(
+    path: Path, processes: int, tree: str | None = None
+) -> tuple[list[tuple[list[str], str, dict[str, str] | None]], list[str], list[str]]:
+    """``serve --workers 2`` plus one ``serve`` (three processes), or one ``serve``: their command
+    lines and ready URLs, their API URLs (the workers' port listed twice: it is two processes)
+    and operator URLs. ``tree``: run the gateway from that source tree (an older commit's
+    checkout), for a before/after."""
+    gateway = GATEWAY if tree is None else [sys.executable, "-P", "-m", "gateway"]  # -P: not the cwd's tree
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
+    specs: list[tuple[list[str], str, dict[str, str] | None]] = []
+    apis: list[str] = []
+    admins: list[str] = []
+    for workers in [2, 1] if processes == 3 else [1]:
+        port, admin = free_port(), free_port()
+        argv = [*pin(GATEWAY_CORE), *gateway, "serve", "--policy", str(path), "--port", str(port)]
+        argv += ["--admin-port", str(admin), *(["--workers", str(workers)] if workers > 1 else [])]
+        specs.append((argv, f"http://127.0.0.1:{port}/readyz", env))
+        apis += [f"http://127.0.0.1:{port}"] * workers
+        admins.append(f"http://127.0.0.1:{admin}")
+    return specs, apis, admins
 
 
 async def burst(urls: list[str], count: int, tokens: int) -> Counter[str]:
@@ -199,12 +202,15 @@ def one_run(cell: Cell, processes: int, args: argparse.Namespace) -> Run:
     engine = f"http://127.0.0.1:{engine_port}"
     with ExitStack() as stack:
         sim = [*pin(OTHERS_CORE), *GATEWAY, "sim", "--profile", "llama-3.1-8b-h100", "--port", str(engine_port)]
-        stack.enter_context(process([*sim, "--time-scale", str(args.time_scale)], engine + "/health"))
         proxy = stack.enter_context(DelayProxy(upstream_port=args.redis_port, delay_s=cell.delay_ms / 1000))
         prefix = f"stress-{uuid.uuid4().hex[:8]}:"
         path = stack.enter_context(policy_file(policy(engine, cell.capacity, proxy.url, prefix)))
         stack.enter_context(hogging(cell.hog))
-        apis, admins = stack.enter_context(fleet(path, processes, args.gateway_pythonpath))
+        gateways, apis, admins = fleet(path, processes, args.gateway_pythonpath)
+        # The engine (always this tree's simulator: it counts what it held) and the gateways start
+        # together (a gateway is ready once it has seen the engine healthy), and stop together.
+        engine_spec = ([*sim, "--time-scale", str(args.time_scale)], engine + "/health", None)
+        stack.enter_context(all_running([engine_spec, *gateways]))
         if cell.start_after_s:
             time.sleep(cell.start_after_s)
         asyncio.run(loaded(apis, engine, run, args, 12 * cell.capacity))
@@ -250,6 +256,8 @@ def summary(cell: Cell, fleet_runs: list[Run], alone: list[Run]) -> dict[str, ob
         "sync_failures": sum(r.sync_failures for r in fleet_runs),
         "fallbacks": sum(r.fallbacks for r in fleet_runs),
         "peak_alone": max((r.held_max for r in alone), default=float("nan")),
+        "load_average": os.getloadavg()[0],
+        "seconds_per_run": sum(r.seconds for r in fleet_runs) / len(fleet_runs),
     }
 
 
@@ -259,8 +267,8 @@ def line(row: dict[str, object], capacity: int) -> str:
         f" (sampled running {row['peak_running_sampled']:>4.0f}, batch {row['peak_batch']:>3.0f}/{capacity // 2})"
         f"  over capacity in {row['runs_over_capacity']} runs | served {row['served_mean']:.1f} vs alone"
         f" {row['alone_served_mean']:.1f} (x{row['served_ratio']:.2f}), refused {row['refused_mean']:.1f} vs"
-        f" {row['alone_refused_mean']:.1f} | sync failures {row['sync_failures']:.0f}, limit fallbacks"
-        f" {row['fallbacks']:.0f}"
+        f" {row['alone_refused_mean']:.1f} (x{row['refused_ratio']:.2f}) | sync failures {row['sync_failures']:.0f},"
+        f" limit fallbacks {row['fallbacks']:.0f} | load {row['load_average']:.2f}"
     )
 
 
@@ -273,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hogs", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
     parser.add_argument("--delays-ms", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 5.0, 30.0])
     parser.add_argument("--tokens", type=int, default=300)
-    parser.add_argument("--time-scale", type=float, default=0.2)
+    parser.add_argument("--time-scale", type=float, default=0.05)
     parser.add_argument("--sample-hz", type=float, default=25.0)
     parser.add_argument("--redis-port", type=int, default=6379)
     parser.add_argument("--gateway-pythonpath", default=None, help="run the gateways from this source tree")
@@ -290,8 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     print(header, flush=True)
     rows, runs = [], {}
     for cell in cells(args):
-        fleet_runs = [one_run(cell, 3, args) for _ in range(args.runs)]
-        alone = [one_run(cell, 1, args) for _ in range(args.baseline_runs)]
+        fleet_runs: list[Run] = []
+        alone: list[Run] = []
+        every = max(1, args.runs // max(1, args.baseline_runs))
+        for index in range(args.runs):  # one process's runs interleaved: the same conditions, as near as can be
+            fleet_runs.append(one_run(cell, 3, args))
+            if index % every == every - 1 and len(alone) < args.baseline_runs:
+                alone.append(one_run(cell, 1, args))
+        alone += [one_run(cell, 1, args) for _ in range(args.baseline_runs - len(alone))]
         runs[cell.label] = {"fleet": [asdict(r) for r in fleet_runs], "alone": [asdict(r) for r in alone]}
         row = summary(cell, fleet_runs, alone)
         rows.append(row)

@@ -5,8 +5,10 @@ Usage::
     python -m loadtests.routing_bench [--strategies round_robin,least_load,prefix_affinity,oracle]
                                       [--time-scale 4] [--phase-s 300] [--hot] [--fleet N]
                                       [--out loadtests/results/routing]
+    python -m loadtests.routing_bench --fleet 3 --cache-scope slots [--repetitions 3]
+                                      --out loadtests/results/routing-fleet-running
 
-Four simulated Llama-3.1-8B H100 engines (``inference-gateway sim --count 4``, one process) sit
+Four simulated Llama-3.1-8B H100 engines (``inference-gateway sim --ports ...``, one process) sit
 behind the gateway (another process), both restarted for every phase so that each strategy
 starts from cold caches. Loads are open-loop (``loadtests/loadgen``) in simulated seconds: with
 ``--time-scale K`` every simulated duration, SLO and rate is scaled by K so that this 2-core
@@ -66,6 +68,20 @@ strategy and then runs ``inference-gateway serve``.
   same run (the ``prefix_affinity`` phase when it ran, else one of its own). Goal: hit rate and
   goodput with the view at least 0.95 x one replica's.
 
+* fleet on slot-scoped engines (``--fleet N --cache-scope slots``, issue 28): engines whose
+  prefix cache holds only their slots' prompts, as a llama.cpp server with ``--parallel 4`` and
+  ``--cache-ram 0`` (``loadtests/sim/kvcache.py``, ``CacheScope``): two engines of 4 slots,
+  declared with ``max_concurrent: 4``. The workload is the issue's: 8 tenants x 2
+  conversations x 3 turns (a long system prompt per tenant, then user turns and the replies
+  sent back), conversations run 2 at once, each turn to a replica drawn at random. Three
+  configurations, each from fresh engines and gateways (cold caches): one process, N replicas
+  sharing Redis (ledger, prefix view, one cache-salt secret), N replicas sharing nothing; the
+  repetitions interleave them (``--repetitions``, 3). The figure is what the engines counted:
+  prompt tokens computed (``prefix_cache_queries - prefix_cache_hits``), per repetition and as
+  a ratio to one process's; with the cached share and the first turns' TTFT percentiles. Goal:
+  N replicas with the view compute at most 1.05 x what one process does. Every server (engines,
+  gateways, their operator listeners) takes a free port in every mode.
+
 Goals (issue 5): hit rate >= 0.9 x the oracle's and >= 2 x round-robin's; mean TTFT at least 2 x
 better than round-robin's; P99 TTFT no worse than least_load's; goodput >= 1.5 x round-robin's.
 """
@@ -73,9 +89,11 @@ better than round-robin's; P99 TTFT no worse than least_load's; goodput >= 1.5 x
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -87,6 +105,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import httpx
 import orjson
 import redis
 
@@ -100,7 +119,7 @@ from gateway.routing.scorers.in_flight import InFlightScorer
 from gateway.routing.scorers.kv_usage import KvUsageScorer
 from gateway.routing.scorers.queue_depth import QueueDepthScorer
 from gateway.types import InferenceRequest
-from loadtests.harness import GATEWAY, admin_args, admin_url, metric_sum, metrics, policy_file, process
+from loadtests.harness import GATEWAY, free_port, metric_sum, metrics, policy_file, process
 from loadtests.loadgen import runner
 from loadtests.loadgen.prompts import RequestFactory
 from loadtests.loadgen.records import RequestRecord
@@ -115,8 +134,6 @@ if TYPE_CHECKING:
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROFILE = "llama-3.1-8b-h100"
 ENGINES = 4
-ENGINE_PORT = 18711
-GATEWAY_PORT = 18710
 GPU_MEMORY_UTILIZATION = 0.5  # see the module docstring: a KV cache of 167k tokens per engine
 KV_CACHE_TOKENS = get_profile(PROFILE, gpu_memory_utilization=GPU_MEMORY_UTILIZATION).num_kv_blocks * BLOCK_SIZE
 SECRET_ENV = "GATEWAY_CACHE_SALT_SECRET"
@@ -194,20 +211,40 @@ class OracleRouter:
         pass
 
 
-def serve_oracle_gateway(policy: str, port: int) -> int:
+def serve_oracle_gateway(policy: str, port: int, admin_port: int) -> int:
     """``inference-gateway serve`` with the oracle strategy registered (the bench's gateway process)."""
     from gateway.cli import main as gateway_main
 
     salter = CacheSalter.from_env(SECRET_ENV)
     register_strategy("oracle", lambda spec: OracleRouter(spec, salter))
-    return gateway_main(["serve", "--policy", policy, "--port", str(port), *admin_args(port)])
+    return gateway_main(["serve", "--policy", policy, "--port", str(port), "--admin-port", str(admin_port)])
 
 
 # -- the system under test ---------------------------------------------------------------------
 
 
-GATEWAY_PORTS = tuple(GATEWAY_PORT + 10 * i for i in range(8))
-"""Replica i of a ``--fleet`` phase serves on ``GATEWAY_PORTS[i]`` (the engines are at 18711-18714)."""
+@dataclass(frozen=True, slots=True)
+class System:
+    """Where a phase's servers listen: every port a free one, chosen when the phase starts."""
+
+    engines: tuple[int, ...]
+    gateways: tuple[int, ...]
+    admins: tuple[int, ...]
+    """The gateways' operator listeners (``/metrics``), in the order of ``gateways``."""
+
+    @classmethod
+    def free(cls, engines: int, replicas: int) -> System:
+        return cls(
+            tuple(free_port() for _ in range(engines)),
+            tuple(free_port() for _ in range(replicas)),
+            tuple(free_port() for _ in range(replicas)),
+        )
+
+    def gateway_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.gateways]
+
+    def admin_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.admins]
 
 
 def fleet_sections(redis_url: str, key_prefix: str, view: bool) -> str:
@@ -217,12 +254,17 @@ fleet: {{prefix_view: {"true" if view else "false"}}}
 """
 
 
-def gateway_policy(k: float, strategy: str, shared: str = "") -> str:
+CAPACITY = f"{{max_concurrent: 96, max_tokens_in_flight: 100000000, kv_cache_tokens: {KV_CACHE_TOKENS}}}"
+
+
+def gateway_policy(
+    k: float, strategy: str, engine_ports: Sequence[int], shared: str = "", capacity: str = CAPACITY
+) -> str:
     backends = "\n".join(
-        f"""  - {{name: engine-{i}, url: "http://127.0.0.1:{ENGINE_PORT + i}", kind: sim, models: [{MODEL}],
+        f"""  - {{name: engine-{i}, url: "http://127.0.0.1:{port}", kind: sim, models: [{MODEL}],
       engine_priority: true, timeouts: {{first_byte_s: {600 * k}, between_chunks_s: {600 * k}}},
-      capacity: {{max_concurrent: 96, max_tokens_in_flight: 100000000, kv_cache_tokens: {KV_CACHE_TOKENS}}}}}"""
-        for i in range(ENGINES)
+      capacity: {capacity}}}"""
+        for i, port in enumerate(engine_ports)
     )
     tenants = "\n".join(
         f"""  - {{name: t{i}, key_hashes: ["{hash_api_key(f"routing-key-t{i}")}"], models: ["*"],
@@ -263,34 +305,43 @@ class Fleet:
     replicas: int = 1
     view: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
+    shared: bool = True
+    """Replicas share Redis (the ledger, and the prefix view when ``view``); False: nothing at all."""
 
-    @property
-    def ports(self) -> tuple[int, ...]:
-        return GATEWAY_PORTS[: self.replicas]
+
+SIM_OPTIONS = ("--profile", PROFILE, "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION))
 
 
 @contextmanager
-def system(k: float, strategy: str, fleet: Fleet = Fleet()) -> Iterator[None]:
-    """Fresh engines (cold caches) and the gateway(s) routing with ``strategy``; replicas of a
-    fleet share Redis under a key prefix of their own, deleted at the end."""
-    sim = [*GATEWAY, "sim", "--profile", PROFILE, "--port", str(ENGINE_PORT), "--count", str(ENGINES)]
-    sim += ["--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION)]
+def system(
+    k: float,
+    strategy: str,
+    fleet: Fleet = Fleet(),
+    *,
+    engines: int = ENGINES,
+    sim_options: Sequence[str] = SIM_OPTIONS,
+    capacity: str = CAPACITY,
+) -> Iterator[System]:
+    """Fresh engines (cold caches) and the gateway(s) routing with ``strategy``, every one on a
+    free port; replicas of a fleet share Redis under a key prefix of their own, deleted at the end."""
+    ports = System.free(engines, fleet.replicas)
+    sim = [*GATEWAY, "sim", *sim_options, "--ports", ",".join(map(str, ports.engines))]
     with ExitStack() as stack:
-        stack.enter_context(process([*sim, "--time-scale", str(k)], f"http://127.0.0.1:{ENGINE_PORT + 3}/health"))
+        stack.enter_context(process([*sim, "--time-scale", str(k)], f"http://127.0.0.1:{ports.engines[-1]}/health"))
         shared = ""
-        if fleet.replicas > 1:
+        if fleet.replicas > 1 and fleet.shared:
             key_prefix = f"routing-bench-{os.getpid()}-{time.time_ns()}:"
             stack.callback(drop_keys, fleet.redis_url, key_prefix)
             shared = fleet_sections(fleet.redis_url, key_prefix, fleet.view)
-        path = stack.enter_context(policy_file(gateway_policy(k, strategy, shared)))
-        for port in fleet.ports:
+        path = stack.enter_context(policy_file(gateway_policy(k, strategy, ports.engines, shared, capacity)))
+        for port, admin in zip(ports.gateways, ports.admins, strict=True):
             if strategy == "oracle":
                 serve = [sys.executable, "-m", "loadtests.routing_bench", "--serve-oracle", str(path)]
             else:
                 serve = [*GATEWAY, "serve", "--policy", str(path)]
-            argv = [*serve, *admin_args(port), "--port", str(port)]
+            argv = [*serve, "--admin-port", str(admin), "--port", str(port)]
             stack.enter_context(process(argv, f"http://127.0.0.1:{port}/readyz"))
-        yield
+        yield ports
 
 
 def drop_keys(redis_url: str, key_prefix: str) -> None:
@@ -304,10 +355,10 @@ def drop_keys(redis_url: str, key_prefix: str) -> None:
         client.close()
 
 
-def engine_counters() -> list[dict[str, float]]:
+def engine_counters(ports: Sequence[int]) -> list[dict[str, float]]:
     out = []
-    for i in range(ENGINES):
-        samples = metrics(f"http://127.0.0.1:{ENGINE_PORT + i}")
+    for port in ports:
+        samples = metrics(f"http://127.0.0.1:{port}")
         out.append(
             {
                 "queries": metric_sum(samples, "vllm:prefix_cache_queries_total"),
@@ -321,13 +372,13 @@ def engine_counters() -> list[dict[str, float]]:
     return out
 
 
-def gateway_routing(ports: Sequence[int] = (GATEWAY_PORT,)) -> dict[str, Any]:
-    """Routing figures summed over the gateways on ``ports``."""
+def gateway_routing(admin_urls: Sequence[str]) -> dict[str, Any]:
+    """Routing figures summed over the gateways whose operator listeners are at ``admin_urls``."""
     count = picked_s = 0.0
     reasons: dict[str, float] = {}
     view: dict[str, float] = {}
-    for port in ports:
-        samples = metrics(admin_url(port))
+    for url in admin_urls:
+        samples = metrics(url)
         count += metric_sum(samples, "gateway_routing_pick_seconds_count")
         picked_s += metric_sum(samples, "gateway_routing_pick_seconds_sum")
         for (name, labels), value in samples.items():
@@ -390,18 +441,18 @@ def run_phase(
     A ``flood`` is cut 5 simulated seconds after the load: only its engines' completions count.
     """
     k, phase_s = args.time_scale, args.flood_s if flood else args.phase_s
-    with system(k, strategy, fleet):
+    with system(k, strategy, fleet) as ports:
         start_epoch = time.time()
-        marks: dict[str, list[dict[str, float]]] = {"start": engine_counters()}
+        marks: dict[str, list[dict[str, float]]] = {"start": engine_counters(ports.engines)}
         timers = [
-            threading.Timer(at, lambda mark=mark: marks.__setitem__(mark, engine_counters()))
+            threading.Timer(at, lambda mark=mark: marks.__setitem__(mark, engine_counters(ports.engines)))
             for mark, at in (("warm", warmup * phase_s), ("end", phase_s))
         ]
         for timer in timers:
             timer.start()
         config = RunConfig(
-            target=f"http://127.0.0.1:{fleet.ports[0]}",
-            spread_to=tuple(f"http://127.0.0.1:{port}" for port in fleet.ports[1:]),
+            target=ports.gateway_urls()[0],
+            spread_to=tuple(ports.gateway_urls()[1:]),
             rate=rate,
             duration_s=phase_s,
             out_dir=args.out / name,
@@ -414,8 +465,8 @@ def run_phase(
             result = run_sync(lambda: run_workload(workload, config, base_dir=WORKLOADS))
         for timer in timers:
             timer.join()
-        marks["drained"] = engine_counters()
-        routing = gateway_routing(fleet.ports)
+        marks["drained"] = engine_counters(ports.engines)
+        routing = gateway_routing(ports.admin_urls())
     window_start = start_epoch + warmup * phase_s
     window = [r for r in result.records if r.t_send >= window_start]
     window_s = (1 - warmup) * phase_s / k
@@ -536,6 +587,240 @@ def fleet_goals(phases: dict[str, dict[str, Any]], n: int) -> dict[str, Any]:
     return out
 
 
+# -- fleet on engines whose cache is their slots (issue 28) -------------------------------------
+
+CONVERSATIONS = [(tenant, conv) for tenant in range(1, 9) for conv in range(1, 3)]
+"""8 tenants x 2 conversations; each conversation runs its turns one after another."""
+TURNS, AT_ONCE = 3, 2
+SYSTEM_WORDS, USER_WORDS, REPLY_TOKENS = 900, 60, 32
+SLOT_ENGINES, SLOTS = 2, 4
+SLOT_CAPACITY = "{max_concurrent: 4, max_tokens_in_flight: 100000, kv_cache_tokens: 16384}"
+_VOCAB = tuple(f"w{i}" for i in range(5000))
+
+
+def _words(seed: str, count: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_VOCAB) for _ in range(count))
+
+
+@dataclass(slots=True)
+class Turn:
+    tenant: int
+    conv: int
+    turn: int
+    replica: int
+    ttft_s: float | None
+    status: int
+    engine: str = ""
+    """The engine that answered (the simulator's id prefix, random per engine), for diagnosis."""
+    cached: int = 0
+    """Prompt tokens the engine found cached (``usage.prompt_tokens_details.cached_tokens``)."""
+    start: float = 0.0
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    ttft_s: float | None = None
+    text: str = ""
+    engine: str = ""
+    cached: int = 0
+
+
+async def _chat(client: httpx.AsyncClient, url: str, key: str, messages: list[dict[str, str]]) -> Reply:
+    """One streamed chat turn: status, seconds to the first content, the reply's text, who served it."""
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": REPLY_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    first: float | None = None
+    parts: list[str] = []
+    reply = Reply(200)
+    async with client.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+    ) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return Reply(response.status_code)
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            reply.engine = str(chunk.get("id", ""))[len("chatcmpl-") :][:12]
+            usage = chunk.get("usage") or {}
+            reply.cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or reply.cached)
+            for choice in chunk.get("choices", ()):
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    first = time.perf_counter() - start if first is None else first
+                    parts.append(content)
+    reply.ttft_s, reply.text = first, "".join(parts)
+    return reply
+
+
+async def _conversations(urls: Sequence[str], rep: int, seed: int) -> list[Turn]:
+    """The issue's workload: the conversations in a per-repetition order, ``AT_ONCE`` at a time,
+    each turn sent to a replica drawn at random (the same draw for every configuration)."""
+    order = list(CONVERSATIONS)
+    random.Random(f"{seed}-order-{rep}").shuffle(order)
+    queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+    for item in order:
+        queue.put_nowait(item)
+    turns: list[Turn] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            tenant, conv = queue.get_nowait()
+            messages = [{"role": "system", "content": _words(f"{seed}-system-{tenant}", SYSTEM_WORDS)}]
+            for turn in range(1, TURNS + 1):
+                messages.append({"role": "user", "content": _words(f"{seed}-{tenant}-{conv}-{turn}", USER_WORDS)})
+                replica = random.Random(f"{seed}-{rep}-{tenant}-{conv}-{turn}").randrange(len(urls))
+                start = time.perf_counter()
+                reply = await _chat(client, urls[replica], f"routing-key-t{tenant}", messages)
+                turns.append(
+                    Turn(tenant, conv, turn, replica, reply.ttft_s, reply.status, reply.engine, reply.cached, start)
+                )
+                messages.append({"role": "assistant", "content": reply.text})
+
+    limits = httpx.Limits(max_connections=AT_ONCE * 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        await asyncio.gather(*(worker(client) for _ in range(AT_ONCE)))
+    return turns
+
+
+def slot_run(name: str, rep: int, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
+    """One configuration, one repetition: fresh engines and gateways, the conversations, the counters."""
+    k = args.time_scale
+    sim_options = ("--profile", PROFILE, "--cache-scope", args.cache_scope, "--max-num-seqs", str(SLOTS))
+    load_start = list(os.getloadavg())
+    with system(
+        k, "prefix_affinity", fleet, engines=SLOT_ENGINES, sim_options=sim_options, capacity=args.slot_capacity
+    ) as ports:
+        before = engine_counters(ports.engines)
+        turns = asyncio.run(_conversations(ports.gateway_urls(), rep, args.seed))
+        after = engine_counters(ports.engines)
+        routing = gateway_routing(ports.admin_urls())
+    queries = [b["queries"] - a["queries"] for a, b in zip(before, after, strict=True)]
+    hits = [b["hits"] - a["hits"] for a, b in zip(before, after, strict=True)]
+    first = sorted(t.ttft_s / k * 1000 for t in turns if t.turn == 1 and t.ttft_s is not None)
+    every = sorted(t.ttft_s / k * 1000 for t in turns if t.ttft_s is not None)
+
+    engines: dict[str, int] = {}
+
+    def pcts(values: list[float]) -> dict[str, float | None]:
+        return {f"p{q}": round(percentile(values, q), 1) if values else None for q in (50, 95, 99)}
+
+    report = {
+        "config": name,
+        "repetition": rep,
+        "replicas": fleet.replicas,
+        "shared": fleet.shared if fleet.replicas > 1 else None,
+        "prefix_view": fleet.view if fleet.replicas > 1 and fleet.shared else None,
+        "requests": len(turns),
+        "ok": sum(t.status == 200 for t in turns),
+        "errors": sorted(t.status for t in turns if t.status != 200),
+        "prompt_tokens": sum(queries),
+        "prompt_tokens_computed": sum(queries) - sum(hits),
+        "cached_share": round(sum(hits) / sum(queries), 4) if sum(queries) else None,
+        "computed_per_engine": [q - h for q, h in zip(queries, hits, strict=True)],
+        "requests_per_engine": [b["finished"] - a["finished"] for a, b in zip(before, after, strict=True)],
+        "first_turn_ttft_ms": pcts(first),
+        "ttft_ms": pcts(every),
+        "routing": routing,
+        "turns": [
+            [t.tenant, t.conv, t.turn, t.replica, engines.setdefault(t.engine, len(engines)), t.cached]
+            for t in sorted(turns, key=lambda t: t.start)
+        ],
+        "turns_fields": ["tenant", "conversation", "turn", "replica", "engine", "cached_tokens"],
+        "load_average_start": load_start,
+        "load_average_end": list(os.getloadavg()),
+    }
+    print(json.dumps(report), flush=True)
+    return report
+
+
+def slot_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    """``--fleet N --cache-scope slots``: one process, N replicas with the prefix view, N sharing
+    nothing, on engines whose prefix cache is their slots; repetitions interleaved (each runs the
+    three configurations in turn, every one from cold caches)."""
+    n = args.fleet
+    configs = {
+        "one-process": Fleet(),
+        f"{n}-replicas-view": Fleet(replicas=n, view=True, redis_url=args.redis_url),
+        f"{n}-replicas-nothing-shared": Fleet(replicas=n, shared=False),
+    }
+    if args.configs:
+        configs = {name: fleet for name, fleet in configs.items() if name in args.configs.split(",")}
+    runs = [
+        slot_run(name, rep, fleet, args) for rep in range(1, args.repetitions + 1) for name, fleet in configs.items()
+    ]
+    one = {r["repetition"]: r["prompt_tokens_computed"] for r in runs if r["config"] == "one-process"}
+    for r in runs:
+        r["computed_vs_one_process"] = (
+            round(r["prompt_tokens_computed"] / one[r["repetition"]], 3) if one.get(r["repetition"]) else None
+        )
+    totals = {name: sum(r["prompt_tokens_computed"] for r in runs if r["config"] == name) for name in configs}
+    totals.setdefault(f"{n}-replicas-view", 0)
+    ratio = totals[f"{n}-replicas-view"] / totals["one-process"] if totals.get("one-process") else None
+    worst = max([r["computed_vs_one_process"] or 0.0 for r in runs if r["config"] == f"{n}-replicas-view"] or [0.0])
+    return {
+        "workload": {
+            "tenants": 8,
+            "conversations_per_tenant": 2,
+            "turns": TURNS,
+            "at_once": AT_ONCE,
+            "system_words": SYSTEM_WORDS,
+            "user_words": USER_WORDS,
+            "reply_tokens": REPLY_TOKENS,
+            "engines": SLOT_ENGINES,
+            "slots_per_engine": SLOTS,
+            "cache_scope": args.cache_scope,
+            "engine_capacity": SLOT_CAPACITY,
+            "time_scale": args.time_scale,
+        },
+        "runs": runs,
+        "computed_total": totals,
+        "goal": {
+            "value": ratio,
+            "worst_repetition": worst,
+            "goal": "<= 1.05 (prompt tokens computed, N replicas with the view / one process, same run)",
+            "met": ratio is not None and ratio <= 1.05 and worst <= 1.05,
+        },
+    }
+
+
+def slot_summary(report: dict[str, Any]) -> str:
+    w = report["workload"]
+    lines = [
+        f"{w['engines']} engines x {w['slots_per_engine']} slots, cache scope {w['cache_scope']}; 8 tenants x 2 "
+        f"conversations x {w['turns']} turns, {w['at_once']} at once, turns spread at random over the replicas; "
+        f"K = {w['time_scale']:g}",
+        f"{'run':34} {'computed':>9} {'vs one':>7} {'cached':>7} {'1st TTFT p50/p95/p99 ms':>24} "
+        f"{'ok':>3}  per engine   load avg",
+    ]
+    for r in report["runs"]:
+        t = r["first_turn_ttft_ms"]
+        ttft = "/".join("-" if t[q] is None else f"{t[q]:.0f}" for q in ("p50", "p95", "p99"))
+        lines.append(
+            f"{r['config'] + ' #' + str(r['repetition']):34} {r['prompt_tokens_computed']:9.0f} "
+            f"{r['computed_vs_one_process'] or 0:7.3f} {r['cached_share'] or 0:7.1%} {ttft:>24} {r['ok']:3d}  "
+            f"{r['computed_per_engine']}  {_loads(r['load_average_start'])}"
+        )
+    for name, total in report["computed_total"].items():
+        lines.append(f"total {name:28} {total:9.0f}")
+    g = report["goal"]
+    value = "-" if g["value"] is None else f"{g['value']:.3f}"
+    lines.append(
+        f"ratio {value} (worst repetition {g['worst_repetition']:.3f}), goal {g['goal']}: "
+        + ("met" if g["met"] else "MISSED")
+    )
+    return "\n".join(lines) + "\n"
+
+
 def _loads(values: list[float] | None) -> str:
     return " ".join(f"{v:.2f}" for v in values) if values else "-"
 
@@ -576,7 +861,8 @@ def summary(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--serve-oracle", metavar="POLICY", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=GATEWAY_PORT, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--admin-port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--time-scale", type=float, default=4.0)
     parser.add_argument("--phase-s", type=float, default=120.0, help="wall seconds of load per phase")
@@ -607,12 +893,30 @@ def main(argv: list[str] | None = None) -> int:
         "without the prefix view, against one replica in the same run (issue 13, proof 3)",
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="the fleet's Redis")
+    parser.add_argument(
+        "--cache-scope",
+        choices=("pool", "slots", "running"),
+        default="pool",
+        help="with --fleet: engines whose prefix cache is their slots (slots, running) run the issue-28 "
+        "conversations instead of the phases above (see slot_fleet)",
+    )
+    parser.add_argument("--repetitions", type=int, default=3, help="interleaved repetitions (slot-scoped fleet)")
+    parser.add_argument("--configs", default="", help=argparse.SUPPRESS)  # a subset, for diagnosis
+    parser.add_argument("--slot-capacity", default=SLOT_CAPACITY, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("loadtests/results/routing"))
     args = parser.parse_args(argv)
     if args.serve_oracle:
-        return serve_oracle_gateway(args.serve_oracle, args.port)
+        return serve_oracle_gateway(args.serve_oracle, args.port, args.admin_port)
     os.environ.setdefault(SECRET_ENV, BENCH_SECRET)
+    if args.fleet > 1 and args.cache_scope != "pool":
+        slot_report = slot_fleet(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "routing-fleet-running.json").write_text(json.dumps(slot_report, indent=1))
+        text = slot_summary(slot_report)
+        (args.out / "summary.txt").write_text(text)
+        print(text, flush=True)
+        return 0
     workload = load_workload(WORKLOADS / "routing.yaml")
     report: dict[str, Any] = {
         "time_scale": args.time_scale,

@@ -115,3 +115,27 @@ async def test_no_push_out_when_the_arrival_is_the_busiest_tenant() -> None:
         queue.push(ticket(name))
     assert queue.push_out("a") is None
     assert queue.push_out("b") is None  # a has only one more than b
+
+
+async def test_a_light_tenant_waits_behind_only_what_fair_order_serves_first() -> None:
+    """The work ahead of an arrival is counted by start tag: a flooding tenant's backlog is behind
+    a light tenant's first ticket, and all of it is ahead of the flooding tenant's next one."""
+    queue = ClassQueue("interactive", CLASS)
+    for _ in range(10):
+        queue.push(ticket("heavy"))
+    drain(queue, 1)  # the virtual time is the tag of the ticket served last
+    assert queue.ahead_of("light") == 0, "its start tag is the virtual time: before the heavy backlog"
+    assert queue.ahead_of("heavy") == 9, "the heavy tenant's own backlog is all ahead of its next ticket"
+    queue.push(ticket("light"))
+    assert queue.ahead_of("light") == 2, "its first ticket, and the heavy ticket with the same tag"
+    assert queue.ahead_of("heavy", limit=3) == 4, "counting stops past the limit"
+
+
+async def test_a_heavier_weight_puts_more_of_a_tenants_backlog_ahead_of_another() -> None:
+    queue = ClassQueue("interactive", CLASS)
+    for _ in range(6):
+        queue.push(ticket("gold", weight=3.0))
+    assert queue.ahead_of("bronze") == 1, "the ticket at tag 0 (pushed first)"
+    queue.push(ticket("bronze"))
+    assert queue.ahead_of("bronze") == 1 + 4, "its own, and gold's tickets up to tag 100 (0, 33, 67, 100)"
+    assert queue.by_tenant() == {"gold": (6, 600), "bronze": (1, 100)}

@@ -3,10 +3,11 @@
 Three ways a process gets its parts (``quota.py`` states the rule for each):
 
 * ``FleetCoordinator``, when the policy shares state through Redis: every
-  ``fleet.sync_interval_s``, and at once when a request has to wait for lack of this process's
-  part or when this process frees room another process waits for, it reports each backend's use,
-  waiting demand and the part it enforces to the ledger, and applies what it may hold. No
-  request ever waits on Redis: dispatch reads the parts in memory.
+  ``fleet.sync_interval_s``, and soon (coalesced: ``run``) when a request has to wait for lack of
+  this process's part or when this process frees room another process waits for, it reports
+  each backend's use, waiting demand, its busiest tenants' use and demand, and the part it
+  enforces to the ledger, and applies what it may hold. No request ever waits on Redis:
+  dispatch reads the parts in memory.
 * ``partition_quotas``, for ``--workers N`` without a shared store: a fixed ``1/N`` each.
 * neither, for one process alone: the whole capacity (``quota`` None).
 
@@ -39,7 +40,7 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from redis.exceptions import RedisError
@@ -47,7 +48,7 @@ from redis.exceptions import RedisError
 from gateway.backends import BackendPool, BackendState
 from gateway.clock import Clock
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
-from gateway.fleet.quota import EMPTY, Quota, Share, at_most, fallback, paced, partition, shared
+from gateway.fleet.quota import EMPTY, Quota, Share, TenantUse, at_most, fallback, paced, partition, shared
 from gateway.limitstore.lag import FreeTimeout, LoopLag
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.telemetry import Metrics
@@ -57,14 +58,21 @@ log = logging.getLogger(__name__)
 FAILURES = (RedisError, OSError, TimeoutError)
 RATE_WINDOW_S = 10.0
 """The window of the dispatch rate each process reports (the same as a queue's ``DrainMeter``)."""
+WAKE_SPACING = 0.5
+"""The least time between two syncs, as a fraction of ``fleet.sync_interval_s`` (bounds syncs a second)."""
 MAX_CLOCK_DRIFT = 5e-4
 """How much faster one clock may run than another (NTP's maximum slew, 500 ppm)."""
 
 
 class Demand(Protocol):
-    """What the coordinator reads of the dispatcher, and the one thing it asks of it."""
+    """What the coordinator reads of the dispatcher (what waits, by class; each tenant's use and
+    demand), what it tells it (who waits elsewhere, by tenant), and the one thing it asks of it."""
 
     def waiting(self) -> Mapping[str, Mapping[int, tuple[int, int]]]: ...
+
+    def tenants(self) -> Mapping[str, Sequence[TenantUse]]: ...
+
+    def heard(self, backend: str, others: Mapping[int, Mapping[str, tuple[float, int]]]) -> None: ...
 
     def hand_out_all(self) -> None: ...
 
@@ -157,16 +165,20 @@ class FleetCoordinator:
         self._wake.set()
 
     async def run(self) -> None:
-        """Sync every ``fleet.sync_interval_s``, or sooner when woken (never twice within a fifth of it)."""
+        """Sync every ``fleet.sync_interval_s``, or sooner when woken: wakes coalesce (one loop, so
+        at most one sync in flight, and never two within ``WAKE_SPACING`` of the interval). A process
+        therefore makes ``1 / sync_interval_s`` syncs a second when nothing waits (20 at the default
+        0.05 s) and at most ``1 / (WAKE_SPACING x sync_interval_s)`` under a flood (40), whatever
+        its request rate: 0.02 round trips per request at 2,000 requests a second."""
         while True:
             interval = self.policy().policy.fleet.sync_interval_s
             started = self.clock.now()
             await self.sync_once()
-            rest = interval / 5 - (self.clock.now() - started)
+            rest = interval * WAKE_SPACING - (self.clock.now() - started)
             if rest > 0:
                 await asyncio.sleep(rest)
             try:
-                async with asyncio.timeout(max(interval - interval / 5, 0.0)):
+                async with asyncio.timeout(max(interval - interval * WAKE_SPACING, 0.0)):
                     await self._wake.wait()
             except TimeoutError:
                 pass
@@ -195,6 +207,7 @@ class FleetCoordinator:
         classes = policy.classes
         bounds = paced(classes)
         waiting = self.demand.waiting()
+        tenants = self.demand.tenants()
         now = self.clock.now()
         reports = [
             BackendReport(
@@ -212,6 +225,7 @@ class FleetCoordinator:
                 waiting=waiting.get(state.name, EMPTY_WAITING),
                 rate=self._rate(state.name, state.dispatched, now),
                 applied=state.quota,
+                tenants=tenants.get(state.name, ()),
             )
             for state in self.pool.all()
         ]
@@ -251,6 +265,7 @@ class FleetCoordinator:
             state.others_rate = grant.others_rate
             state.others_in_flight = grant.others_requests
             state.others_in_flight_tokens = grant.others_tokens
+            self.demand.heard(state.name, grant.others_tenants)
 
     def fall_back(self, snapshot: PolicySnapshot, error: BaseException) -> None:
         """The ledger is out of reach: every part stays as it is and lapses at its lease's end
@@ -270,6 +285,7 @@ class FleetCoordinator:
             state.others_prefilling = EMPTY
             state.others_rate = 0.0
             state.others_in_flight = state.others_in_flight_tokens = 0
+            self.demand.heard(state.name, {})
 
     async def leave(self) -> None:
         """A graceful exit, nothing in flight: out of the ledger at once (best effort; else the drain)."""

@@ -2,11 +2,12 @@
 --
 -- ARGV: 1 the process's id, 2 its lease (s), 3 its report (JSON), 4 the key prefix, 5 the drain
 -- (s), 6 ids to reap (JSON array: processes known dead), 7 the time (s; '' for Redis's own
--- clock), 8 an epoch to create if the ledger has none.
+-- clock), 8 an epoch to create if the ledger has none, 9 how many tenants waiting elsewhere to name.
 -- Keys, all under the {fleet} hash tag: replicas (zset: id -> time of its last sync), backends
 -- (set of names), b:<name> (hash: id -> its state), epoch (the ledger's identity).
 local me, ttl, report, prefix = ARGV[1], tonumber(ARGV[2]), cjson.decode(ARGV[3]), ARGV[4]
 local drain, reap = tonumber(ARGV[5]), cjson.decode(ARGV[6])
+local tenants_reported = tonumber(ARGV[9]) or 8
 local now
 if ARGV[7] == '' then
   local clock = redis.call('TIME')
@@ -170,16 +171,179 @@ local function targets(cap, states, ids, ranks, budget)
   return target
 end
 
+-- Rule 2, fair across tenants: ``avail`` split max-min fairly by weight among ``names``
+-- (each wants ``demand[name]``): every name gets its demand or the common level times its
+-- weight, whichever is less, in whole units (the remainder one unit each, largest fraction first). Returns the parts and what is left.
+local function fill(avail, names, demand, weight)
+  local alloc, active = {}, {}
+  for _, name in ipairs(names) do alloc[name] = 0; table.insert(active, name) end
+  while avail > 0 and #active > 0 do
+    local sum = 0
+    for _, name in ipairs(active) do sum = sum + weight[name] end
+    local level, rest, met = avail / sum, {}, false
+    for _, name in ipairs(active) do
+      local need = demand[name] - alloc[name]
+      if need <= level * weight[name] then
+        alloc[name] = demand[name]
+        avail = avail - need
+        met = true
+      else
+        table.insert(rest, name)
+      end
+    end
+    if not met then
+      local over = {}
+      for _, name in ipairs(rest) do
+        local give = math.floor(level * weight[name])
+        over[name] = level * weight[name] - give
+        alloc[name] = alloc[name] + give
+        avail = avail - give
+      end
+      table.sort(rest, function(a, b) if over[a] ~= over[b] then return over[a] > over[b] end return a < b end)
+      for _, name in ipairs(rest) do
+        if avail <= 0 then break end
+        alloc[name] = alloc[name] + 1
+        avail = avail - 1
+      end
+      rest = {}
+    end
+    active = rest
+  end
+  return alloc, avail
+end
+
+-- A tenant's part split among its processes, ``parts`` ({id, {use, need, demand}} in id order):
+-- first what it uses in each (moving a tenant's slots between its own processes gains nothing
+-- and idles a slot for a sync), then what it waits for, then its headroom (room a process keeps
+-- for the tenant's next arrival must not idle while the same tenant waits in another); at each
+-- step each its whole step when the rest covers them all, else in proportion (rounded down, the
+-- remainder one unit each in order).
+local function split(alloc, parts, target)
+  local given, rest = {}, alloc
+  for i, _ in ipairs(parts) do given[i] = 0 end
+  for step = 1, 3 do
+    if rest <= 0 then break end
+    local total = 0
+    for i, p in ipairs(parts) do total = total + p[2][step] - given[i] end
+    if total <= rest then
+      for i, p in ipairs(parts) do given[i] = p[2][step] end
+      rest = rest - total
+    else
+      local more = 0
+      for i, p in ipairs(parts) do
+        local share = math.floor((p[2][step] - given[i]) * rest / total)
+        given[i] = given[i] + share
+        more = more + share
+      end
+      rest = rest - more
+      for i, p in ipairs(parts) do
+        if rest > 0 and given[i] < p[2][step] then given[i] = given[i] + 1; rest = rest - 1 end
+      end
+      rest = 0
+    end
+  end
+  for i, p in ipairs(parts) do target[p[1]] = target[p[1]] + given[i] end
+end
+
+-- A tenant entry of a report (``TenantUse.as_json``): name, rank, weight, requests, tokens,
+-- waiting, waiting tokens, tokens of its latest request, the most it had in flight lately. Its
+-- demand in three steps (``split``): what it has in flight; and waiting; and, as headroom, its
+-- recent peak if more (requests that come and go need room again soon) plus one request for its
+-- next arrival.
+local function tenant_demand(state, entry, budget, rank)
+  local kind, own = kind_of(budget)
+  local tok = kind == 'tok' or kind == 'k'
+  local use, want = num(entry[tok and 5 or 4]), num(entry[tok and 7 or 6])
+  if own == nil then  -- what the class can use of its waiting (``usable``), as the process's whole
+    local all, can = state.want[rank], state.usable[rank]
+    local index = tok and 2 or 1
+    if all and can and num(all[index]) > 0 then want = math.floor(want * num(can[index]) / num(all[index])) end
+  end
+  local each = 1
+  if tok then
+    local count = num(entry[4]) + num(entry[6])
+    each = num(entry[8])
+    if each <= 0 and count > 0 then each = math.ceil((num(entry[5]) + num(entry[7])) / count) end
+  end
+  return {use, use + want, math.max(use + want, num(entry[9]) * each) + each}
+end
+
+-- Rule 2's targets, fair across tenants, for a budget of requests or tokens (whole or a class's share).
+local function fair_targets(cap, states, ids, ranks, budget)
+  local kind, own = kind_of(budget)
+  local tok = kind == 'tok' or kind == 'k'
+  local target, avail = {}, cap
+  for _, id in ipairs(ids) do  -- use no tenant accounts for is kept first
+    local state, tracked = states[id], 0
+    for _, entry in ipairs(state.ten or {}) do
+      if own == nil or tostring(entry[2]) == own then tracked = tracked + num(entry[tok and 5 or 4]) end
+    end
+    target[id] = math.max(used(state, budget) - tracked, 0)
+    avail = avail - target[id]
+  end
+  avail = math.max(avail, 0)
+  for _, rank in ipairs(ranks) do
+    if avail <= 0 then break end
+    if own == nil or own == rank then
+      local names, demand, weight, parts = {}, {}, {}, {}
+      local function add(name, id, w, levels)
+        if levels[3] <= 0 then return end
+        if not demand[name] then
+          demand[name], weight[name], parts[name] = 0, w, {}
+          table.insert(names, name)
+        end
+        demand[name] = demand[name] + levels[3]
+        weight[name] = math.max(weight[name], w)
+        table.insert(parts[name], {id, levels})
+      end
+      for _, id in ipairs(ids) do
+        local state = states[id]
+        if state.ten then
+          for _, entry in ipairs(state.ten) do
+            if tostring(entry[2]) == rank then
+              local name = entry[1] ~= '' and entry[1] or ('\0' .. id)
+              add(name, id, math.max(num(entry[3]), 1e-6), tenant_demand(state, entry, budget, rank))
+            end
+          end
+        else
+          local want = wanted(state, budget, rank)
+          add('\0' .. id, id, 1, {0, want, want})
+        end
+      end
+      table.sort(names)
+      local alloc
+      alloc, avail = fill(avail, names, demand, weight)
+      for _, name in ipairs(names) do split(alloc[name], parts[name], target) end
+    end
+  end
+  if avail > 0 then
+    local heirs = {}
+    for _, id in ipairs(ids) do if not states[id].gone then table.insert(heirs, id) end end
+    local each = math.floor(avail / #heirs)
+    local rest = avail - each * #heirs
+    for i, id in ipairs(heirs) do target[id] = target[id] + each + ((i <= rest) and 1 or 0) end
+  end
+  return target
+end
+
 -- What ``me`` holds from now on (rule 1): its target, within what the others may be using, never
--- below its own use.
-local function settle(cap, states, ids, ranks, budget)
-  local target = targets(cap, states, ids, ranks, budget)
+-- below its own use; and the part it is told to enforce: the same, or its target when that is
+-- below its use (its tenants hold more than their share: it starts nothing until below it).
+local function settle(cap, states, ids, ranks, budget, fair)
+  local target
+  if fair and string.sub(budget, 1, 1) ~= 'p' then
+    target = fair_targets(cap, states, ids, ranks, budget)
+  else
+    target = targets(cap, states, ids, ranks, budget)
+  end
   local others = 0
   for _, id in ipairs(ids) do
     if id ~= me then others = others + counted(states[id], budget) end
   end
-  local hold = math.min(target[me], math.max(cap - others, 0))
-  return math.max(hold, used(states[me], budget))
+  local use = used(states[me], budget)
+  local hold = math.max(math.min(target[me], math.max(cap - others, 0)), use)
+  if target[me] < use then return hold, target[me] end
+  return hold, hold
 end
 
 local answer = {live = live, epoch = epoch, tombstones = tombstones, backends = {}}
@@ -201,42 +365,76 @@ for _, entry in ipairs(report) do
     end
   end
   local hold = mine and mine.hold or {req = 0, tok = 0, pf = {}, sh = {}, sk = {}}
-  states[me] = {use = entry.use, want = entry.want, hold = hold, applied = entry.applied}
+  states[me] = {use = entry.use, want = entry.want, hold = hold, applied = entry.applied, ten = entry.ten}
   table.insert(ids, me)
   table.sort(ids)
-  local seen = {}
-  local ranks = {}
+  local seen, ranks, fair = {}, {}, false
+  local function rank_seen(rank)
+    if not seen[rank] then seen[rank] = true; table.insert(ranks, rank) end
+  end
   for _, id in ipairs(ids) do
-    for rank, _ in pairs(states[id].want) do
-      if not seen[rank] then seen[rank] = true; table.insert(ranks, rank) end
-    end
+    for rank, _ in pairs(states[id].want) do rank_seen(rank) end
+    for _, tenant in ipairs(states[id].ten or {}) do rank_seen(tostring(tenant[2])); fair = true end
   end
   table.sort(ranks, function(a, b) return tonumber(a) < tonumber(b) end)
   usable(states, ids, entry.cap)
-  local new = {req = settle(entry.cap.req, states, ids, ranks, 'req'),
-               tok = settle(entry.cap.tok, states, ids, ranks, 'tok'), pf = {}, sh = {}, sk = {}}
+  local new = {pf = {}, sh = {}, sk = {}}
+  local told = {pf = {}, sh = {}, sk = {}}
+  new.req, told.req = settle(entry.cap.req, states, ids, ranks, 'req', fair)
+  new.tok, told.tok = settle(entry.cap.tok, states, ids, ranks, 'tok', fair)
   for rank, bound in pairs(entry.cap.pf) do
-    new.pf[rank] = settle(bound, states, ids, ranks, 'p' .. rank)
+    new.pf[rank], told.pf[rank] = settle(bound, states, ids, ranks, 'p' .. rank, fair)
   end
   for rank, bound in pairs(entry.cap.sh) do
-    new.sh[rank] = settle(bound, states, ids, ranks, 's' .. rank)
+    new.sh[rank], told.sh[rank] = settle(bound, states, ids, ranks, 's' .. rank, fair)
   end
   for rank, bound in pairs(entry.cap.sk) do
-    new.sk[rank] = settle(bound, states, ids, ranks, 'k' .. rank)
+    new.sk[rank], told.sk[rank] = settle(bound, states, ids, ranks, 'k' .. rank, fair)
   end
-  redis.call('HSET', key, me, cjson.encode({use = entry.use, want = entry.want, hold = new, applied = entry.applied}))
+  redis.call('HSET', key, me, cjson.encode({use = entry.use, want = entry.want, hold = new, applied = entry.applied,
+                                            ten = entry.ten}))
   redis.call('PEXPIRE', key, keep_ms)
-  local waiting, prefilling, rate, req, tok = {}, {}, 0, 0, 0
+  local waiting, prefilling, rate, req, tok, tenants = {}, {}, 0, 0, 0, {}
+  local function tenant_waits(rank, name, weight, count)
+    if count <= 0 then return end
+    local by_name = tenants[rank] or {}
+    tenants[rank] = by_name
+    local have = by_name[name] or {weight, 0}
+    by_name[name] = {math.max(have[1], weight), have[2] + count}
+  end
   for _, id in ipairs(ids) do
     if id ~= me then
-      rate = rate + num(states[id].use.rate)
-      req = req + num(states[id].use.req)
-      tok = tok + num(states[id].use.tok)
-      for rank, want in pairs(states[id].want) do waiting[rank] = (waiting[rank] or 0) + num(want[1]) end
-      for rank, count in pairs(states[id].use.pf or {}) do prefilling[rank] = (prefilling[rank] or 0) + num(count) end
+      local state = states[id]
+      rate = rate + num(state.use.rate)
+      req = req + num(state.use.req)
+      tok = tok + num(state.use.tok)
+      for rank, want in pairs(state.want) do
+        waiting[rank] = (waiting[rank] or 0) + num(want[1])
+        if not state.ten then tenant_waits(rank, '', 1, num(want[1])) end
+      end
+      for _, tenant in ipairs(state.ten or {}) do
+        tenant_waits(tostring(tenant[2]), tenant[1], num(tenant[3]), num(tenant[6]))
+      end
+      for rank, count in pairs(state.use.pf or {}) do prefilling[rank] = (prefilling[rank] or 0) + num(count) end
     end
   end
-  answer.backends[entry.name] = {hold = new, waiting = waiting, prefilling = prefilling, rate = rate,
-                                 req = req, tok = tok}
+  local ten = {}
+  for rank, by_name in pairs(tenants) do  -- the busiest tenants waiting elsewhere, the rest summed as ''
+    local list = {}
+    for name, value in pairs(by_name) do table.insert(list, {name, value[1], value[2]}) end
+    table.sort(list, function(a, b) if a[3] ~= b[3] then return a[3] > b[3] end return a[1] < b[1] end)
+    local kept, rest = {}, nil
+    for i, item in ipairs(list) do
+      if i <= tenants_reported and item[1] ~= '' then table.insert(kept, item)
+      else
+        rest = rest or {'', 0, 0}
+        rest[2], rest[3] = rest[2] + item[2], rest[3] + item[3]
+      end
+    end
+    if rest then table.insert(kept, rest) end
+    ten[rank] = kept
+  end
+  answer.backends[entry.name] = {hold = told, waiting = waiting, prefilling = prefilling, rate = rate,
+                                 req = req, tok = tok, ten = ten}
 end
 return cjson.encode(answer)

@@ -15,19 +15,39 @@ shrinks keeps the class's requests already in flight, and the other process's pa
    its last sync and the part it said it enforces (``applied``): a grant takes effect only when
    its answer reaches the process, and the process goes on with its old part meanwhile (it may
    even start requests after its report was written). So that larger value is what the others
-   are told is taken. A process grows only into what no one may be using; it never holds less
-   than it uses (a request in flight is never taken back), so shrinking waits for its requests
-   to end. This is what the ledger once missed: a part shrunk in Redis was given to another
+   are told is taken. A process grows only into what no one may be using; the part stored for
+   it is never less than it uses (a request in flight is never taken back), so shrinking waits
+   for its requests to end; the part it is told to enforce may be less (rule 2), which only
+   stops it starting requests. This is what the ledger once missed: a part shrunk in Redis was given to another
    process while its owner, its answer still on the way, started requests on it (5 on a
    capacity of 4, in 7 of 19 runs of three processes).
-2. **Target**: what each process should hold. Everyone keeps what it uses; the rest is given
-   by class rank, highest class first (a class with a ``max_share`` counts its waiting requests
-   only up to what its share leaves free fleet-wide: demand it could not use is no demand, and
-   would take the headroom an arrival of a higher class elsewhere needs): all of a rank's
-   waiting demand when it fits, else in proportion to each process's demand (rounded down, the
-   remainder one unit each in process order); what is left after every class is split evenly
-   among the live processes, as headroom for new arrivals. The same inputs give every process
-   the same targets, whichever syncs first.
+2. **Target**: what each process should hold, fair across tenants. A process reports, per
+   backend, each of its busiest tenants (``TenantUse``: class rank, weight, requests and tokens
+   in flight and waiting; at most ``TENANTS_REPORTED``, the rest summed into one entry, and
+   tenants served lately with nothing in flight or waiting, so that their next arrival finds
+   room). Use nobody accounts for by tenant (a process that reports none, a tombstone) is kept
+   first. Then, class rank by class rank, highest first, the budget left is split among the
+   tenants **max-min fairly by weight**, fleet-wide (a tenant's demand is what it has in flight
+   and waiting, summed over the processes, plus headroom for its next arrivals: its recent
+   peak in flight where that is more, and one request;
+   a class with a ``max_share`` counts its waiting requests only up to what its share leaves
+   free fleet-wide: demand it could not use is no demand, and would take the headroom an
+   arrival of a higher class elsewhere needs); a tenant's part is split among its processes:
+   first what it uses in each (moving a tenant's slots between its own processes gains nothing
+   and idles each slot for a sync), then what it waits for, then headroom (which must not idle
+   while the same tenant waits elsewhere), each step in proportion when it does not fit
+   (rounded down, the remainder one unit each in order). A
+   process's target is the sum of its tenants' parts; what is left after every class is split
+   evenly among the live processes, as headroom. The same inputs give every process the same
+   targets, whichever syncs first. Before, parts moved by each process's demand: a flood of 16
+   streams on one replica took the capacity a light tenant on another needed (its time to
+   first byte went from 25 ms to 1,047 ms), while one process's fair queue would have served it.
+   A target may be *below* what the process uses (its tenants hold more than their share): the
+   process is told its target and starts nothing until its requests fall below it, while the
+   ledger goes on counting what it uses (rule 1: the part stored is never below the use), so
+   that the slots it frees go, one sync later, to the tenants that wait elsewhere. Paced
+   classes' prefill budgets still move by each process's demand (they are held for one
+   prefill's time).
 3. **Leases, tombstones, drain.** A process that has not synced for ``lease_ttl_s``
    (``fleet.entry_ttl_s``) may be dead, or alive and cut off from Redis. Alive, it goes on
    starting requests within its part for ``fleet.outage_s``, then stops, by its own clock
@@ -48,7 +68,9 @@ shrinks keeps the class's requests already in flight, and the other process's pa
 The answer also says what the others wait for and prefill, by class rank, so that a process
 does not start a class while another process has a higher class waiting for the same backend,
 nor a paced class's prefill while a higher class prefills there (strict class order across
-processes, as stale as one sync interval); and how many requests per second the others send
+processes, as stale as one sync interval); who waits there, by class and tenant (the busiest
+``TENANTS_REPORTED``, the rest summed), so that a process estimates a request's wait in the
+fleet's fair order; and how many requests per second the others send
 there, so that a process estimates how fast its queue drains from the fleet's rate, not its
 own part's (a process with a small part would otherwise refuse as ``deadline_unmeetable`` a
 request that the next slot freed anywhere would serve); and the requests and tokens the others
@@ -63,7 +85,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
@@ -71,7 +93,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from gateway.clock import Clock
-from gateway.fleet.quota import NO_SHARE, Quota, Share
+from gateway.fleet.quota import NO_SHARE, TENANTS_REPORTED, Quota, Share, TenantUse
 
 SYNC = files("gateway.fleet").joinpath("ledger.lua").read_text()
 LEAVE = files("gateway.fleet").joinpath("leave.lua").read_text()
@@ -99,9 +121,11 @@ class BackendReport:
     """Requests per second this process has sent to this backend lately."""
     applied: Quota | None = None
     """The part this process enforces now (None: nothing yet)."""
+    tenants: Sequence[TenantUse] = ()
+    """Its tenants' use and demand (rule 2); none: the process's use is kept, its demand is one tenant's."""
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "cap": {
                 "req": self.max_requests,
@@ -121,6 +145,9 @@ class BackendReport:
             "want": {str(rank): [count, tokens] for rank, (count, tokens) in self.waiting.items() if count},
             "applied": _applied(self.applied),
         }
+        if self.tenants:
+            out["ten"] = [tenant.as_json() for tenant in self.tenants]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +167,9 @@ class Grant:
     others_requests: int = 0
     others_tokens: int = 0
     """Requests and tokens the other processes have in flight on this backend (routing weighs them)."""
+    others_tenants: Mapping[int, Mapping[str, tuple[float, int]]] = field(default_factory=dict)
+    """The other processes' waiting requests by class rank and tenant: (weight, count) (the
+    tenants they reported; '' sums the rest). A wait estimate places a request among them in fair order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +219,7 @@ class FleetLedger:
             orjson.dumps(list(reap)),
             "" if self.clock is None else repr(self.clock.now()),
             os.urandom(8).hex(),  # the epoch of a ledger this sync creates: new each time, never one seen before
+            TENANTS_REPORTED,
         ]
         raw = await self._script(keys=[], args=argv)
         answer = orjson.loads(raw)
@@ -241,7 +272,19 @@ def _grant(entry: dict[str, Any]) -> Grant:
         others_rate=float(entry.get("rate") or 0.0),
         others_requests=int(entry.get("req") or 0),
         others_tokens=int(entry.get("tok") or 0),
+        others_tenants=_tenants(entry.get("ten")),
     )
+
+
+def _tenants(values: Any) -> dict[int, dict[str, tuple[float, int]]]:
+    """rank -> [[tenant, weight, count], ...] (cjson: an empty object may come as ``[]``)."""
+    if not isinstance(values, dict):
+        return {}
+    return {
+        int(rank): {str(name): (float(weight), int(count)) for name, weight, count in entries}
+        for rank, entries in values.items()
+        if isinstance(entries, list)
+    }
 
 
 def _shares(requests: Mapping[int, int], tokens: Mapping[int, int]) -> dict[int, Share]:

@@ -72,7 +72,10 @@ class Router(Protocol):
     * Tenant isolation: what one tenant's requests taught never changes another tenant's decision
       unless both share a cache scope (``isolation.tenant_scope``); tenants of one scope share it.
     * A router that applies the bounded-load rule (``framework.py``) declares it (``LoadBounded``):
-      no backend it chooses then holds more than ``ceil((1 + epsilon) × (L + 1) / n)`` with it.
+      no backend it chooses then holds more than ``ceil((1 + epsilon) × (L + 1) / n)`` with it,
+      by this process's count; with other processes' requests in the figures, ``prefix_affinity``
+      lets the holder of a request's longest match go one over (its continuation slack: one of
+      those may be the turn the request continues, already answered).
     """
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:

@@ -16,6 +16,16 @@ The rule, per request, among the candidates (healthy, serving the model, with ro
    requests is out (``framework.load_bound``), whatever its affinity. The least loaded
    candidate always passes, so a hot prefix spills to the next best backend, which then
    caches it too (hot prefixes replicate instead of queueing behind one engine).
+   Continuation slack: a candidate holding the longest match is let over the bound by one
+   request when its load includes other processes' requests (``others_in_flight``). Those are
+   counted as of their last report (a fleet sync ago), and a request that continues a prompt
+   is sent by its client once the previous turn's answer is read: when another process served
+   that turn, its figure still counts it for up to a sync interval. Without the slack, at low
+   load (``L`` of 1 or 2, where the bound is 2) that ghost alone pushes a conversation off the
+   engine holding its history, and on an engine that keeps only its slots' prompts (llama.cpp
+   with ``--cache-ram 0``) the whole history is computed again elsewhere (issue 28,
+   ``loadtests/results/routing-fleet-running/``). One process alone has no others' part, so its
+   rule is unchanged; at high load one request over ``(1 + epsilon)`` times the average is noise.
 6. The highest total wins; an exact tie (an idle pool, a first request) goes to the
    rendezvous-hash favourite of the tenant's scope, so tenants spread across an idle pool
    and each keeps coming back to the same backend.
@@ -89,7 +99,7 @@ class PrefixAffinityRouter:
         scored = self.profile.run(request, candidates, cycle)
         bound = load_bound(candidates, self.routing.epsilon)
         totals = scored.totals
-        eligible = [i for i, state in enumerate(candidates) if state.fleet_in_flight + 1 <= bound]
+        eligible = [i for i, state in enumerate(candidates) if _within(state, matched, i, bound)]
         top = max(totals[i] for i in eligible)
         tied = [i for i in eligible if totals[i] == top]
         best = tied[0] if len(tied) == 1 else max(tied, key=lambda i: rendezvous(keys.root, candidates[i].name))
@@ -148,11 +158,23 @@ class PrefixAffinityRouter:
         return self._indexes.size(backend)
 
 
+def continuation_slack(state: BackendState, matched: Sequence[int], i: int) -> int:
+    """1 when candidate ``i`` holds the longest match and its load counts other processes'
+    requests (one of them may be the turn this request continues, already answered), else 0."""
+    return 1 if matched[i] > 0 and matched[i] == max(matched) and state.others_in_flight > 0 else 0
+
+
+def _within(state: BackendState, matched: Sequence[int], i: int, bound: int) -> bool:
+    return state.fleet_in_flight + 1 - continuation_slack(state, matched, i) <= bound
+
+
 def _reason(candidates: Sequence[BackendState], matched: Sequence[int], best: int, bound: int) -> str:
     top = max(matched)
     if top == 0:
         return "no_prefix"
     if matched[best] == top:
         return "prefix_match"
-    over = any(m == top and s.fleet_in_flight + 1 > bound for s, m in zip(candidates, matched, strict=True))
+    over = any(
+        m == top and not _within(s, matched, i, bound) for i, (s, m) in enumerate(zip(candidates, matched, strict=True))
+    )
     return "load_bound" if over else "load_over_prefix"

@@ -1,4 +1,4 @@
-"""``inference-gateway sim``: start N simulated engines on ports P..P+N-1 in one process."""
+"""``inference-gateway sim``: start N simulated engines on ports P..P+N-1 (or the ``--ports`` listed) in one process."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import uvloop
 
 from loadtests.sim.faults import Fault, FaultMode
+from loadtests.sim.kvcache import CacheScope
 from loadtests.sim.profiles import ProfileKind, get_profile, profile_names
 from loadtests.sim.serve import serve_engines
 
@@ -19,7 +20,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``sim`` sub-command."""
     parser = subparsers.add_parser("sim", help="run simulated vLLM engines", description=__doc__)
     parser.add_argument("--profile", required=True, choices=profile_names())
-    parser.add_argument("--port", type=int, required=True, help="port of the first engine")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int, help="port of the first engine (the others follow it)")
+    where.add_argument(
+        "--ports", type=_ports, help="one port per engine, comma-separated (instead of --port and --count)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--count", type=int, default=1, help="number of engines (consecutive ports)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every simulated duration by K")
@@ -31,6 +36,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=float,
         default=None,
         help="vLLM's --gpu-memory-utilization, which sizes the KV cache (default: the profile's, 0.9)",
+    )
+    parser.add_argument(
+        "--cache-scope",
+        choices=[s.value for s in CacheScope],
+        default=None,
+        help="what the prefix cache holds: pool (vLLM's block pool, the default), slots (llama.cpp's server "
+        "with --cache-ram 0: each slot keeps its last prompt until reused), running (a sequence's prefix "
+        "is gone when it ends); see loadtests/sim/kvcache.py",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="running sequences per engine (vLLM's --max-num-seqs; llama.cpp's --parallel slots)",
     )
     faults = parser.add_argument_group(
         "fault injection", "as POST /admin/fault on each engine; see loadtests/sim/faults.py"
@@ -51,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if args.count < 1 or args.time_scale <= 0:
         raise SystemExit("--count must be >= 1 and --time-scale > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    ports = [args.port + i for i in range(args.count)]
+    if args.ports is not None:
+        args.count = len(args.ports)
+    ports = args.ports or [args.port + i for i in range(args.count)]
     faults = _faults(args)
     main = serve_engines(
         args.profile,
@@ -63,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         itl_ms=args.itl_ms,
         faults=faults,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        cache_scope=args.cache_scope,
+        max_num_seqs=args.max_num_seqs,
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, contextlib.suppress(KeyboardInterrupt):
         runner.run(main)
@@ -79,3 +102,13 @@ def _faults(args: argparse.Namespace) -> dict[int, Fault]:
     if fault.needs_engine and get_profile(args.profile).kind is ProfileKind.INSTANT:
         raise SystemExit(f"--fault {fault.mode.value} needs an engine; the {args.profile} profile has none")
     return {} if fault.mode is FaultMode.NONE else dict.fromkeys(indices, fault)
+
+
+def _ports(text: str) -> list[int]:
+    try:
+        ports = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ports: {text!r}") from None
+    if not ports or any(not 0 < p < 65536 for p in ports):
+        raise argparse.ArgumentTypeError(f"ports must be between 1 and 65535: {text!r}")
+    return ports

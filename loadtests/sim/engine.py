@@ -26,7 +26,7 @@ from typing import Protocol
 
 from loadtests.sim.clock import Clock, MonotonicClock
 from loadtests.sim.costmodel import RooflineCostModel
-from loadtests.sim.kvcache import KVCache, chain_hashes, salt_root
+from loadtests.sim.kvcache import CacheScope, KVCache, SlotTable, chain_hashes, salt_root
 from loadtests.sim.metrics import EngineMetrics
 from loadtests.sim.profiles import BLOCK_SIZE, Profile
 from loadtests.sim.scheduler import Scheduler, Sequence
@@ -154,8 +154,19 @@ class BatchingEngine(_EngineBase):
             profile, model_name=model_name, index=index, time_scale=time_scale, clock=clock or MonotonicClock()
         )
         self.cost = RooflineCostModel(profile)
+        slots = None
+        if profile.cache_scope is not CacheScope.POOL:
+            slots = SlotTable(
+                profile.max_num_seqs,
+                BLOCK_SIZE,
+                similarity=profile.slot_similarity,
+                keep_idle=profile.cache_scope is CacheScope.SLOTS,
+            )
         self.scheduler = Scheduler(
-            self.kv, max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens
+            self.kv,
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+            slots=slots,
         )
         self._by_stream: dict[TokenStream, Sequence] = {}
         self.steps = 0

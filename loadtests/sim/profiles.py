@@ -19,6 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from loadtests.sim.kvcache import CacheScope
+
 BLOCK_SIZE = 16  # tokens per KV block, vLLM's default on CUDA
 SIM_MODEL_NAME = "sim-model"  # default served name of the `fixed` and `instant` profiles
 
@@ -80,6 +82,8 @@ class Profile:
     default_max_tokens: int = 128
     ttft_s: float = 0.05  # FIXED only
     itl_s: float = 0.01  # FIXED only
+    cache_scope: CacheScope = CacheScope.POOL  # ROOFLINE only: vLLM's block pool, or llama.cpp's slots
+    slot_similarity: float = 0.1  # llama.cpp's --slot-prompt-similarity (slot scopes only)
 
     @property
     def kv_cache_bytes(self) -> float:
@@ -196,8 +200,15 @@ def get_profile(
     ttft_ms: float | None = None,
     itl_ms: float | None = None,
     gpu_memory_utilization: float | None = None,
+    cache_scope: CacheScope | str | None = None,
+    max_num_seqs: int | None = None,
 ) -> Profile:
     """Look a profile up by name; `ttft_ms`/`itl_ms` override the `fixed` profile's delays.
+
+    `cache_scope` chooses what the prefix cache holds (``kvcache.CacheScope``: ``slots`` is a
+    llama.cpp server with ``--cache-ram 0``) and `max_num_seqs` the running sequences (vLLM's
+    ``--max-num-seqs``, llama.cpp's ``--parallel`` slots); only engines that batch (ROOFLINE)
+    model slots.
 
     `gpu_memory_utilization` overrides vLLM's ``--gpu-memory-utilization`` and so the KV cache
     size: a GPU shared with another process, or a benchmark that must fill the cache in a
@@ -215,4 +226,13 @@ def get_profile(
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         profile = replace(profile, gpu_memory_utilization=gpu_memory_utilization)
+    if max_num_seqs is not None:
+        if max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        profile = replace(profile, max_num_seqs=max_num_seqs)
+    if cache_scope is not None:
+        scope = CacheScope(cache_scope)
+        if scope is not CacheScope.POOL and profile.kind is not ProfileKind.ROOFLINE:
+            raise ValueError(f"cache scope {scope.value!r} needs a batching (roofline) profile, not {name!r}")
+        profile = replace(profile, cache_scope=scope)
     return profile

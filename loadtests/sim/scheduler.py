@@ -17,6 +17,11 @@ that many tokens: it leaves the running list but keeps its blocks and its seat a
 
 `complete()` applies a finished step: it advances the computed tokens, publishes full blocks to
 the prefix cache and samples one token for every sequence whose tokens are all computed.
+
+With a ``SlotTable`` (llama.cpp's slots, ``kvcache.CacheScope``) the block pool still holds the
+running sequences' KV, but no block is ever published to its hash index: a new sequence takes
+a slot (``max_num_seqs`` of them) and reuses only that slot's common prefix with its prompt; the
+slot keeps the sequence's computed tokens when it leaves (finished, aborted or preempted).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadtests.sim.costmodel import StepShape
-from loadtests.sim.kvcache import KVCache, chain_hashes, salt_root
+from loadtests.sim.kvcache import KVCache, SlotTable, chain_hashes, salt_root
 from loadtests.sim.tokenizer import output_token_id
 
 
@@ -59,6 +64,7 @@ class Sequence:
     num_committed: int = 0  # blocks published to the prefix cache
     user: object = None  # the engine's per-request handle
     stall_at: int | None = None  # injected stall: park once this many tokens are out
+    slot: int = -1  # the slot it runs in (slot-scoped caches only)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -81,8 +87,11 @@ TokenCallback = Callable[[Sequence], None]
 class Scheduler:
     """Owns the waiting heap and the running list; see the module docstring for the policy."""
 
-    def __init__(self, kv: KVCache, *, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, kv: KVCache, *, max_num_seqs: int, max_num_batched_tokens: int, slots: SlotTable | None = None
+    ) -> None:
         self.kv = kv
+        self.slots = slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.running: list[Sequence] = []
@@ -181,8 +190,17 @@ class Scheduler:
 
     def _finish(self, seq: Sequence) -> None:
         seq.status = Status.FINISHED
+        self._leave_slot(seq)
         self.kv.release(seq.blocks)
         seq.blocks = []
+
+    def _leave_slot(self, seq: Sequence) -> None:
+        if self.slots is None or seq.slot < 0:
+            return
+        computed = seq.num_computed
+        self._extend_hashes(seq, computed // self.kv.block_size)
+        self.slots.release(seq.slot, salt_root(seq.cache_salt), seq.token_ids[:computed], seq.block_hashes)
+        seq.slot = -1
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.kv.block_size)
@@ -205,6 +223,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._leave_slot(seq)
         self.kv.release(seq.blocks)
         seq.blocks = []
         seq.num_computed = 0
@@ -219,6 +238,8 @@ class Scheduler:
         seq = self._waiting[0][2]
         bs = self.kv.block_size
         self._extend_hashes(seq, len(seq.token_ids) // bs)
+        if self.slots is not None:
+            return self._admit_to_slot(seq, budget)
         max_hit_blocks = (len(seq.token_ids) - 1) // bs  # always compute at least one token
         cached_blocks = self.kv.lookup(seq.block_hashes[:max_hit_blocks])
         cached = len(cached_blocks) * bs
@@ -228,16 +249,35 @@ class Scheduler:
         if fresh is None:
             self.kv.release(cached_blocks)
             return None
+        self._start(seq, cached_blocks + fresh, cached, len(cached_blocks))
+        return seq, n, cached
+
+    def _admit_to_slot(self, seq: Sequence, budget: int) -> tuple[Sequence, int, int] | None:
+        """Seat ``seq`` in the slot ``SlotTable`` chooses; its blocks are all fresh (nothing is shared)."""
+        assert self.slots is not None
+        salt = salt_root(seq.cache_salt)
+        slot, lcp = self.slots.best(salt, seq.token_ids, seq.block_hashes)
+        cached = min(lcp, len(seq.token_ids) - 1)
+        n = min(len(seq.token_ids) - cached, budget)
+        if slot < 0:
+            return None
+        blocks = self.kv.allocate(self._blocks_for(cached + n))
+        if blocks is None:
+            return None
+        seq.slot, _ = self.slots.take(salt, seq.token_ids, seq.block_hashes)
+        self._start(seq, blocks, cached, cached // self.kv.block_size)
+        return seq, n, cached
+
+    def _start(self, seq: Sequence, blocks: list[int], cached: int, committed: int) -> None:
         heapq.heappop(self._waiting)
         self._num_waiting -= 1
-        seq.blocks = cached_blocks + fresh
+        seq.blocks = blocks
         seq.num_computed = cached
-        seq.num_committed = len(cached_blocks)
+        seq.num_committed = committed
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = cached
         seq.status = Status.RUNNING
         self._insert_running(seq)
-        return seq, n, cached
 
     def _insert_running(self, seq: Sequence) -> None:
         key = (seq.priority, seq.arrival)
@@ -254,6 +294,9 @@ class Scheduler:
             seq.block_hashes.extend(chain_hashes(parent, seq.token_ids, have, full_blocks, bs))
 
     def _commit(self, seq: Sequence, full: int) -> None:
+        if self.slots is not None:  # a slot's tokens are its own: nothing goes to a shared index
+            seq.num_committed = full
+            return
         self._extend_hashes(seq, full)
         for i in range(seq.num_committed, min(full, len(seq.blocks))):
             self.kv.commit(seq.blocks[i], seq.block_hashes[i])

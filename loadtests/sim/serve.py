@@ -43,6 +43,8 @@ async def serve_engines(
     itl_ms: float | None = None,
     faults: Mapping[int, Fault] | None = None,
     gpu_memory_utilization: float | None = None,
+    cache_scope: str | None = None,
+    max_num_seqs: int | None = None,
 ) -> None:
     """Serve one engine per port in the running loop until cancelled (or signalled).
 
@@ -57,6 +59,8 @@ async def serve_engines(
             itl_ms=itl_ms,
             index=i,
             gpu_memory_utilization=gpu_memory_utilization,
+            cache_scope=cache_scope,
+            max_num_seqs=max_num_seqs,
         )
         for i in range(len(ports))
     ]

@@ -74,6 +74,7 @@ from loadtests.sim.responses import (
     final_response,
     parse_responses_request,
 )
+from loadtests.sim.scheduler import Scheduler
 from loadtests.sim.stream import FinishReason, TokenStream
 from loadtests.sim.tokenizer import embed, output_text
 
@@ -208,11 +209,16 @@ class EngineApp:
         endpoint = Endpoint.CHAT if b'"messages"' in body else Endpoint.COMPLETION
         req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=1)
         kv = getattr(self.engine, "kv", None)
+        scheduler = getattr(self.engine, "scheduler", None)
+        slots = scheduler.slots if isinstance(scheduler, Scheduler) else None
         cached = 0
         if isinstance(kv, KVCache):
             bs = kv.block_size
             hashes = chain_hashes(salt_root(req.cache_salt), req.token_ids, 0, (len(req.token_ids) - 1) // bs, bs)
-            cached = len(kv.lookup(hashes)) * bs
+            if slots is None:
+                cached = len(kv.lookup(hashes)) * bs
+            else:
+                cached = min(slots.best(salt_root(req.cache_salt), req.token_ids, hashes)[1], len(req.token_ids) - 1)
         return orjson.dumps({"prompt_tokens": len(req.token_ids), "cached_tokens": cached})
 
     async def _admin_fault(self, method: str, receive: Receive, send: Send) -> None:
@@ -511,11 +517,20 @@ def build_engine_app(
     index: int = 0,
     clock: Clock | None = None,
     gpu_memory_utilization: float | None = None,
+    cache_scope: str | None = None,
+    max_num_seqs: int | None = None,
 ) -> EngineApp:
     """One engine's ASGI app; its step loop runs between lifespan startup and shutdown."""
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
-    spec = get_profile(profile, ttft_ms=ttft_ms, itl_ms=itl_ms, gpu_memory_utilization=gpu_memory_utilization)
+    spec = get_profile(
+        profile,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
+        gpu_memory_utilization=gpu_memory_utilization,
+        cache_scope=cache_scope,
+        max_num_seqs=max_num_seqs,
+    )
     return EngineApp(spec, model=model or spec.model.name, index=index, time_scale=time_scale, clock=clock)
 
 

@@ -3,20 +3,21 @@
 Each test plays several processes (``FleetLedger``s with their own ids) under a key prefix of
 its own. The rule is in ``gateway/fleet/ledger.py``: what every process may be using never sums
 past the capacity (its part as granted or as it still applies it), a process never holds less
-than it uses, higher classes' demand is served first, and a process that stops syncing keeps
+than it uses, higher classes' demand is served first, each rank's capacity is shared max-min fairly across
+the tenants the processes report (by weight), and a process that stops syncing keeps
 what it may still use until its drain ends, unless it is known dead or leaves.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.fleet.ledger import BackendReport, FleetLedger, Grant
-from gateway.fleet.quota import Quota, Share
+from gateway.fleet.quota import Quota, Share, TenantUse
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
 
@@ -43,6 +44,7 @@ def report(
     batch_requests: int = 0,
     rate: float = 0.0,
     applied: Quota | None = None,
+    tenants: Sequence[TenantUse] = (),
 ) -> list[BackendReport]:
     """One backend ``b`` with 10 requests, 1,000 tokens, 2 batch prefills and a batch share of half.
 
@@ -61,6 +63,7 @@ def report(
             waiting=waiting or {},
             rate=rate,
             applied=applied,
+            tenants=tenants,
         )
     ]
 
@@ -270,3 +273,68 @@ async def test_a_ledger_that_lost_its_keys_has_a_new_epoch(processes: list[Fleet
     assert first.epoch == (await processes[1].sync(report())).epoch
     drop_keys(REDIS_URL, processes[0].key_prefix)
     assert (await processes[0].sync(report())).epoch != first.epoch
+
+
+def flood(tenant: str, requests: int, waiting: int, weight: float = 1.0) -> TenantUse:
+    """A tenant at the interactive rank: ``requests`` in flight, ``waiting`` queued (10 tokens each)."""
+    return TenantUse(tenant, 0, weight, requests, requests * 10, waiting, waiting * 10, 10)
+
+
+async def test_a_light_tenant_on_another_process_gets_its_fair_part_of_a_flooded_backend(
+    processes: list[FleetLedger],
+) -> None:
+    """The issue's flood: one tenant holds every slot on one process and queues more; a tenant
+    served lately on another process is idle now. The flooding process is told to hold one slot
+    less than it uses (it starts nothing until one of its requests ends); the ledger counts what
+    it uses until it says so; then the slot is the light tenant's process's, for its next arrival."""
+    heavy, light = processes[0], processes[1]
+    await grant(heavy, requests=REQUESTS, waiting={0: (12, 120)}, tenants=[flood("heavy", REQUESTS, 12)])
+    idle = [TenantUse("light", 0, 1.0, next_tokens=10)]
+    assert (await grant(light, tenants=idle)).requests == 0, "all ten are in use"
+    full = Quota(REQUESTS, TOKENS)
+    told = await grant(heavy, requests=REQUESTS, waiting={0: (12, 120)}, applied=full, tenants=[flood("heavy", 10, 12)])
+    assert told.requests == REQUESTS - 1, "the flooding tenant's share: all but the light tenant's one"
+    assert (await grant(light, tenants=idle)).requests == 0, "the flooding process still uses ten"
+    applied = Quota(told.requests, told.tokens)
+    again = await grant(heavy, requests=9, waiting={0: (13, 130)}, applied=applied, tenants=[flood("heavy", 9, 13)])
+    assert again.requests == REQUESTS - 1
+    seen = await grant(light, tenants=idle)
+    assert seen.requests == 1, "the slot the flood gave back is the light tenant's headroom"
+    assert seen.others_tenants == {0: {"heavy": (1.0, 13)}}, "who waits elsewhere, by tenant"
+
+
+async def test_flooding_tenants_on_two_processes_share_a_backend_by_weight(processes: list[FleetLedger]) -> None:
+    gold, bronze = processes[0], processes[1]
+    await grant(gold, waiting={0: (20, 200)}, tenants=[flood("gold", 0, 20, weight=2.0)])
+    await grant(bronze, waiting={0: (20, 200)}, tenants=[flood("bronze", 0, 20)])
+    assert (await grant(gold, waiting={0: (20, 200)}, tenants=[flood("gold", 0, 20, weight=2.0)])).requests == 7
+    assert (await grant(bronze, waiting={0: (20, 200)}, tenants=[flood("bronze", 0, 20)])).requests == 3
+
+
+async def test_a_tenant_on_two_processes_has_one_share_split_between_them(processes: list[FleetLedger]) -> None:
+    """Fairness is per tenant, fleet-wide: a tenant that floods through two replicas gets no more than one
+    that floods through one."""
+    first, second, third = processes
+    for _ in range(2):
+        parts = [
+            await grant(first, waiting={0: (20, 200)}, tenants=[flood("spread", 0, 20)]),
+            await grant(second, waiting={0: (20, 200)}, tenants=[flood("spread", 0, 20)]),
+            await grant(third, waiting={0: (20, 200)}, tenants=[flood("single", 0, 20)]),
+        ]
+    assert [p.requests for p in parts] == [3, 2, 5] or [p.requests for p in parts] == [2, 3, 5]
+
+
+async def test_a_tenants_headroom_never_idles_while_the_same_tenant_waits_in_another_process(
+    processes: list[FleetLedger],
+) -> None:
+    """Headroom (a tenant's recent peak, one request more) is kept for a tenant's next arrivals
+    against other tenants; within one tenant, what it waits for anywhere goes first."""
+    first, second = processes[0], processes[1]
+    busy = [TenantUse("a", 0, 1.0, waiting=8, waiting_tokens=80, next_tokens=10)]
+    calm = [TenantUse("a", 0, 1.0, waiting=2, waiting_tokens=20, next_tokens=10, peak=5)]
+    for _ in range(2):
+        parts = [
+            await grant(first, waiting={0: (8, 80)}, tenants=busy),
+            await grant(second, waiting={0: (2, 20)}, tenants=calm),
+        ]
+    assert [p.requests for p in parts] == [8, 2]

@@ -7,7 +7,9 @@ real room rule (``gateway/capacity.py``). Time is a ``FakeClock`` that both the 
 and the processes read. A sync is three steps that other steps may come between: the report is
 written (``begin_sync``), the script runs in Redis (``run_sync``, or fails: the process is cut
 off, or Redis is down), its answer is applied (``apply_sync``) or lost to a timeout
-(``lose_answer``). Meanwhile processes start requests when the room rule lets them, end them,
+(``lose_answer``). Meanwhile processes start requests of three tenants (weights 1, 2, 1; each process reports
+its tenants' use and demand, so the ledger shares by tenant: its targets may fall below what a
+process uses) when the room rule lets them, end them,
 join, die (their requests die with them, and a neighbour on the host sees them gone), lose and
 regain Redis, and time passes; a request still running at its deadline is cut, as the gateway
 cuts it. After every step: the requests, tokens and batch requests in flight, summed over the
@@ -32,6 +34,7 @@ from gateway.backends import BackendPool, BackendState
 from gateway.capacity import has_room
 from gateway.fleet.coordinator import FleetCoordinator
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
+from gateway.fleet.quota import TenantUse
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.telemetry import Metrics
@@ -64,21 +67,42 @@ POLICY = build_policy(
 )
 
 
+WEIGHTS = {"a": 1.0, "b": 2.0, "c": 1.0}
+
+
 class Queue:
     """A process's queue for the backend: requests that found no room, waiting for a part.
 
-    What the coordinator reads of the dispatcher (``Demand``): what waits, by class rank."""
+    What the coordinator reads of the dispatcher (``Demand``): what waits, by class rank, and
+    each tenant's use and demand."""
 
     def __init__(self) -> None:
-        self.waiting_requests: list[tuple[int, int]] = []
-        """(tokens, class rank) of each waiting request, in arrival order."""
+        self.waiting_requests: list[tuple[int, int, str]] = []
+        """(tokens, class rank, tenant) of each waiting request, in arrival order."""
+        self.running: list[tuple[float, int, int, str]] = []
+        """The process's requests in flight (``Process.requests``)."""
 
     def waiting(self) -> dict[str, dict[int, tuple[int, int]]]:
         by_rank: dict[int, tuple[int, int]] = {}
-        for tokens, rank in self.waiting_requests:
+        for tokens, rank, _ in self.waiting_requests:
             count, total = by_rank.get(rank, (0, 0))
             by_rank[rank] = (count + 1, total + tokens)
         return {"b": by_rank}
+
+    def tenants(self) -> dict[str, list[TenantUse]]:
+        rows: dict[tuple[int, str], list[int]] = {}
+        for _, tokens, rank, tenant in self.running:
+            row = rows.setdefault((rank, tenant), [0, 0, 0, 0])
+            row[0] += 1
+            row[1] += tokens
+        for tokens, rank, tenant in self.waiting_requests:
+            row = rows.setdefault((rank, tenant), [0, 0, 0, 0])
+            row[2] += 1
+            row[3] += tokens
+        return {"b": [TenantUse(t, rank, WEIGHTS[t], r[0], r[1], r[2], r[3]) for (rank, t), r in rows.items()]}
+
+    def heard(self, backend: str, others: object) -> None:
+        pass
 
     def hand_out_all(self) -> None:
         pass  # the machine hands out itself (``FleetMachine._hand_out``), where it can check each start
@@ -94,8 +118,9 @@ class Process:
     cut: bool = False
     written: tuple[list[BackendReport], float] | None = None
     answered: tuple[Sync, float] | None = None
-    requests: list[tuple[float, int, int]] = field(default_factory=list)
-    """Each request in flight: when it started, its tokens, its class rank."""
+    requests: list[tuple[float, int, int, str]] = field(default_factory=list)
+    """Each request in flight: when it started, its tokens, its class rank, its tenant (the same list as
+    ``demand.running``)."""
 
 
 class FleetMachine(RuleBasedStateMachine):
@@ -130,7 +155,9 @@ class FleetMachine(RuleBasedStateMachine):
         coordinator.adopt(self.snapshot)
         state = pool.named("b")
         assert state is not None
-        self.processes.append(Process(name, coordinator, state, demand))
+        process = Process(name, coordinator, state, demand)
+        process.requests = demand.running
+        self.processes.append(process)
 
     def _live(self) -> list[Process]:
         return [p for p in self.processes if p.alive]
@@ -170,12 +197,18 @@ class FleetMachine(RuleBasedStateMachine):
 
     # --- requests -------------------------------------------------------------------------
 
-    @rule(index=st.integers(0, 4), batch=st.booleans(), count=st.integers(1, 4), tokens=st.integers(10, 150))
-    def arrive(self, index: int, batch: bool, count: int, tokens: int) -> None:
+    @rule(
+        index=st.integers(0, 4),
+        batch=st.booleans(),
+        count=st.integers(1, 4),
+        tokens=st.integers(10, 150),
+        tenant=st.sampled_from(sorted(WEIGHTS)),
+    )
+    def arrive(self, index: int, batch: bool, count: int, tokens: int, tenant: str = "a") -> None:
         """Requests arrive at a process: each starts if the room rule lets it, else waits."""
         process = self._pick(index)
         rank = 1 if batch else 0
-        process.demand.waiting_requests += [(tokens, rank)] * count
+        process.demand.waiting_requests += [(tokens, rank, tenant)] * count
         self._hand_out(process)
 
     @rule(index=st.integers(0, 4), which=st.integers(0, 20))
@@ -193,16 +226,16 @@ class FleetMachine(RuleBasedStateMachine):
     def _hand_out(self, process: Process) -> None:
         """Start waiting requests in class order while the room rule lets them (the dispatcher's hand-out)."""
         fresh_s = self.snapshot.policy.scrape.fresh_s
-        for tokens, rank in sorted(process.demand.waiting_requests, key=lambda item: item[1]):
+        for tokens, rank, tenant in sorted(process.demand.waiting_requests, key=lambda item: item[1]):
             priority_class = self.snapshot.priority_class("batch" if rank else "interactive")
             if has_room(process.state, priority_class, tokens, self.clock.now(), fresh_s):
                 process.state.reserve(rank, tokens)
-                process.requests.append((self.clock.now(), tokens, rank))
-                process.demand.waiting_requests.remove((tokens, rank))
+                process.requests.append((self.clock.now(), tokens, rank, tenant))
+                process.demand.waiting_requests.remove((tokens, rank, tenant))
 
-    def _end(self, process: Process, request: tuple[float, int, int]) -> None:
+    def _end(self, process: Process, request: tuple[float, int, int, str]) -> None:
         process.requests.remove(request)
-        _, tokens, rank = request
+        _, tokens, rank, _ = request
         process.state.unreserve(rank, tokens, prefilling=True)
 
     # --- syncs ----------------------------------------------------------------------------
@@ -286,6 +319,9 @@ class FleetMachine(RuleBasedStateMachine):
             answer, sent = process.answered
             process.answered = None
             process.coordinator.apply(answer, sent)
+            quota = process.state.quota
+            if quota is not None and process.state.in_flight > quota.requests and currently_in_test_context():
+                event("a part told below what the process uses (its tenants over their share)")
             self._hand_out(process)
 
     # --- the invariant --------------------------------------------------------------------
