@@ -1,7 +1,8 @@
 """Per-tenant admission: the request's priority class, then its rate limits.
 
 Limits are checked in the order that wastes least: concurrency slot, requests per minute,
-tokens per minute, all in one atomic store call (``LimitStore.admit``: one Redis script). Each
+tokens per minute, all in one atomic store call (``LimitStore.admit``: with Redis, spent from
+this process's lease of the tenant's budget, ``gateway/limitstore/lease.py``). Each
 rate is a token bucket refilled continuously (capacity = the per-minute limit, refill = limit
 / 60 per second), so a tenant can burst up to its minute's allowance and then proceeds at its
 rate.
@@ -26,8 +27,8 @@ slot, ``precheck`` refuses that tenant's next requests before their body is read
 is asked, until this process releases a slot of that tenant or ``SLOT_REFUSAL_MEMORY_S``
 passes (a slot freed on another replica is seen that late at most). So a tenant hammering
 at its concurrency limit costs each process a header parse per request and the store at most
-one call per tenant every ``SLOT_REFUSAL_MEMORY_S``, instead of a body read and a Redis round
-trip each. Charging the refusal to rpm instead was rejected: a client that fills its slots and
+one call per tenant every ``SLOT_REFUSAL_MEMORY_S``, instead of a body read and a store call
+each. Charging the refusal to rpm instead was rejected: a client that fills its slots and
 honours ``Retry-After`` (a batch job) would spend its rate limit for doing nothing wrong,
 while the memory already makes a hammering client's refusals nearly free.
 

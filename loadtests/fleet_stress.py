@@ -13,10 +13,12 @@ batch (rank 1, ``max_share`` 0.5, queue wait 60 s); two tenants, one of each cla
 ``least_load``; ``state.backend: redis`` under a key prefix of its own, through a TCP proxy that
 delays every reply of Redis by 0, 5 or 30 ms. Three gateway processes: ``serve --workers 2`` and
 a second ``serve``, all pinned to core 1 (the engine, Redis's proxy and the clients on core 0),
-with or without a CPU hog pinned to core 1 beside them. Each run starts every process afresh,
-then, as soon as both gateways answer ``/readyz`` or 8 s later, sends 12 C chat requests at once
-(``max_tokens`` 300, tenants alternating, spread over the three processes: two thirds to the
-workers' port), and waits for every answer.
+with or without a CPU hog pinned to core 1 beside them. A cell "at once" starts every process
+afresh for each run and sends, as soon as both gateways answer ``/readyz``, 12 C chat requests
+at once (``max_tokens`` 300, tenants alternating, spread over the three processes: two thirds to
+the workers' port), and waits for every answer. A cell "after 8 s" starts its processes once
+and sends each burst 8 s after the gateways were ready or the previous burst ended (the settled
+fleet; the start-up race is the "at once" cells' part).
 
 Per run: the most requests the engine ever held (``sim:requests_held_max``, counted by the
 engine at every submission: exact) and the most it was seen running (``vllm:num_requests_running``
@@ -195,9 +197,12 @@ async def loaded(apis: list[str], engine: str, run: Run, args: argparse.Namespac
     await sampler
 
 
-def one_run(cell: Cell, processes: int, args: argparse.Namespace) -> Run:
-    run = Run(processes)
-    started = time.monotonic()
+@contextmanager
+def setup(cell: Cell, processes: int, args: argparse.Namespace) -> Iterator[tuple[str, list[str], list[str]]]:
+    """One engine, Redis behind its delaying proxy, the hog if the cell has one, and the gateway
+    processes, started together (the engine is always this tree's simulator: it counts what it
+    held; a gateway is ready once it has seen the engine healthy) and stopped together: the
+    engine's URL, the API URLs and the operator URLs."""
     engine_port = free_port()
     engine = f"http://127.0.0.1:{engine_port}"
     with ExitStack() as stack:
@@ -207,22 +212,78 @@ def one_run(cell: Cell, processes: int, args: argparse.Namespace) -> Run:
         path = stack.enter_context(policy_file(policy(engine, cell.capacity, proxy.url, prefix)))
         stack.enter_context(hogging(cell.hog))
         gateways, apis, admins = fleet(path, processes, args.gateway_pythonpath)
-        # The engine (always this tree's simulator: it counts what it held) and the gateways start
-        # together (a gateway is ready once it has seen the engine healthy), and stop together.
         engine_spec = ([*sim, "--time-scale", str(args.time_scale)], engine + "/health", None)
         stack.enter_context(all_running([engine_spec, *gateways]))
-        if cell.start_after_s:
-            time.sleep(cell.start_after_s)
-        asyncio.run(loaded(apis, engine, run, args, 12 * cell.capacity))
-        samples = metrics(engine)
-        run.held_max = metric_sum(samples, "sim:requests_held_max")
-        run.batch_max = metric_sum(samples, "sim:requests_held_max_by_priority", priority="1")
-        for admin in admins:
-            gateway = metrics(admin)
-            run.sync_failures += metric_sum(gateway, "gateway_fleet_syncs_total", result="failed")
-            run.fallbacks += metric_sum(gateway, "gateway_redis_fallback_operations_total")
+        yield engine, apis, admins
+
+
+def measured(run: Run, engine: str, apis: list[str], admins: list[str], args: argparse.Namespace, count: int) -> Run:
+    """One burst of ``count`` requests on a running setup; the engine's peaks are since it
+    started, the gateways' counters are this burst's (the difference across it)."""
+    started = time.monotonic()
+    before = [_counters(admin) for admin in admins]
+    asyncio.run(loaded(apis, engine, run, args, count))
+    samples = metrics(engine)
+    run.held_max = metric_sum(samples, "sim:requests_held_max")
+    run.batch_max = metric_sum(samples, "sim:requests_held_max_by_priority", priority="1")
+    for admin, (failures, fallbacks) in zip(admins, before, strict=True):
+        now_failures, now_fallbacks = _counters(admin)
+        run.sync_failures += now_failures - failures
+        run.fallbacks += now_fallbacks - fallbacks
     run.seconds = time.monotonic() - started
     return run
+
+
+def _counters(admin: str) -> tuple[float, float]:
+    gateway = metrics(admin)
+    return (
+        metric_sum(gateway, "gateway_fleet_syncs_total", result="failed"),
+        metric_sum(gateway, "gateway_redis_fallback_operations_total"),
+    )
+
+
+def one_run(cell: Cell, processes: int, args: argparse.Namespace) -> Run:
+    """A cold run: every process started afresh, the burst as soon as all are ready."""
+    with setup(cell, processes, args) as (engine, apis, admins):
+        return measured(Run(processes), engine, apis, admins, args, 12 * cell.capacity)
+
+
+def warm_runs(cell: Cell, args: argparse.Namespace) -> tuple[list[Run], list[Run]]:
+    """The runs of a cell whose bursts start ``start_after_s`` after the gateways are ready: one
+    fleet and one process alone, each started once for the cell (both idle while the other's
+    burst runs); every burst, alternately on the fleet and (every few) on the process alone,
+    starts ``start_after_s`` after the previous one has ended, when the fleet is settled. The
+    engine counts its peak since it started: a run's peak is the cell's so far, so the first
+    run over capacity, if any, marks every later one."""
+    fleet_runs: list[Run] = []
+    alone: list[Run] = []
+    every = max(1, args.runs // max(1, args.baseline_runs))
+    count = 12 * cell.capacity
+    with setup(cell, 3, args) as three, setup(cell, 1, args) as one:
+        for index in range(args.runs):
+            time.sleep(cell.start_after_s)
+            fleet_runs.append(measured(Run(3), *three, args, count))
+            if index % every == every - 1 and len(alone) < args.baseline_runs:
+                time.sleep(cell.start_after_s)
+                alone.append(measured(Run(1), *one, args, count))
+        while len(alone) < args.baseline_runs:
+            time.sleep(cell.start_after_s)
+            alone.append(measured(Run(1), *one, args, count))
+    return fleet_runs, alone
+
+
+def cold_runs(cell: Cell, args: argparse.Namespace) -> tuple[list[Run], list[Run]]:
+    """A cell's runs started at once: every run from a cold start (the start-up race is the
+    point), one process's runs interleaved with the fleet's (the same conditions, as near as can be)."""
+    fleet_runs: list[Run] = []
+    alone: list[Run] = []
+    every = max(1, args.runs // max(1, args.baseline_runs))
+    for index in range(args.runs):
+        fleet_runs.append(one_run(cell, 3, args))
+        if index % every == every - 1 and len(alone) < args.baseline_runs:
+            alone.append(one_run(cell, 1, args))
+    alone += [one_run(cell, 1, args) for _ in range(args.baseline_runs - len(alone))]
+    return fleet_runs, alone
 
 
 def cells(args: argparse.Namespace) -> list[Cell]:
@@ -298,14 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     print(header, flush=True)
     rows, runs = [], {}
     for cell in cells(args):
-        fleet_runs: list[Run] = []
-        alone: list[Run] = []
-        every = max(1, args.runs // max(1, args.baseline_runs))
-        for index in range(args.runs):  # one process's runs interleaved: the same conditions, as near as can be
-            fleet_runs.append(one_run(cell, 3, args))
-            if index % every == every - 1 and len(alone) < args.baseline_runs:
-                alone.append(one_run(cell, 1, args))
-        alone += [one_run(cell, 1, args) for _ in range(args.baseline_runs - len(alone))]
+        if cell.start_after_s:
+            fleet_runs, alone = warm_runs(cell, args)
+        else:
+            fleet_runs, alone = cold_runs(cell, args)
         runs[cell.label] = {"fleet": [asdict(r) for r in fleet_runs], "alone": [asdict(r) for r in alone]}
         row = summary(cell, fleet_runs, alone)
         rows.append(row)

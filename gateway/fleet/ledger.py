@@ -84,7 +84,7 @@ All keys carry the ``{fleet}`` hash tag, so that a Redis Cluster keeps them on o
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -207,6 +207,7 @@ class FleetLedger:
         self.clock = clock
         self._script = client.register_script(SYNC)
         self._leave = client.register_script(LEAVE)
+        self._reported: set[str] = set()  # the backends this process has reported: its hashes to leave
 
     async def sync(self, report: Sequence[BackendReport], reap: Sequence[str] = ()) -> Sync:
         """One sync: ``report`` for every backend; ``reap`` names tombstones known dead."""
@@ -221,7 +222,8 @@ class FleetLedger:
             os.urandom(8).hex(),  # the epoch of a ledger this sync creates: new each time, never one seen before
             TENANTS_REPORTED,
         ]
-        raw = await self._script(keys=[], args=argv)
+        self._reported.update(b.name for b in report)
+        raw = await self._script(keys=self._keys(b.name for b in report), args=argv)
         answer = orjson.loads(raw)
         grants = {name: _grant(entry) for name, entry in (answer.get("backends") or {}).items()}
         tombstones = answer.get("tombstones")
@@ -234,7 +236,15 @@ class FleetLedger:
 
     async def leave(self) -> None:
         """Take this process out of the ledger (a graceful exit: nothing of it in flight any more)."""
-        await self._leave(keys=[], args=[self.replica, self.key_prefix])
+        await self._leave(keys=self._keys(sorted(self._reported)), args=[self.replica, self.key_prefix])
+
+    def _keys(self, backends: Iterable[str]) -> list[str]:
+        """The keys a script declares, all under the ``{fleet}`` tag: a Redis Cluster client routes
+        the script to that slot's shard by them. The scripts also touch the hashes of backends
+        other processes reported (reaping, leaving), named in the ledger's own set; they are in
+        the same slot, so on the same shard, though not declared."""
+        fleet = f"{self.key_prefix}{{fleet}}:"
+        return [f"{fleet}replicas", f"{fleet}backends", f"{fleet}epoch", *(f"{fleet}b:{name}" for name in backends)]
 
 
 def _applied(quota: Quota | None) -> dict[str, Any]:

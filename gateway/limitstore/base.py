@@ -5,11 +5,15 @@ Rate limits must hold across gateway replicas, so their state sits behind this i
 shares it between replicas through Redis (the policy's ``state`` section picks one,
 ``limitstore/factory.py`` builds it).
 
-**Two operations per request, each one atomic step.** ``admit`` takes a tenant's concurrency
-slot and every bucket it asks for (requests, tokens) all at once or not at all; ``settle``
-releases the slot and adjusts the buckets to what the request really cost. A Redis
-implementation is one Lua script per call: one round trip at admission, one at settlement,
-and never a read-modify-write race between replicas.
+**Two operations per request.** ``admit`` takes a tenant's concurrency slot and every bucket
+it asks for (requests, tokens) all at once or not at all; ``settle`` releases the slot and
+adjusts the buckets to what the request really cost. The in-process store does each in one
+step. The Redis store spends leases (``limitstore/lease.py``): each process holds a batch of a
+tenant's tokens and slots, taken from Redis atomically by one Lua script per tenant and
+renewed in the background, so that an admission or a settlement costs Redis a small fraction
+of a round trip at a steady rate; an admission whose lease is short asks Redis at once (one
+round trip), so the answer is the one a single shared bucket would give. Never a
+read-modify-write race between replicas.
 
 **Buckets may go negative, down to ``-capacity``.** Tokens are reserved at admission from an
 estimate (prompt plus the output bound); when the real usage is higher, ``settle`` charges the
@@ -142,13 +146,14 @@ def adjusted(level: float, amount: float, capacity: float) -> float:
 
 
 class LimitStore(Protocol):
-    """Token buckets and concurrency slots per scope (tenant), one atomic call per step.
+    """Token buckets and concurrency slots per scope (tenant), each step atomic.
 
     ``timeout_s`` is what the caller may still wait on the store for this request (what is left
     of its budget, see ``RedisLimitStore``; None: a whole budget); past it, the call is answered
     from a local fallback instead. ``request_budget_s`` is the budget a request starts with
     (``inf`` for an in-process store). ``admit`` tells what it cost the budget in
-    ``Verdict.waited_s``, ``settle`` returns it.
+    ``Verdict.waited_s``, ``settle`` returns it. ``slots_in_use`` is the slots the fleet
+    holds for the scope (a lease's spare slots included).
     """
 
     request_budget_s: float

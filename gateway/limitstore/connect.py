@@ -12,9 +12,18 @@ a host gives none); the client then talks to that master and asks again after a 
 connections fail, redis-py's ``SentinelConnectionPool`` looks the master up anew). The username
 and password are the master's; the sentinels are reached without them.
 
-Not Redis Cluster: every store here runs Lua scripts over keys of one hash tag (per tenant, per
-backend), so each call would fit one cluster slot, but the stores open one client and pipeline
-across tags; a cluster client (``RedisCluster``) is a change of its own.
+**Redis Cluster**, for the limit store (``limits_client``)::
+
+    redis+cluster://[[username]:password@]host:port[,host:port...]
+    rediss+cluster://...      (TLS)
+
+The nodes listed are where the client starts; it learns the cluster's slots from them (port 6379
+when a host gives none). The limit store fits a cluster: every script touches the keys of one
+tenant, which share its hash tag (``gw:{acme}:held``, ...), so each runs on the one node of that
+slot, and its pipelines are split by node by redis-py's ``ClusterPipeline``. The other Redis
+users of the gateway (response affinity, rollouts, the fleet's ledger and prefix view) open
+``redis_client``, which refuses a cluster URL: until they are ported, the policy's
+``state.redis_url`` pattern refuses it too (``GATEWAY_REDIS_URL`` is the way to try the store alone).
 """
 
 from __future__ import annotations
@@ -24,10 +33,13 @@ from typing import Any
 from urllib.parse import unquote
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SENTINEL_PORT = 26379
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+CLUSTER_PORT = 6379
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +78,56 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     )
 
 
-def _node(host: str) -> tuple[str, int]:
+def _node(host: str, default_port: int = SENTINEL_PORT, what: str = "sentinel") -> tuple[str, int]:
     name, _, port = host.rpartition(":") if ":" in host else (host, "", "")
     if port and not port.isdigit():
-        raise ValueError(f"a sentinel's port must be a number: {host!r}")
-    return (name or host, int(port) if port else SENTINEL_PORT)
+        raise ValueError(f"a {what}'s port must be a number: {host!r}")
+    return (name or host, int(port) if port else default_port)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterURL:
+    """A parsed ``redis+cluster://`` URL (module docstring)."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """The parts of a Redis Cluster URL; ``ValueError`` naming what is wrong."""
+    scheme, _, rest = url.partition("://")
+    if scheme not in CLUSTER_SCHEMES:
+        raise ValueError(f"not a Redis Cluster URL: the scheme must be one of {', '.join(CLUSTER_SCHEMES)}")
+    netloc, _, path = rest.partition("/")
+    if path.strip("/"):
+        raise ValueError("a Redis Cluster URL names no database: a cluster has only database 0")
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    if not hosts:
+        raise ValueError("a Redis Cluster URL is redis+cluster://host:port[,host:port...]")
+    return ClusterURL(
+        nodes=tuple(_node(host, CLUSTER_PORT, "cluster node") for host in hosts.split(",")),
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        tls=scheme.startswith("rediss"),
+    )
+
+
+def limits_client(url: str, **options: Any) -> aioredis.Redis | RedisCluster:
+    """``redis_client``, or a ``RedisCluster`` for a ``redis+cluster://`` URL (the limit store's)."""
+    if url.partition("://")[0] not in CLUSTER_SCHEMES:
+        return redis_client(url, **options)
+    where = parse_cluster_url(url)
+    options.pop("retry", None)  # the cluster client retries on moved slots itself
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in where.nodes],
+        username=where.username,
+        password=where.password,
+        ssl=where.tls,
+        **options,
+    )
 
 
 class SentinelMaster(aioredis.Redis):
@@ -88,6 +145,8 @@ class SentinelMaster(aioredis.Redis):
 
 def redis_client(url: str, **options: Any) -> aioredis.Redis:
     """An asyncio client for ``url`` with redis-py's connection ``options`` (timeouts, retry)."""
+    if url.partition("://")[0] in CLUSTER_SCHEMES:
+        raise ValueError("a Redis Cluster URL is accepted by the tenant limit store only (module docstring)")
     if url.partition("://")[0] not in SENTINEL_SCHEMES:
         return aioredis.Redis.from_url(url, **options)
     where = parse_sentinel_url(url)

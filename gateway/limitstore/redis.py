@@ -1,44 +1,50 @@
-"""Redis-backed ``LimitStore``: tenant limits shared by every gateway replica.
+"""Redis-backed ``LimitStore``: tenant limits shared by every gateway replica, spent from leases.
 
-**One round trip per step.** An admission (the tenant's concurrency slot, its requests and
-its tokens per minute) is one Lua script, and so is a settlement (the slot back, the tokens
-adjusted to the real usage); the scripts are in ``limitstore/scripts.py``, registered once and
-run by EVALSHA (redis-py loads them again after a ``NOSCRIPT``, e.g. when Redis restarted).
-Each is atomic, so replicas never race on a read-modify-write. A tenant's keys share one hash
-tag (``gw:{acme}:rpm``, ...): one Redis Cluster slot per script, and the lease renewal is one
-script per tenant too (pipelined), never one across tenants.
+**Leases: a fraction of a round trip per request** (``limitstore/lease.py``). Each process
+holds a lease of each active tenant's budget (tokens of each bucket, concurrency slots) and
+admits from it without asking Redis; a request's settlement (its slot back, its tokens moved
+to what it really used) is bookkeeping in the lease too. One script per tenant, SYNC
+(``limitstore/scripts.py``), reports what was spent, gives back, charges, asks and renews, all
+at once and atomically; the keeper (``run``) sends the scripts of every tenant that needs one
+(under its watermark, holding too much, or due for renewal) in **one pipeline** per tick
+(``sync_interval_s``), and an admission that finds its lease short sends its tenant's script
+at once: one round trip, never a refusal that Redis would not have made. Pipelines carry
+EVALSHA alone (a script Redis forgot is loaded and the failed calls sent again), so a tick is
+one round trip. The keys of one tenant share its hash tag (``gw:{acme}:held``, ...): one Redis
+Cluster slot per script, and no script spans tenants. On a cluster (``redis+cluster://``,
+``limitstore/connect.py``) redis-py refuses EVALSHA in a pipeline: the tick's scripts go as
+concurrent calls, one per tenant.
 
-**Concurrency slots: a lease per replica, renewed while it holds slots.** A slot key is a hash
-``replica -> slots it holds`` plus a sorted set ``replica -> lease expiry``. A replica renews
-its leases (and rewrites its counts from what it really holds, the slots it took in its
-fallback included) every ``ping_interval_s``; an admission first drops the replicas whose
-lease expired. So a replica that dies holding slots frees them ``lease_ttl_s`` later, while a
-live one keeps slots for requests of any length. The alternative, a plain counter with a TTL
-longer than the longest request deadline (600 s by default), would block a tenant for ten
-minutes after a crash, and never free a leaked slot at all while traffic keeps refreshing the
-TTL. The rewrite also repairs a count that a failed release left behind, within one renewal.
-A slot is released where it was taken (``Verdict.slot_at``): in Redis, or in the fallback.
+**Slots and tokens of a dead replica come back**: a replica's lease in Redis expires
+``lease_ttl_s`` after its last sync (every ``ping_interval_s`` at least, while it holds
+anything): its slots are freed, its tokens counted as spent. A live one keeps its slots for
+requests of any length. The sync writes the slots running as the truth (the fallback's ones
+included, once Redis is back: ``outage.py``), so a count that a lost answer left behind is
+repaired by the next sync. A slot is released where it was taken (``Verdict.slot_at``): in
+the lease, or in the fallback.
 
 **Failure: a local fallback, as the policy says** (``state.on_store_loss``,
 ``limitstore/outage.py``). A command that fails marks Redis down; from then on every
 operation goes straight to this process's ``LocalLimits`` without waiting on Redis, until the
 background ping succeeds again: by default each process enforces its share of every limit
-(``share``); ``open`` is each the whole limit, ``closed`` refuses limited tenants. When Redis is
+(``share``); ``open`` is each the whole limit, ``closed`` refuses limited tenants. Leases are not
+spent while Redis is lost (their spare goes back with the first sync after). When Redis is
 back, what was admitted locally is charged to it before it is used again. ``up`` tells whether
 the last command or ping succeeded; ``on_error``/``on_fallback`` count failures and the
 operations answered locally.
 
 **Slow is down: a latency budget per request, in the event loop's free time.** A Redis that
-answers every command, but in 30 ms, would add 30 ms to every request per round trip without
-ever failing. So a request may wait on Redis ``request_budget_s`` in all (its admission and
-its settlement share it, the caller passes what is left as ``timeout_s``); a call that would
-exceed it is cut and answered by the fallback, and Redis is marked down as for an outage. The
-background ping brings it back only when it answers within ``probe_max_s`` (half the budget: a
-request makes two calls), so a slow Redis costs one request its budget, not every request, and
-is used again once fast. Every wait on Redis (the budget, the ping's timeout and its time) is
-counted in the time the event loop was free to read the answer (``limitstore/lag.py``): a
-process that is busy, or stalled by one long callback, has not found Redis slow. redis-py's
-own socket timeouts are therefore off (they would cut a reply that waits in the socket).
+answers every command, but in 30 ms, would add 30 ms to every request that waits on it
+without ever failing. So a request may wait on Redis ``request_budget_s`` in all (its
+admission and its settlement share it, the caller passes what is left as ``timeout_s``); a
+call that would exceed it is cut and answered by the fallback, and Redis is marked down as
+for an outage. The background ping brings it back only when it answers within
+``probe_max_s`` (half the budget), so a slow Redis costs one request its budget, not every
+request, and is used again once fast. Every wait on Redis (the budget, the ping's timeout and
+its time) is counted in the time the event loop was free to read the answer
+(``limitstore/lag.py``): a process that is busy, or stalled by one long callback, has not
+found Redis slow. redis-py's own socket timeouts are therefore off (they would cut a reply
+that waits in the socket).
 """
 
 from __future__ import annotations
@@ -46,22 +52,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.clock import Clock
-from gateway.limitstore.base import Adjust, Ask, Bucket, BucketResult, Settlement, Take, Verdict
-from gateway.limitstore.connect import redis_client
+from gateway.limitstore.base import Adjust, Ask, Settlement, Verdict
+from gateway.limitstore.connect import limits_client
 from gateway.limitstore.lag import FreeTimeout, LoopLag, timed_out
+from gateway.limitstore.lease import WANTED_S, Reply, ScopeLease, Sent
 from gateway.limitstore.outage import LocalLimits, LossMode, Processes
-from gateway.limitstore.scripts import ADMIT, IN_USE, RENEW, SETTLE
+from gateway.limitstore.scripts import IN_USE, SYNC
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +78,10 @@ T = TypeVar("T")
 FAILURES = (RedisError, OSError, TimeoutError)
 RECONCILE_ROUNDS = 5
 """Charging an outage to Redis awaits it; what was admitted meanwhile is charged in another round."""
+ADMIT_SYNCS = 3
+"""An admission whose lease was drained by others while its own ask was on the way asks again, this often at most."""
+IDLE_S = 30.0
+"""A tenant's lease that holds nothing is forgotten after this long unused (its rate with it)."""
 
 
 def _ignore(operation: str) -> None:
@@ -85,10 +98,11 @@ class RedisConfig:
 
     ``RedisConfig(url="redis://127.0.0.1:6379/0", key_prefix="gw:", timeout_s=0.05)``; several
     gateways (or test runs) share one Redis under different prefixes. ``timeout_s`` bounds one
-    command off the request path (pings, renewals); ``request_budget_s`` bounds what one
-    request may wait on Redis in all (see ``RedisLimitStore``); ``on_store_loss`` and
-    ``processes_when_unknown`` are ``limitstore/outage.py``'s. The URL may hold a password, so
-    ``repr`` shows only where it points.
+    command off the request path (pings, the keeper's syncs); ``request_budget_s`` bounds what
+    one request may wait on Redis in all (see ``RedisLimitStore``); ``sync_interval_s`` is the
+    keeper's tick (leases below their watermark are topped up, small limits' returns sent);
+    ``on_store_loss`` and ``processes_when_unknown`` are ``limitstore/outage.py``'s. The URL may
+    hold a password, so ``repr`` shows only where it points.
     """
 
     url: str
@@ -97,12 +111,13 @@ class RedisConfig:
     request_budget_s: float = 0.02
     ping_interval_s: float = 1.0
     lease_ttl_s: float = 10.0
+    sync_interval_s: float = 0.1
     on_store_loss: LossMode = "open"
     processes_when_unknown: int | None = None
 
     @property
     def probe_max_s(self) -> float:
-        """A ping slower than this keeps Redis out: half the budget, a request makes two calls."""
+        """A ping slower than this keeps Redis out: half the budget."""
         return self.request_budget_s / 2
 
     def __repr__(self) -> str:
@@ -114,11 +129,13 @@ class RedisConfig:
 
 
 class RedisLimitStore:
-    """``LimitStore`` in Redis, with a local fallback while Redis is lost (see the module docstring).
+    """``LimitStore`` in Redis through leases, with a local fallback while Redis is lost (module docstring).
 
-    Built in the lifespan; ``await store.check()`` once, then ``run()`` as an owned task (pings,
-    renews leases, brings Redis back after an outage); ``aclose()`` at shutdown. ``processes``
-    is how many gateway processes the fleet counts (``share`` divides the limits by it)."""
+    Built in the lifespan; ``await store.check()`` once, then ``run()`` as an owned task (the
+    keeper: tops leases up, renews them, pings, brings Redis back after an outage); ``aclose()``
+    at shutdown gives every lease back. ``processes`` is how many gateway processes the fleet
+    counts (``share`` divides the limits by it). ``flush()`` sends every tenant's pending
+    reports and returns now (tests, benchmarks)."""
 
     def __init__(
         self,
@@ -144,19 +161,19 @@ class RedisLimitStore:
         self._clock = clock
         self._on_error = on_error
         self._on_fallback = on_fallback
-        self._redis: aioredis.Redis = redis_client(
+        self._redis: aioredis.Redis | RedisCluster = limits_client(
             config.url,
             socket_timeout=None,  # every call is bounded in free time instead (module docstring)
             socket_connect_timeout=None,
             retry=Retry(NoBackoff(), 0),  # no retry: a failure falls back at once
         )
-        self._admit = self._redis.register_script(ADMIT)
-        self._settle = self._redis.register_script(SETTLE)
+        self._sync = self._redis.register_script(SYNC)
         self._in_use = self._redis.register_script(IN_USE)
-        self._renew = self._redis.register_script(RENEW)
-        self._held: dict[str, int] = {}  # scope -> slots this replica holds in Redis
-        self._pending: dict[str, int] = {}  # scope -> admissions/settlements with a slot in flight
-        self._adopted: dict[str, int] = {}  # scope -> fallback slots the last renewal wrote into Redis's count
+        self._leases: dict[str, ScopeLease] = {}
+        self._wake = asyncio.Event()
+
+    def _time(self) -> float:
+        return self._clock.now() if self._clock is not None else time.monotonic()
 
     def _now(self) -> list[str]:
         if self._clock is None:
@@ -164,10 +181,15 @@ class RedisLimitStore:
         sec, usec = divmod(round(self._clock.now() * 1e6), 1_000_000)
         return [str(sec), str(usec)]
 
-    def _keys(self, scope: str, buckets: list[Bucket]) -> list[str]:
-        """The scope's slot hash and lease set, then its buckets: one hash tag, one cluster slot."""
+    def _keys(self, scope: str, names: Iterable[str]) -> list[str]:
+        """The scope's held hash and lease set, then its buckets: one hash tag, one cluster slot."""
         base = f"{self.config.key_prefix}{{{scope}}}"
-        return [f"{base}:held", f"{base}:leases", *(f"{base}:{b.name}" for b in buckets)]
+        return [f"{base}:held", f"{base}:leases", *(f"{base}:{name}" for name in names)]
+
+    def _busy(self, scope: str) -> int:
+        """Slots of the scope running on the fallback's account: every sync writes them into
+        Redis's count (they run), so that once Redis is back they count against the limit."""
+        return self.fallback.slots_in_use(scope)
 
     async def _within(self, remote: Callable[[], Awaitable[T]], limit_s: float) -> tuple[T, float]:
         """``remote()`` cut after ``limit_s`` of the loop's free time; its result and the free time taken."""
@@ -206,6 +228,8 @@ class RedisLimitStore:
         self._on_error(operation)
         if self.up:
             processes = self.fallback.lost()
+            for lease in self._leases.values():
+                lease.lost()
             log.warning(
                 "Redis %r failed on %s (%s: %s): tenant limits now enforced by this process alone (%s)",
                 self.config,
@@ -216,103 +240,209 @@ class RedisLimitStore:
             )
         self.up = False
 
-    def _saw(self, scope: str, buckets: list[Bucket], levels: list[bytes]) -> None:
-        for bucket, level in zip(buckets, levels, strict=True):
-            self.fallback.saw(scope, bucket.name, float(level))
+    def _running(self, scope: str) -> int:
+        """Requests of the scope running on a slot of this process's lease."""
+        lease = self._leases.get(scope)
+        return lease.slots.in_use if lease is not None and lease.slots is not None else 0
+
+    def _lease(self, scope: str) -> ScopeLease:
+        lease = self._leases.get(scope)
+        if lease is None:
+            lease = self._leases[scope] = ScopeLease(scope)
+        return lease
+
+    # -- one sync -----------------------------------------------------------------------------
+
+    def _args(self, sent: Sent) -> tuple[list[str], list[str]]:
+        args = [*self._now(), self.replica, repr(self.config.lease_ttl_s), repr(WANTED_S)]
+        if sent.slots is None:
+            args += ["", "0", "0", "0", "0", "0"]
+        else:
+            s = sent.slots
+            args += [str(s_) for s_ in (s.limit, s.in_use, s.believed, s.keep, s.need, s.want)]
+        for b in sent.buckets:
+            bucket = b.bucket
+            values = (bucket.capacity, bucket.refill_per_s, b.spent, b.believed, b.keep, b.adjust, b.need, b.want)
+            args += [b.name, *(repr(float(v)) for v in values)]
+        return self._keys(sent.scope, (b.name for b in sent.buckets)), args
+
+    def _applied(self, lease: ScopeLease, sent: Sent, raw: list[Any]) -> Reply:
+        refused, wanted, held, total, *levels = raw
+        buckets = tuple((float(levels[i]), float(levels[i + 1])) for i in range(0, len(levels), 2))
+        reply = Reply(int(refused), bool(int(wanted)), int(held), int(total), buckets)
+        for b, (_, level) in zip(sent.buckets, buckets, strict=True):
+            self.fallback.saw(sent.scope, b.name, level)
+        lease.applied(sent, reply, self._time(), self.config.lease_ttl_s, self._busy(sent.scope))
+        return reply
+
+    async def _send(self, lease: ScopeLease, needs: dict[str, float] | None) -> tuple[Sent, Reply]:
+        """One SYNC of ``lease`` (the caller holds its lock): one round trip."""
+        sent = lease.prepare(self._time(), self._busy(lease.scope), needs)
+        keys, args = self._args(sent)
+        try:
+            raw = await self._sync(keys=keys, args=args)
+        except BaseException:
+            lease.failed(sent, self._busy(lease.scope))
+            raise
+        return sent, self._applied(lease, sent, raw)
+
+    async def _send_all(self, leases: list[ScopeLease]) -> None:
+        """One SYNC per lease, every one in one pipeline (one round trip); each lease's lock is
+        taken without waiting (a lease whose admission is asking already is left for the next tick)."""
+        mine = [lease for lease in leases if not lease.lock.locked()]
+        for lease in mine:
+            await lease.lock.acquire()
+        try:
+            now = self._time()
+            batch = [(lease, lease.prepare(now, self._busy(lease.scope))) for lease in mine]
+            try:
+                await self._pipeline(batch)
+            except BaseException:
+                for lease, sent in batch:
+                    if sent is not None:
+                        lease.failed(sent, self._busy(lease.scope))
+                raise
+        finally:
+            for lease in mine:
+                lease.lock.release()
+
+    async def _pipeline(self, batch: list[tuple[ScopeLease, Sent]]) -> None:
+        """EVALSHA alone (redis-py's script pipelining asks SCRIPT EXISTS first: a second round
+        trip); the calls that found the script unknown are sent again after loading it."""
+        if isinstance(self._redis, RedisCluster):  # its pipelines refuse EVALSHA: one call per tenant, at once
+            raws = await asyncio.gather(*(self._sync(keys=k, args=a) for k, a in (self._args(s) for _, s in batch)))
+            for (lease, sent), raw in zip(batch, raws, strict=True):
+                self._applied(lease, sent, raw)
+            return
+        todo = batch
+        for _ in range(2):
+            if not todo:
+                return
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for _, sent in todo:
+                    keys, args = self._args(sent)
+                    pipe.evalsha(self._sync.sha, len(keys), *keys, *args)
+                results = await pipe.execute(raise_on_error=False)
+            again = []
+            for (lease, sent), result in zip(todo, results, strict=True):
+                if isinstance(result, NoScriptError):
+                    again.append((lease, sent))
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    self._applied(lease, sent, result)
+            if again:
+                self._sync.sha = await self._redis.script_load(SYNC)
+            todo = again
+        if todo:
+            raise RedisError("the sync script could not be loaded")
+
+    # -- the LimitStore protocol ----------------------------------------------------------------
 
     async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict:
-        scope, slot = ask.scope, ask.slot_limit is not None
-        buckets = [take.bucket for take in ask.takes]
+        scope = ask.scope
+        lease = self._lease(scope)
+        lease.fit(ask)  # while Redis is lost too: the sync after knows the limit of the fallback's slots
+        if self.up:
+            now = self._time()
+            if not lease.shortfall(ask, now, self._busy(scope)):
+                return lease.take(ask, now)
 
         async def remote() -> Verdict:
-            if slot:
-                # Counted as held before the answer, and marked in flight: a renewal meanwhile
-                # only extends the lease and never writes a count that misses this slot.
-                self._held[scope] = self._held.get(scope, 0) + 1
-                self._pending[scope] = self._pending.get(scope, 0) + 1
-            admitted = False
-            try:
-                args = [*self._now(), self.replica, "" if ask.slot_limit is None else str(ask.slot_limit)]
-                args.append(repr(self.config.lease_ttl_s))
-                for take in ask.takes:
-                    b = take.bucket
-                    args += [repr(float(take.amount)), repr(float(b.capacity)), repr(float(b.refill_per_s))]
-                refused, *levels = await self._admit(keys=self._keys(scope, buckets), args=args)
-                admitted = refused == 0
-            finally:
-                if slot:
-                    if not admitted:
-                        self._held[scope] -= 1  # a lost answer may leave one counted: the renewal repairs it
-                    self._done(scope)
-            self._saw(scope, buckets, levels)
-            refused_by = None if admitted else "slot" if refused == 1 else ask.takes[refused - 2].bucket.name
-            results = tuple(
-                _result(float(level), take, admitted) for take, level in zip(ask.takes, levels, strict=True)
-            )
-            return Verdict(admitted, refused_by, results, slot_at="store" if admitted and slot else None)
+            for _ in range(ADMIT_SYNCS):
+                now = self._time()
+                lacking = lease.shortfall(ask, now, self._busy(scope))
+                if not lacking:
+                    return lease.take(ask, now)
+                sent, reply = await self._send(lease, lacking)
+                if reply.refused:
+                    return lease.refusal(ask, reply, sent, self._time())
+            now = self._time()
+            if not lease.shortfall(ask, now, self._busy(scope)):
+                return lease.take(ask, now)
+            return lease.refusal(ask, reply, sent, now)
 
         def local() -> Verdict:
-            return self.fallback.admit(ask, held=self._held.get(scope, 0))
+            return self.fallback.admit(ask, held=self._running(scope))
 
-        verdict, waited = await self._call("admit", remote, local, self._budget(timeout_s))
+        # The wait for another admission's sync of the tenant is not the request's wait on Redis:
+        # that sync is bounded by its own budget, and its grant may cover this ask (no call).
+        async with lease.lock:
+            verdict, waited = await self._call("admit", remote, local, self._budget(timeout_s))
         return Verdict(
             verdict.admitted, verdict.refused_by, verdict.buckets, verdict.slot_at, waited, verdict.retry_after_s
         )
 
     async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> float:
-        """The slot goes back where it was taken: a fallback slot to the fallback, a Redis slot to
-        Redis. A release that fails is not retried: the slot is counted out here, and the next
-        renewal writes the true count to Redis."""
+        """The slot goes back where it was taken: a fallback slot to the fallback, a lease slot to
+        the lease; the adjustments go to the lease (Redis hears of them at the next sync). A
+        small limit's lease gives back at once what another process may be waiting for."""
         scope = settlement.scope
-        release_remote = False
+        lease = self._leases.get(scope)
         if settlement.release_slot:
             if settlement.slot_at == "local":
                 self.fallback.release(scope)
-                if self.up and self._adopted.get(scope, 0) > 0:  # Redis counts it since a renewal
-                    self._adopted[scope] -= 1
-                    release_remote = True
-            elif self._held.get(scope, 0) > 0:
-                self._held[scope] -= 1
-                release_remote = True
-        if not release_remote and not settlement.adjusts:
+            elif lease is not None:
+                lease.release()
+        if not self.up:
+            if settlement.release_slot or settlement.adjusts:
+                self._on_fallback("settle")
+                self.fallback.settle(Settlement(scope=scope, adjusts=settlement.adjusts))
+            return 0.0
+        if settlement.adjusts:
+            lease = self._lease(scope)
+            for adjust in settlement.adjusts:
+                lease.bucket(adjust.bucket).give_back(adjust.amount)
+        if lease is None or not lease.exact_return_due(self._busy(scope)):
+            return 0.0
+        if lease.lock.locked():  # a sync of the tenant is on its way: the keeper returns it right after
+            self.wake()
             return 0.0
 
         async def remote() -> None:
-            if release_remote:
-                self._pending[scope] = self._pending.get(scope, 0) + 1
-            try:
-                await self._adjust(scope, settlement.adjusts, release_remote)
-            finally:
-                if release_remote:
-                    self._done(scope)
+            await self._send(lease, None)
 
         def local() -> None:
-            self.fallback.settle(Settlement(scope=scope, adjusts=settlement.adjusts))
+            return None
 
-        _, waited = await self._call("settle", remote, local, self._budget(timeout_s))
+        async with lease.lock:
+            _, waited = await self._call("settle", remote, local, self._budget(timeout_s))
         return waited
 
-    def _done(self, scope: str) -> None:
-        pending = self._pending.get(scope, 0) - 1
-        if pending > 0:
-            self._pending[scope] = pending
-        else:
-            self._pending.pop(scope, None)
-
     async def slots_in_use(self, scope: str) -> int:
+        """Slots held fleet-wide (running, and spare in some process's lease)."""
+
         async def remote() -> int:
-            return int(await self._in_use(keys=self._keys(scope, []), args=self._now()))
+            return int(await self._in_use(keys=self._keys(scope, ()), args=self._now()))
 
         def local() -> int:
-            return self._held.get(scope, 0) + self.fallback.slots_in_use(scope)
+            return self._running(scope) + self.fallback.slots_in_use(scope)
 
         used, _ = await self._call("slots_in_use", remote, local, math.inf)
         return used
 
-    async def check(self) -> bool:
-        """Ping Redis (renewing this replica's leases on the way); sets and returns ``up``.
+    # -- the keeper -----------------------------------------------------------------------------
 
-        A Redis that is down comes back only when the ping answers within ``probe_max_s`` (of
+    async def flush(self, *, every: bool = True) -> None:
+        """Sync every lease holding anything (``every``: the renewal), or only those the keeper
+        finds due (under the watermark, over twice the target, a small limit's return): one pipeline."""
+        now = self._time()
+        renew_before = now + self.config.lease_ttl_s - 2 * self.config.ping_interval_s
+        leases = []
+        for scope, lease in list(self._leases.items()):
+            if lease.idle(now, IDLE_S):
+                del self._leases[scope]
+            elif lease.pending() and (every or lease.due(now, self._busy(scope), renew_before)):
+                leases.append(lease)
+        if leases:
+            await self._send_all(leases)
+        elif every:
+            await self._redis.ping()
+
+    async def check(self) -> bool:
+        """Ping Redis (syncing every lease on the way: renewal, reports); sets and returns ``up``.
+
+        A Redis that is down comes back only when a ping answers within ``probe_max_s`` (of
         free time) and what was admitted locally meanwhile is charged to it. One that answers,
         but slower than a request may wait for it, stays out like one that does not. A Redis
         that is up is taken out by a failed ping, not by a slow one: requests find out for
@@ -320,13 +450,14 @@ class RedisLimitStore:
         try:
             if not self.up:
                 # Idle connections from before the outage may be dead (a partition sends no FIN).
-                await self._redis.connection_pool.disconnect(inuse_connections=False)
-            _, took = await self._within(self._heartbeat, self.config.timeout_s * 4)
-            if not self.up:
+                if isinstance(self._redis, aioredis.Redis):  # a cluster client reconnects per node itself
+                    await self._redis.connection_pool.disconnect(inuse_connections=False)
+                _, took = await self._within(self._redis.ping, self.config.timeout_s * 4)
                 if took > self.config.probe_max_s:
                     raise TimeoutError(f"a ping took {took * 1000:.1f} ms, over {self.config.probe_max_s * 1000:g} ms")
                 if not await self._reconcile():
                     return False
+            await self._within(self.flush, self.config.timeout_s * 4)
         except FAILURES as exc:
             self._failed("ping", exc)
             return False
@@ -343,75 +474,60 @@ class RedisLimitStore:
             debts = self.fallback.debts()
             if not debts:
                 return True
+            leases = []
             for scope, adjusts in debts.items():
-                await self._within(lambda: self._adjust(scope, adjusts), self.config.timeout_s * 4)  # noqa: B023
+                lease = self._lease(scope)
+                for adjust in adjusts:
+                    lease.bucket(adjust.bucket).adjust += adjust.amount
+                leases.append(lease)
+            try:
+                await self._within(lambda: self._send_all(leases), self.config.timeout_s * 4)  # noqa: B023
+            except BaseException:
+                for lease in leases:  # not charged: the fallback still owes it
+                    for adjust in debts[lease.scope]:
+                        lease.bucket(adjust.bucket).adjust -= adjust.amount
+                raise
+            for scope, adjusts in debts.items():
                 self.fallback.paid(scope, adjusts)
         return False
 
-    async def _adjust(self, scope: str, adjusts: tuple[Adjust, ...], release: bool = False) -> None:
-        """One SETTLE script: ``adjusts`` to the scope's buckets, and one of its slots back if ``release``."""
-        buckets = [adjust.bucket for adjust in adjusts]
-        args = [*self._now(), self.replica, "1" if release else "0"]
-        for adjust in adjusts:
-            b = adjust.bucket
-            args += [repr(float(adjust.amount)), repr(float(b.capacity)), repr(float(b.refill_per_s))]
-        levels = await self._settle(keys=self._keys(scope, buckets), args=args)
-        self._saw(scope, buckets, levels)
-
-    def _holdings(self) -> dict[str, str]:
-        """What this replica holds per scope, as the renewal writes it: its Redis slots and its
-        fallback slots (both run on the tenant's behalf), or -1 while a slot operation is in flight."""
-        local = self.fallback.scopes_with_slots()
-        counts: dict[str, str] = {}
-        for scope in set(self._held) | set(local) | set(self._adopted):
-            held = max(0, self._held.get(scope, 0)) + local.get(scope, 0)
-            counts[scope] = "-1" if self._pending.get(scope) else str(held)
-        return counts
-
-    async def _heartbeat(self, counts: dict[str, str] | None = None) -> None:
-        """Renew this replica's leases with ``counts`` (default ``_holdings()``): one script per
-        scope (its own hash tag), all in one pipeline; a plain PING when it holds nothing.
-
-        A count written includes the fallback slots still held (``_adopted``): from then on,
-        releasing one of them releases it in Redis too."""
-        local = self.fallback.scopes_with_slots()
-        counts = self._holdings() if counts is None else counts
-        if not counts:
-            await self._redis.ping()
-            return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for scope, count in counts.items():
-                args = [*self._now(), self.replica, repr(self.config.lease_ttl_s), count]
-                await self._renew(keys=self._keys(scope, []), args=args, client=pipe)
-            await pipe.execute()
-        for scope, count in counts.items():
-            if count != "-1":
-                self._adopted[scope] = min(local.get(scope, 0), self.fallback.slots_in_use(scope))
-            if not self._adopted.get(scope):
-                self._adopted.pop(scope, None)
-        for scope, held in list(self._held.items()):
-            if held <= 0 and not self._pending.get(scope):
-                del self._held[scope]
+    def wake(self) -> None:
+        """Ask the keeper for a tick now (a small limit's return, say)."""
+        self._wake.set()
 
     async def run(self) -> None:
-        """Ping every ``ping_interval_s`` until cancelled (the gateway owns the task)."""
+        """The keeper, until cancelled (the gateway owns the task): every ``sync_interval_s`` the
+        leases that are due, every ``ping_interval_s`` all of them (renewal) or a ping."""
+        loop = asyncio.get_running_loop()
+        next_ping = loop.time() + self.config.ping_interval_s
         while True:
-            await asyncio.sleep(self.config.ping_interval_s)
-            await self.check()
+            try:
+                async with asyncio.timeout(self.config.sync_interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if loop.time() >= next_ping or not self.up:
+                if not self.up and loop.time() < next_ping:
+                    continue
+                next_ping = loop.time() + self.config.ping_interval_s
+                await self.check()
+                continue
+            try:
+                await self._within(lambda: self.flush(every=False), self.config.timeout_s * 4)
+            except FAILURES as exc:
+                self._failed("sync", exc)
 
     async def aclose(self) -> None:
-        """Give back this replica's leases (best effort), then close the connections."""
-        counts = {scope: "0" for scope in self._holdings()}
-        if self.up and counts:
+        """Give back every lease (best effort), then close the connections."""
+        if self.up and self._leases:
+            for lease in self._leases.values():
+                lease.lost()  # keep only what runs: the rest goes back
             try:
-                await self._within(lambda: self._heartbeat(counts), self.config.timeout_s * 4)
+                await self._within(lambda: self._send_all(list(self._leases.values())), self.config.timeout_s * 4)
             except FAILURES:
                 log.info("leases not given back at shutdown; they expire in %ss", self.config.lease_ttl_s)
         await self._redis.aclose()
 
 
-def _result(level: float, take: Take, admitted: bool) -> BucketResult:
-    """A bucket's result from the level the script returned (after the take when admitted)."""
-    b = take.bucket
-    before = level + take.amount if admitted else level
-    return BucketResult.of(before, take.amount, b.capacity, b.refill_per_s, admitted)
+__all__ = ["Adjust", "RedisConfig", "RedisLimitStore"]

@@ -668,16 +668,18 @@ class StatePolicy(Strict):
     when set (use it, from a Secret, when the URL carries a password), and one of the two is
     required. When Redis is unreachable or slower than ``timeout_ms``, every replica enforces
     the limits on its own until Redis answers again, as ``on_store_loss`` says
-    (``gateway/limitstore/redis.py``). ``request_budget_ms`` is what one request may wait on
-    Redis in all (admission plus settlement, one script each): past it the request is answered
+    (``gateway/limitstore/redis.py``). Each process spends leases of a tenant's budget taken
+    from Redis in batches (``gateway/limitstore/lease.py``), so most requests wait on Redis
+    not at all. ``request_budget_ms`` is what one request may wait on Redis in all (an
+    admission whose lease is short asks at once): past it the request is answered
     from the in-process limits and Redis counts as down until a background ping answers within
     half of it, so a slow Redis costs one request this budget, not every request a round trip.
     Both count only the time the process's event loop was free to read Redis's answer: a
     process that is merely busy never takes Redis for lost (``gateway/limitstore/lag.py``).
     A Redis in the same zone answers a script in well under a millisecond; 20 ms leaves room
     for a busy one.
-    A replica renews its concurrency leases every ``ping_interval_s``; a dead replica's slots
-    are freed ``lease_ttl_s`` after its last renewal. Read at start-up only: a reload that
+    A replica renews its leases every ``ping_interval_s``; a dead replica's slots are freed,
+    and its tokens counted spent, ``lease_ttl_s`` after its last renewal. Read at start-up only: a reload that
     changes this section is logged and takes effect at the next restart.
     """
 

@@ -1,7 +1,9 @@
-"""``redis+sentinel://`` URLs: parsed strictly, and a store reaching its master through a real Sentinel."""
+"""``redis+sentinel://`` and ``redis+cluster://`` URLs: parsed strictly, and a store reaching its
+master through a real Sentinel, and a real three-node Redis Cluster."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +12,7 @@ import pytest
 import redis
 
 from gateway.limitstore.base import Ask, Bucket, Take
-from gateway.limitstore.connect import SentinelURL, parse_sentinel_url
+from gateway.limitstore.connect import ClusterURL, SentinelURL, parse_cluster_url, parse_sentinel_url
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
 from tests.limitstore.redis_server import RedisProcess, unique_prefix
@@ -110,5 +112,104 @@ async def test_a_store_reaches_its_master_through_a_sentinel(master: RedisProces
         assert (await store.admit(Ask(scope="acme", takes=(Take(Bucket("rpm", 5, 1.0), 1),)))).admitted
         with master.client() as client:
             assert client.exists(f"{prefix}{{acme}}:rpm")
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "parsed"),
+    [
+        pytest.param(
+            "redis+cluster://10.0.0.1:7000,10.0.0.2",
+            ClusterURL(nodes=(("10.0.0.1", 7000), ("10.0.0.2", 6379))),
+            id="two nodes, the default port for one",
+        ),
+        pytest.param(
+            "rediss+cluster://gw:s%40cret@node:7000",
+            ClusterURL(nodes=(("node", 7000),), username="gw", password="s@cret", tls=True),
+            id="TLS and credentials",
+        ),
+    ],
+)
+def test_a_cluster_url_names_its_startup_nodes_and_credentials(url: str, parsed: ClusterURL) -> None:
+    assert parse_cluster_url(url) == parsed
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        pytest.param("redis+cluster://node:7000/2", "no database", id="a database"),
+        pytest.param("redis+cluster://", "host:port", id="no node"),
+        pytest.param("redis+cluster://node:x", "port must be a number", id="a port that is not one"),
+    ],
+)
+def test_a_malformed_cluster_url_is_refused_with_what_is_wrong(url: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_cluster_url(url)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[int]]:
+    """Three redis-server nodes joined in a cluster (no replicas), on free ports."""
+    ports = [_cluster_port() for _ in range(3)]
+    nodes = []
+    try:
+        for port in ports:
+            folder = tmp_path / str(port)
+            folder.mkdir()
+            argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
+            argv += ["--cluster-config-file", str(folder / "nodes.conf"), "--save", "", "--appendonly", "no"]
+            nodes.append(subprocess.Popen(argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_until(lambda: all(_pings(port) for port in ports), what="every cluster node to answer")
+        create = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"]
+        subprocess.run(create, check=True, capture_output=True, timeout=30)
+        wait_until(lambda: _cluster_ok(ports[0]), what="the cluster to be ok")
+        yield ports
+    finally:
+        for node in nodes:
+            node.kill()
+            node.wait()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too (so at most 55535)."""
+    for _ in range(1000):
+        port = free_port()
+        if port <= 55535:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+    raise AssertionError("no free port pair for a cluster node")
+
+
+def _pings(port: int) -> bool:
+    try:
+        with redis.Redis(port=port, socket_timeout=0.5) as client:
+            return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def _cluster_ok(port: int) -> bool:
+    with redis.Redis(port=port, socket_timeout=0.5) as client:
+        return bool(client.cluster("info").get("cluster_state") == "ok")
+
+
+async def test_the_limit_store_works_on_a_redis_cluster_each_tenant_in_one_slot(cluster: list[int]) -> None:
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in cluster[:2])
+    store = RedisLimitStore(RedisConfig(url=url, key_prefix=unique_prefix(), timeout_s=1.0, request_budget_s=2.0))
+    rpm = Bucket("rpm", 2, 2 / 60)
+    try:
+        assert await store.check()
+        tenants = [f"tenant-{i}" for i in range(12)]  # their hash tags spread over the three nodes
+        for tenant in tenants:
+            ask = Ask(scope=tenant, slot_limit=5, takes=(Take(rpm, 1),))
+            assert [(await store.admit(ask)).admitted for _ in range(3)] == [True, True, False]
+        assert await store.check()  # one pipeline of syncs, split by node
+        assert [await store.slots_in_use(tenant) for tenant in tenants] == [2] * len(tenants)
+        assert store.up
     finally:
         await store.aclose()

@@ -34,7 +34,10 @@ REDIS_PORT = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
 
 
 def acme() -> Tenant:
-    text = build_policy(tenants={"acme": {"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 1000}}})
+    """Limits the requests below never reach; a concurrency limit under 16 keeps no spare slot in
+    a lease (``limitstore/lease.py``), so every admission and every settlement waits on Redis, as
+    every request did before leases: the stalls must overlap those waits."""
+    text = build_policy(tenants={"acme": {"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 15}}})
     return parse_policy(text, "t.yaml").policy.tenants[0]
 
 
