@@ -89,6 +89,11 @@ async def test_an_emptied_queue_forgets_history() -> None:
         pytest.param([1.0, 2.0, 3.0], 4.0, None, id="too few dispatches means no estimate"),
         pytest.param([0.0, 1.0, 2.0, 3.0, 4.0], 4.0, 5 / 4, id="five dispatches in four seconds"),
         pytest.param([0.0, 1.0, 2.0, 3.0, 4.0], 30.0, None, id="old dispatches leave the window"),
+        pytest.param(
+            [0.0, 0.1, 0.2, 0.3, 0.4, 8.4, 8.4, 8.4, 8.45], 8.5, 4 / 0.1, id="a burst after an idle spell: its own rate"
+        ),
+        pytest.param([0.0, 0.1, 0.2, 0.3, 0.4, 8.4, 8.45], 8.5, None, id="a burst after an idle spell: too few yet"),
+        pytest.param([0.0, 1.9, 3.8, 5.7], 6.0, 4 / 6.0, id="slow dispatches without an idle gap: one rate"),
     ],
 )
 def test_drain_rate(times: list[float], now: float, expected: float | None) -> None:

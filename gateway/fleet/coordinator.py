@@ -51,6 +51,7 @@ from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
 from gateway.fleet.quota import EMPTY, Quota, Share, TenantUse, at_most, fallback, paced, partition, shared
 from gateway.limitstore.lag import FreeTimeout, LoopLag
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.queueing import IDLE_GAP_S
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,7 @@ class FleetCoordinator:
         """Syncs are timed in the event loop's free time (``gateway/limitstore/lag.py``)."""
         self._wake = asyncio.Event()
         self._sent: dict[str, deque[tuple[float, int]]] = {}
+        self._last_sent: dict[str, float] = {}  # when each backend's count last moved
         """Each backend's ``dispatched`` count at recent syncs, for this process's rate."""
 
     def wake(self) -> None:
@@ -296,8 +298,13 @@ class FleetCoordinator:
             log.info("fleet: could not leave the ledger (%s); the part is freed after the drain", type(exc).__name__)
 
     def _rate(self, backend: str, dispatched: int, now: float) -> float:
-        """Requests per second this process sent to ``backend`` over the last ``RATE_WINDOW_S``."""
+        """Requests per second this process sent to ``backend`` over the last ``RATE_WINDOW_S``,
+        since it last went idle (nothing sent for ``IDLE_GAP_S``: see ``DrainMeter``)."""
         samples = self._sent.setdefault(backend, deque())
+        if samples and samples[-1][1] == dispatched and now - self._last_sent.get(backend, now) >= IDLE_GAP_S:
+            samples.clear()  # idle: the others would read this spell's demand as the drain rate
+        if not samples or samples[-1][1] != dispatched:
+            self._last_sent[backend] = now
         samples.append((now, dispatched))
         while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW_S:
             samples.popleft()
