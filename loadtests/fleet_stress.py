@@ -20,6 +20,10 @@ the workers' port), and waits for every answer. A cell "after 8 s" starts its pr
 and sends each burst 8 s after the gateways were ready or the previous burst ended (the settled
 fleet; the start-up race is the "at once" cells' part).
 
+``python -m loadtests.fleet_stress --scenario fairness [options]`` runs the fairness scenario
+instead (``loadtests/fleet_fairness.py``: a light tenant's time to first byte on one replica
+while a neighbour floods another, against the light tenant alone).
+
 Per run: the most requests the engine ever held (``sim:requests_held_max``, counted by the
 engine at every submission: exact) and the most it was seen running (``vllm:num_requests_running``
 sampled at ``--sample-hz``), the most batch requests it held, the answers by status, the
@@ -334,6 +338,11 @@ def line(row: dict[str, object], capacity: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:2] == ["--scenario", "fairness"]:  # the same bench's fairness scenario (its own options)
+        from loadtests import fleet_fairness
+
+        return fleet_fairness.main(args_in[2:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--baseline-runs", type=int, default=5)

@@ -1,0 +1,78 @@
+"""``loadtests/fleet_scale.py`` counts what it claims to count, and its whole run produces a sizing.
+
+Real parts: a private ``redis-server`` whose own command statistics the client-side counts are
+checked against, and the bench itself (its worker processes, its private Redis servers) on a
+tiny fleet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from loadtests import fleet_scale
+from loadtests.fleet_scale import Tally, fit_line, instrument, under
+from tests.limitstore.redis_server import RedisProcess
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    process = RedisProcess()
+    process.start()
+    yield process
+    process.stop()
+
+
+async def test_each_round_trip_and_command_counts_under_its_source_as_redis_saw_them(server: RedisProcess) -> None:
+    tally = Tally()
+    restore = instrument(tally)
+    try:
+        client = aioredis.Redis.from_url(server.url)
+        await under("one", client.set("k", "1"))
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set("a", "1")
+            pipe.set("b", "2")
+            pipe.get("a")
+            await under("pipelined", pipe.execute())
+        script = client.register_script("return redis.call('GET', KEYS[1])")
+        await under("script", script(keys=["k"]))  # EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA: three round trips
+        await client.aclose()
+    finally:
+        restore()
+    assert tally.round_trips == {"one": 1, "pipelined": 1, "script": 3}
+    assert tally.commands == {"one": 1, "pipelined": 3, "script": 3}
+    assert tally.handshakes["one"] >= 1, "the connection's handshake is counted apart"
+    with server.client() as sync:
+        stats = sync.info("commandstats")
+    assert stats["cmdstat_set"]["calls"] == 3
+    assert stats["cmdstat_evalsha"]["calls"] == 2
+    assert set(tally.signatures) >= {"SET", "GET", "SCRIPT", "EVALSHA " + fleet_scale._text(script.sha)[:12]}
+
+
+def test_a_line_fits_exactly_and_one_point_has_no_slope() -> None:
+    assert fit_line([(1, 3), (2, 5), (4, 9)]) == pytest.approx((1.0, 2.0))
+    assert fit_line([(10, 7)]) == (7.0, 0.0)
+
+
+def test_the_bench_measures_a_small_fleet_and_sizes_the_large_ones(tmp_path: Path) -> None:
+    fleet_scale.main(
+        [
+            "--processes", "2,3", "--rate", "4", "--rate-high", "8", "--warmup-s", "1", "--window-s", "2",
+            "--calibrate-concurrency", "4", "--label", "tiny", "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    document = json.loads((tmp_path / "tiny.json").read_text())
+    cells = document["cells"]
+    assert [(c["processes"], c["rate_per_process"]) for c in cells] == [(2, 4.0), (2, 8.0), (3, 4.0)]
+    for cell in cells:
+        assert cell["requests_per_s"] > 0
+        assert cell["sources"]["ledger"]["round_trips_per_process_per_s"] > 2, "the coordinator synced"
+        assert cell["sources"]["prefix"]["round_trips_per_process_per_s"] > 2, "the prefix view exchanged"
+        assert all(family["connected_clients"] > 0 for family in cell["families"].values())
+    assert [f["replicas"] for f in document["fleets"]] == [10, 100, 1000]
+    assert all(f["redis_cpu_cores"] > 0 and f["memory_bytes"] > 0 for f in document["fleets"])
+    assert "extrapolated to 2000 req/s per replica" in (tmp_path / "tiny.txt").read_text()
