@@ -3,7 +3,11 @@
 ``Dispatcher.acquire`` is the only way to a backend. Its rule, per model:
 
 1. Fast path: when nothing of the same or a higher class waits and some healthy backend has
-   room (``capacity.has_room``), the request is placed at once, no queue involved.
+   room (``capacity.has_room``), the request is placed at once, no queue involved. In a fleet whose
+   parts move (``fleet_rebalances``), a new request (not a retry) whose router favourite among
+   the backends with room fleet-wide has none in this process's part is queued instead (neither
+   refused by the queue bound nor by the estimate: it had room) and waits for that part at most
+   ``FAVOURITE_WAIT_S`` (the coordinator syncs at once), then takes what has room.
 2. Otherwise it must wait, and is refused immediately (503, with ``Retry-After``) when
    - the class's queue already holds ``queue.max_depth`` requests (``queue_full``), or
    - its estimated wait exceeds the class's wait budget (``max_wait_s``; by default its TTFT
@@ -46,11 +50,12 @@ from gateway.backends import BackendPool, BackendState, Lane
 from gateway.capacity import has_room
 from gateway.clock import Clock
 from gateway.errors import NoHealthyBackend, NotFound, Overloaded
-from gateway.fleet.quota import TenantUse, busiest
+from gateway.fleet.quota import TenantUse
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.queueing import ClassQueue, DrainMeter, Ticket
 from gateway.routing.base import Router, RoutingDecision
+from gateway.tenant_load import Others, TenantLoad
 from gateway.types import InferenceRequest
 
 
@@ -78,23 +83,24 @@ SERVICE_TTFT_WEIGHT = 1 / 8
 SERVICE_DEV_WEIGHT = 1 / 4
 """Gains of the dispatch-to-first-token estimator (RFC 6298's alpha and beta)."""
 
-RECENT_S = 10.0
-"""A tenant served this recently, idle now, is still reported to the fleet's ledger (headroom for its next arrival)."""
+FAVOURITE_WAIT_S = 0.25
+"""How long a new request may wait for this process's part of the backend its router prefers when
+that backend has room fleet-wide (another process's part is idle there) while another has room
+here. The ledger moves a part at the next sync (the coordinator is woken at once: a few tens of
+milliseconds), and the favourite usually holds the request's prefix (a conversation's slot): going
+elsewhere computes the whole history again, seconds of prefill against this fraction of one. Never
+more than half of what the request may wait, never for a retry (it left a backend on purpose)."""
 
 ESTIMATE_MARGIN = 1.25
 """Refuse when the estimated wait is within 25% of what the request may wait: a request that
 would likely time out in the queue is better refused at once, while its client can still retry."""
 
 
-@dataclass(slots=True)
-class Served:
-    """A tenant's latest dispatch to a backend (for the fleet's ledger: ``Dispatcher.tenants``)."""
+class _Hold:
+    """``Dispatcher._place``'s answer when the request should wait for this process's part of its favourite."""
 
-    at: float
-    tokens: int
-    peak: int
-    """The most requests it had in flight there at once, reached at ``peak_at`` (within ``RECENT_S``)."""
-    peak_at: float
+
+HOLD = _Hold()
 
 
 def system_full(code: str, message: str, retry_after_s: float) -> Overloaded:
@@ -214,14 +220,10 @@ class Dispatcher:
         self._api_lanes: dict[tuple[str, str], tuple[Lane, Lane]] = {}
         self._classes: dict[str, PriorityClass] = {}
         self._fresh_s = snapshot.policy.scrape.fresh_s
-        self._use: dict[str, dict[tuple[int, str], list[int]]] = {}
-        """Requests and tokens in flight per backend, by (class rank, tenant)."""
-        self._served: dict[str, dict[tuple[int, str], Served]] = {}
-        """When each (class rank, tenant) was last given each backend, that request's tokens, and
-        the most it has had in flight there lately."""
-        self._weights: dict[str, float] = {}
-        self._elsewhere: dict[str, Mapping[int, Mapping[str, tuple[float, int]]]] = {}
-        """What the other processes of the fleet have waiting per backend, by class rank and tenant."""
+        self.load = TenantLoad()
+        """Per-tenant use of each backend, what the fleet's ledger shares by (``gateway/tenant_load.py``)."""
+        self._holding: set[int] = set()
+        """The tickets (by ``id``) within their ``FAVOURITE_WAIT_S``: ``_place`` holds them for their favourite."""
         self.apply(snapshot)
 
     def apply(self, snapshot: PolicySnapshot) -> None:
@@ -273,46 +275,23 @@ class Dispatcher:
 
     def tenants(self) -> dict[str, list[TenantUse]]:
         """Each backend's busiest tenants here, by class rank: in flight, waiting (a request waiting
-        for a lane counts for each of its backends), and served lately (``busiest``)."""
-        rows: dict[str, dict[tuple[int, str], list[int]]] = {}
-        for backend, uses in self._use.items():
-            for key, (count, tokens) in uses.items():
-                rows.setdefault(backend, {})[key] = [count, tokens, 0, 0]
-        for mq in self._queues.values():
-            if not mq.depth:
-                continue
-            states = mq.lane if mq.lane is not None else self.pool.for_model(mq.model)
-            for queue in mq.classes:
-                for tenant, (count, tokens) in queue.by_tenant().items() if queue.depth else ():
-                    for state in states:
-                        row = rows.setdefault(state.name, {}).setdefault((queue.rank, tenant), [0, 0, 0, 0])
-                        row[2] += count
-                        row[3] += tokens
-        horizon = self.clock.now() - RECENT_S
-        for backend, served in self._served.items():
-            for key in [key for key, seen in served.items() if seen.at < horizon]:
-                del served[key]
-            for key in served:
-                rows.setdefault(backend, {}).setdefault(key, [0, 0, 0, 0])
-        return {
-            backend: busiest([self._tenant_use(backend, key, row) for key, row in entries.items()])
-            for backend, entries in rows.items()
-        }
+        for a lane counts for each of its backends), and served lately (``TenantLoad.tenants``)."""
+        waiting = [
+            (
+                [state.name for state in (mq.lane if mq.lane is not None else self.pool.for_model(mq.model))],
+                queue.rank,
+                queue.by_tenant(),
+            )
+            for mq in self._queues.values()
+            if mq.depth
+            for queue in mq.classes
+            if queue.depth
+        ]
+        return self.load.tenants(waiting, self.clock.now())
 
-    def _tenant_use(self, backend: str, key: tuple[int, str], row: list[int]) -> TenantUse:
-        rank, tenant = key
-        count, tokens, waiting, waiting_tokens = row
-        seen = self._served.get(backend, {}).get(key)
-        latest, peak = (seen.tokens, seen.peak) if seen is not None else (0, 0)
-        weight = self._weights.get(tenant, 1.0)
-        return TenantUse(tenant, rank, weight, count, tokens, waiting, waiting_tokens, latest, peak)
-
-    def heard(self, backend: str, others: Mapping[int, Mapping[str, tuple[float, int]]]) -> None:
+    def heard(self, backend: str, others: Others) -> None:
         """The fleet's ledger says what the other processes have waiting for ``backend``, by class and tenant."""
-        if others:
-            self._elsewhere[backend] = others
-        else:
-            self._elsewhere.pop(backend, None)
+        self.load.heard(backend, others)
 
     def depth(self, model: str, rank: int) -> int:
         """Requests of class ``rank`` waiting for ``model``, in all its lanes."""
@@ -353,15 +332,20 @@ class Dispatcher:
         mq = self._lane_queues(self._lane(request, tenant))
         tokens = request.prompt_tokens + request.max_tokens
         now = self.clock.now()
-        if mq.waiting_at_or_above(priority_class.rank) == 0:
-            decision = self._place(request, tenant, priority_class, tokens, now, exclude)
-            if decision is not None:
-                self._commit(request, tenant, decision, priority_class.rank, tokens)
-                mq.meter.count(now)
-                return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key, tenant=tenant.name)
         if max_wait_s is not None:
             deadline = min(deadline, now + max_wait_s)
-        return await self._wait(mq, request, tenant, class_name, priority_class, tokens, deadline, now, exclude)
+        held = False
+        if mq.waiting_at_or_above(priority_class.rank) == 0:
+            may_wait = min(mq.wait_budget(priority_class), deadline - now) > 0
+            decision = self._place(request, tenant, priority_class, tokens, now, exclude, hold=may_wait)
+            if decision is not None and not isinstance(decision, _Hold):
+                self._commit(request, tenant, decision, priority_class.rank, tokens)
+                mq.meter.count(now, drained=mq.depth == 0)
+                return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key, tenant=tenant.name)
+            held = isinstance(decision, _Hold)
+        return await self._wait(
+            mq, request, tenant, class_name, priority_class, tokens, deadline, now, exclude, held=held
+        )
 
     def place_now(self, request: InferenceRequest, tenant: Tenant, priority_class: PriorityClass) -> Grant | None:
         """A backend for ``request`` at once, or None: the fast path of ``acquire`` alone, never a queue.
@@ -385,7 +369,7 @@ class Dispatcher:
         mq = self._lane_queues(lane)
         decision = self.router_for(model).pick(request, tenant, roomy)
         self._commit(request, tenant, decision, priority_class.rank, tokens)
-        mq.meter.count(now)
+        mq.meter.count(now, drained=mq.depth == 0)
         return Grant(decision, priority_class.rank, tokens, 0.0, now, lane=mq.key, tenant=tenant.name)
 
     def _awaited_backends(self) -> set[str]:
@@ -407,22 +391,29 @@ class Dispatcher:
         deadline: float,
         now: float,
         exclude: frozenset[str],
+        held: bool = False,
     ) -> Grant:
+        """Queue the request until a backend is handed to it. ``held``: it had room here already, only
+        not on its favourite (``_place``): it is neither judged by the queue bound nor the wait estimate,
+        and waits at most its hold, after which it takes what has room."""
         queue = mq.queue(class_name, priority_class)
         limit = priority_class.queue
         rate = self._drain_rate(mq, now)
         budget = min(mq.wait_budget(priority_class), deadline - now)
-        ahead = self._ahead(mq, queue, tenant, budget, rate)
-        estimate = (ahead + 1) / rate if rate else 0.0
-        if ahead == 0 and self._held_elsewhere(mq, priority_class.rank, tokens):
-            estimate = 0.0  # room comes with the next sync (woken below), not with a request's end
-        freed = 0
-        if self.on_wait is not None:  # shadows give their slots back: a real request never waits on them
-            freed = self.on_wait(mq.lane if mq.lane is not None else self.pool.for_model(mq.model))
-        if ahead < freed:
-            estimate = 0.0  # a slot a shadow gives back is this request's, in a moment
-        elif queue.depth >= limit.max_depth:
-            self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
+        hold_s = min(FAVOURITE_WAIT_S, budget / 2) if self.fleet_rebalances and not exclude else 0.0
+        estimate = 0.0
+        if not held:
+            ahead = self._ahead(mq, queue, tenant, budget, rate)
+            estimate = (ahead + 1) / rate if rate else 0.0
+            if ahead == 0 and self._held_elsewhere(mq, priority_class.rank, tokens):
+                estimate = 0.0  # room comes with the next sync (woken below), not with a request's end
+            freed = 0
+            if self.on_wait is not None:  # shadows give their slots back: a real request never waits on them
+                freed = self.on_wait(mq.lane if mq.lane is not None else self.pool.for_model(mq.model))
+            if ahead < freed:
+                estimate = 0.0  # a slot a shadow gives back is this request's, in a moment
+            elif queue.depth >= limit.max_depth:
+                self._make_room(queue, request, tenant, class_name, limit.max_depth, estimate)
         if estimate * ESTIMATE_MARGIN > budget:
             raise system_full(
                 "deadline_unmeetable",
@@ -434,11 +425,18 @@ class Dispatcher:
         future: asyncio.Future[RoutingDecision] = asyncio.get_running_loop().create_future()
         ticket = Ticket(request, tenant, tokens, now, future, exclude=exclude)
         queue.push(ticket)
-        self._weights[tenant.name] = tenant.weight
+        self.load.weigh(tenant.name, tenant.weight)
+        if hold_s > 0:
+            self._holding.add(id(ticket))
         if self.on_pressure is not None:
-            self.on_pressure()
+            self.on_pressure()  # the waiting request is reported for every backend of its lane, its favourite's too
         try:
             async with asyncio.timeout(budget):
+                if hold_s > 0:
+                    await asyncio.wait((future,), timeout=hold_s)
+                    self._holding.discard(id(ticket))
+                    if not future.done():  # its hold is over: it takes what has room
+                        self.hand_out(request.model)
                 decision = await future
         except BaseException as exc:
             if future.done() and not future.cancelled() and future.exception() is None:
@@ -456,6 +454,8 @@ class Dispatcher:
                     estimate,
                 ) from None
             raise
+        finally:
+            self._holding.discard(id(ticket))
         granted_at = self.clock.now()
         return Grant(
             decision, priority_class.rank, tokens, granted_at - now, granted_at, lane=mq.key, tenant=tenant.name
@@ -475,7 +475,7 @@ class Dispatcher:
         here = queue.ahead_of(tenant.name, limit)
         elsewhere: dict[str, tuple[float, int]] = {}
         for state in states:  # a request waiting for a lane counts for each backend: the most, not the sum
-            for name, (weight, count) in self._elsewhere.get(state.name, {}).get(rank, {}).items():
+            for name, (weight, count) in self.load.elsewhere(state.name).get(rank, {}).items():
                 if count > elsewhere.get(name, (0.0, 0))[1]:
                     elsewhere[name] = (weight, count)
         mine = queue.waiting_of(tenant.name) + elsewhere.pop(tenant.name, (0.0, 0))[1]
@@ -553,12 +553,26 @@ class Dispatcher:
         tokens: int,
         now: float,
         exclude: frozenset[str] = frozenset(),
-    ) -> RoutingDecision | None:
+        hold: bool = False,
+    ) -> RoutingDecision | _Hold | None:
+        """The router's choice among the backends with room here; None when none has room.
+
+        ``hold`` (a new request, not a retry, in a fleet whose parts move): ``HOLD`` when the
+        router's favourite among the backends with room fleet-wide has none in this process's
+        part while another has: the request waits for that part (``FAVOURITE_WAIT_S``)."""
         model = request.model
         candidates = self._lane(request, tenant).states
         roomy = [s for s in candidates if has_room(s, priority_class, tokens, now, self._fresh_s)]
         if exclude and len(roomy) > 1:  # a retry goes elsewhere when elsewhere has room
             roomy = [s for s in roomy if s.name not in exclude] or roomy
+        if hold and roomy and not exclude and self.fleet_rebalances and len(roomy) < len(candidates):
+            fleet_room = [
+                s for s in candidates if self.pool.usable(s) and s.fleet_in_flight < s.backend.capacity.max_concurrent
+            ]
+            if len(fleet_room) > len(roomy):
+                favourite = self.router_for(model).pick(request, tenant, fleet_room).state
+                if favourite not in roomy:
+                    return HOLD
         if roomy:
             return self.router_for(model).pick(request, tenant, roomy)
         if not any(self.pool.usable(s) for s in candidates):
@@ -614,19 +628,7 @@ class Dispatcher:
         self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision, rank: int, tokens: int
     ) -> None:
         decision.state.reserve(rank, tokens)
-        backend, key = decision.state.name, (rank, tenant.name)
-        use = self._use.setdefault(backend, {}).setdefault(key, [0, 0])
-        use[0] += 1
-        use[1] += tokens
-        now = self.clock.now()
-        seen = self._served.setdefault(backend, {}).get(key)
-        if seen is None:
-            self._served[backend][key] = Served(now, tokens, use[0], now)
-        else:
-            seen.at, seen.tokens = now, tokens
-            if use[0] >= seen.peak or seen.peak_at < now - RECENT_S:
-                seen.peak, seen.peak_at = use[0], now
-        self._weights[tenant.name] = tenant.weight
+        self.load.dispatched(decision.state.name, rank, tenant.name, tenant.weight, tokens, self.clock.now())
         self.router_for(request.model).on_dispatch(request, tenant, decision)
         if self.on_routed is not None:
             self.on_routed(request, decision)
@@ -647,13 +649,7 @@ class Dispatcher:
         state = grant.state
         state.unreserve(grant.rank, grant.tokens, grant.prefilling)
         grant.prefilling = False
-        uses = self._use.get(state.name, {})
-        use = uses.get((grant.rank, grant.tenant))
-        if use is not None:
-            use[0] -= 1
-            use[1] -= grant.tokens
-            if use[0] <= 0:
-                del uses[(grant.rank, grant.tenant)]
+        self.load.released(state.name, grant.rank, grant.tenant, grant.tokens)
         if state.others_waiting and self.on_pressure is not None:
             self.on_pressure()
         self.hand_out(model)
@@ -682,16 +678,24 @@ class Dispatcher:
                 queue.remove(ticket)
                 continue
             try:
-                decision = self._place(ticket.request, ticket.tenant, queue.policy, ticket.cost, now, ticket.exclude)
+                decision = self._place(
+                    ticket.request,
+                    ticket.tenant,
+                    queue.policy,
+                    ticket.cost,
+                    now,
+                    ticket.exclude,
+                    hold=id(ticket) in self._holding,
+                )
             except NoHealthyBackend as error:
                 queue.pop(ticket)
                 ticket.future.set_exception(error)
                 continue
-            if decision is None:
+            if decision is None or isinstance(decision, _Hold):
                 return False
             queue.pop(ticket)
             self._commit(ticket.request, ticket.tenant, decision, queue.rank, ticket.cost)
-            mq.meter.count(now)
+            mq.meter.count(now, drained=mq.depth == 0)
             ticket.future.set_result(decision)
         return queue.depth == 0
 

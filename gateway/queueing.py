@@ -189,28 +189,32 @@ class ClassQueue:
 
 
 IDLE_GAP_S = 2.0
-"""A lane that dispatched nothing for this long was idle, not slow: its drain rate is measured
-again from the next dispatch (``DrainMeter``)."""
+"""A lane that left its queue empty and dispatched nothing for this long was idle, not slow: its
+drain rate is measured again from the next dispatch (``DrainMeter``)."""
 
 
 class DrainMeter:
     """Dispatches per second over a sliding window, to estimate how long a queue takes to drain.
 
-    The rate is measured since the lane last went idle (no dispatch for ``IDLE_GAP_S``): a window
-    that spans an idle spell counts the demand of that spell, not what the engines can drain. A
-    burst arriving 8 s after the previous one ended once found the last few dispatches of that
-    one in the window, a rate of 0.4 a second where the engines drained 30, and was refused
-    ``deadline_unmeetable`` by the tens while one process's meter, empty, refused nothing."""
+    The rate is measured since the lane was last idle: a dispatch that left nothing waiting
+    (``drained``) followed by none for ``IDLE_GAP_S``. A window that spans an idle spell counts
+    the demand of that spell, not what the engines can drain: a burst arriving 8 s after the
+    previous one ended once found the last few dispatches of that one in the window, a rate of
+    0.4 a second where the engines drained 30, and was refused ``deadline_unmeetable`` by the
+    tens. A slow lane whose queue never empties (long requests) keeps its whole window."""
 
-    __slots__ = ("_times", "_window_s")
+    __slots__ = ("_drained_at", "_times", "_window_s")
 
     def __init__(self, window_s: float = 10.0) -> None:
         self._window_s = window_s
         self._times: deque[float] = deque()
+        self._drained_at: float | None = None
 
-    def count(self, now: float) -> None:
-        if self._times and now - self._times[-1] >= IDLE_GAP_S:
+    def count(self, now: float, *, drained: bool = False) -> None:
+        """A dispatch at ``now``; ``drained``: it left nothing waiting in the queue."""
+        if self._drained_at is not None and now - self._drained_at >= IDLE_GAP_S:
             self._times.clear()  # the lane was idle: measure afresh
+        self._drained_at = now if drained else None
         self._times.append(now)
         self._trim(now)
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from gateway.backends import BackendPool
+from gateway.backends import BackendPool, BackendState
 from gateway.dialects.chat import CHAT
-from gateway.dispatch import Dispatcher, Grant
+from gateway.dispatch import FAVOURITE_WAIT_S, Dispatcher, Grant
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.fleet.quota import Quota
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.routing.base import RoutingDecision
 from gateway.routing.least_load import LeastLoadRouter
 from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
@@ -558,3 +560,116 @@ async def test_higher_classes_waiting_in_other_processes_are_ahead(snapshot: Pol
     assert error.value.code == "deadline_unmeetable", "four interactive requests elsewhere, at 1/s"
     b1.others_waiting = {}
     dispatcher.give_back("m", grant)
+
+
+class PrefersB1(LeastLoadRouter):
+    """Picks ``b1`` whenever it is a candidate (a conversation's slot is there), else the least loaded."""
+
+    def pick(self, request: InferenceRequest, tenant: Any, candidates: Sequence[BackendState]) -> RoutingDecision:
+        chosen = next((s for s in candidates if s.name == "b1"), None)
+        return RoutingDecision(chosen, "test", "prefix_match") if chosen else super().pick(request, tenant, candidates)
+
+
+def favourite_setup(rebalanced: bool = True) -> tuple[Dispatcher, PolicySnapshot, list[int]]:
+    """``b1`` (the router's favourite) idle fleet-wide but none of it this process's part; ``b2`` all here."""
+    snapshot = parse_policy(
+        dispatch_policy(
+            backends=[
+                backend_entry("b1", NOWHERE, ["m"], kind="sim", capacity={"max_concurrent": 2}),
+                backend_entry("b2", NOWHERE, ["m"], kind="sim", capacity={"max_concurrent": 2}),
+            ]
+        ),
+        "t.yaml",
+    )
+    router = PrefersB1()
+    dispatcher = Dispatcher(BackendPool(snapshot), lambda model: router, FakeClock(), snapshot)
+    dispatcher.fleet_rebalances = rebalanced
+    woken: list[int] = []
+    dispatcher.on_pressure = lambda: woken.append(1)
+    b1 = next(s for s in dispatcher.pool.all() if s.name == "b1")
+    b1.quota = Quota(0, 0)
+    return dispatcher, snapshot, woken
+
+
+def backend_named(dispatcher: Dispatcher, name: str) -> BackendState:
+    return next(s for s in dispatcher.pool.all() if s.name == name)
+
+
+async def test_a_request_waits_for_its_favourites_part_and_goes_there() -> None:
+    """The favourite has room fleet-wide, only not in this process's part: the request queues (the
+    coordinator is woken, and the demand is reported for the favourite), and takes the favourite
+    once the sync moves a part here, rather than ``b2`` which has room at once."""
+    dispatcher, snapshot, woken = favourite_setup()
+    snapshot_tenant = snapshot.policy.tenants[0]
+    priority_class = snapshot.policy.classes["interactive"]
+    waiting = asyncio.create_task(
+        dispatcher.acquire(request(), snapshot_tenant, "interactive", priority_class, deadline=1e9)
+    )
+    await asyncio.sleep(0)
+    assert not waiting.done(), "held for its favourite's part"
+    assert woken, "the coordinator syncs at once"
+    assert dispatcher.waiting()["b1"][0][0] == 1, "the wait is reported for the favourite"
+    assert "b1" in dispatcher.tenants()
+    backend_named(dispatcher, "b1").quota = Quota(2, 1_000_000)  # the sync's grant
+    dispatcher.hand_out_all()
+    grant = await asyncio.wait_for(waiting, 5)
+    assert grant.state.name == "b1"
+    dispatcher.give_back("m", grant)
+    assert backend_named(dispatcher, "b1").in_flight == 0
+
+
+@pytest.mark.parametrize("deadline_s", [1e9, 0.2], ids=["class budget", "short deadline"])
+async def test_a_held_request_takes_what_has_room_once_its_hold_is_over(deadline_s: float) -> None:
+    """No part comes: after ``FAVOURITE_WAIT_S`` (at most half of what it may wait) the request
+    takes ``b2``; it is neither refused nor kept past its deadline."""
+    dispatcher, snapshot, _ = favourite_setup()
+    policy = snapshot.policy
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = dispatcher.clock.now() + deadline_s
+    grant = await asyncio.wait_for(
+        dispatcher.acquire(request(), policy.tenants[0], "interactive", policy.classes["interactive"], deadline), 5
+    )
+    waited = loop.time() - started
+    assert grant.state.name == "b2"
+    bound = min(FAVOURITE_WAIT_S, deadline_s / 2)
+    assert bound * 0.9 <= waited < min(deadline_s, bound + 0.5)
+    dispatcher.give_back("m", grant)
+
+
+@pytest.mark.parametrize("retry", [True, False], ids=["a retry", "fixed parts"])
+async def test_a_retry_or_a_fleet_without_moving_parts_is_never_held(retry: bool) -> None:
+    dispatcher, snapshot, woken = favourite_setup(rebalanced=retry)
+    policy = snapshot.policy
+    exclude = frozenset({"b3"}) if retry else frozenset()
+    acquiring = asyncio.ensure_future(
+        dispatcher.acquire(
+            request(), policy.tenants[0], "interactive", policy.classes["interactive"], 1e9, exclude=exclude
+        )
+    )
+    await asyncio.sleep(0)
+    assert acquiring.done(), "placed at once"
+    grant = acquiring.result()
+    assert (grant.state.name, grant.queued_s) == ("b2", 0.0)
+    assert not woken
+    dispatcher.give_back("m", grant)
+
+
+async def test_a_queued_retry_takes_the_first_room_not_its_favourite() -> None:
+    """A retry that had to queue (no room here) is handed the first backend to free up, even while
+    its favourite has room only fleet-wide: it left a backend on purpose and is never held."""
+    dispatcher, snapshot, _ = favourite_setup()
+    policy = snapshot.policy
+    tenant, interactive = policy.tenants[0], policy.classes["interactive"]
+    exclude = frozenset({"b3"})
+    grants = [await dispatcher.acquire(request(), tenant, "interactive", interactive, 1e9, exclude) for _ in range(2)]
+    assert [g.state.name for g in grants] == ["b2", "b2"]
+    retry = asyncio.create_task(dispatcher.acquire(request(), tenant, "interactive", interactive, 1e9, exclude))
+    await asyncio.sleep(0)
+    assert not retry.done(), "no room here: queued"
+    dispatcher.give_back("m", grants[0])
+    await asyncio.sleep(0)
+    assert retry.done(), "handed b2 as soon as it frees"
+    assert retry.result().state.name == "b2"
+    for grant in (grants[1], retry.result()):
+        dispatcher.give_back("m", grant)

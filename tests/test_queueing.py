@@ -89,17 +89,45 @@ async def test_an_emptied_queue_forgets_history() -> None:
         pytest.param([1.0, 2.0, 3.0], 4.0, None, id="too few dispatches means no estimate"),
         pytest.param([0.0, 1.0, 2.0, 3.0, 4.0], 4.0, 5 / 4, id="five dispatches in four seconds"),
         pytest.param([0.0, 1.0, 2.0, 3.0, 4.0], 30.0, None, id="old dispatches leave the window"),
-        pytest.param(
-            [0.0, 0.1, 0.2, 0.3, 0.4, 8.4, 8.4, 8.4, 8.45], 8.5, 4 / 0.1, id="a burst after an idle spell: its own rate"
-        ),
-        pytest.param([0.0, 0.1, 0.2, 0.3, 0.4, 8.4, 8.45], 8.5, None, id="a burst after an idle spell: too few yet"),
-        pytest.param([0.0, 1.9, 3.8, 5.7], 6.0, 4 / 6.0, id="slow dispatches without an idle gap: one rate"),
     ],
 )
 def test_drain_rate(times: list[float], now: float, expected: float | None) -> None:
     meter = DrainMeter(window_s=10.0)
     for t in times:
         meter.count(t)
+    assert meter.rate(now) == (pytest.approx(expected) if expected is not None else None)
+
+
+BURST_THEN_IDLE = [(0.0, False), (0.1, False), (0.2, False), (0.3, False), (0.4, True)]  # the last left none waiting
+
+
+@pytest.mark.parametrize(
+    ("dispatches", "now", "expected"),
+    [
+        pytest.param(
+            [*BURST_THEN_IDLE, (8.4, False), (8.4, False), (8.4, False), (8.45, False)],
+            8.5,
+            4 / 0.1,
+            id="a burst after an idle spell: its own rate",
+        ),
+        pytest.param([*BURST_THEN_IDLE, (8.4, False), (8.45, False)], 8.5, None, id="after an idle spell: too few yet"),
+        pytest.param(
+            [*BURST_THEN_IDLE, (1.0, False), (1.1, False)], 1.2, 7 / 1.2, id="a short pause is not an idle spell"
+        ),
+        pytest.param(
+            [(0.0, False), (2.5, False), (5.0, False), (7.5, False)],
+            8.0,
+            4 / 8.0,
+            id="slow dispatches with a queue waiting: one rate",
+        ),
+    ],
+)
+def test_drain_rate_restarts_after_an_idle_spell(
+    dispatches: list[tuple[float, bool]], now: float, expected: float | None
+) -> None:
+    meter = DrainMeter(window_s=10.0)
+    for t, drained in dispatches:
+        meter.count(t, drained=drained)
     assert meter.rate(now) == (pytest.approx(expected) if expected is not None else None)
 
 

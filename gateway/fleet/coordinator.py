@@ -225,7 +225,7 @@ class FleetCoordinator:
                     rank: Share(count, state.class_tokens.get(rank, 0)) for rank, count in state.class_in_flight.items()
                 },
                 waiting=waiting.get(state.name, EMPTY_WAITING),
-                rate=self._rate(state.name, state.dispatched, now),
+                rate=self._rate(state.name, state.dispatched, now, bool(waiting.get(state.name))),
                 applied=state.quota,
                 tenants=tenants.get(state.name, ()),
             )
@@ -297,11 +297,13 @@ class FleetCoordinator:
         except FAILURES as exc:
             log.info("fleet: could not leave the ledger (%s); the part is freed after the drain", type(exc).__name__)
 
-    def _rate(self, backend: str, dispatched: int, now: float) -> float:
+    def _rate(self, backend: str, dispatched: int, now: float, backlogged: bool) -> float:
         """Requests per second this process sent to ``backend`` over the last ``RATE_WINDOW_S``,
-        since it last went idle (nothing sent for ``IDLE_GAP_S``: see ``DrainMeter``)."""
+        since it last went idle (nothing waiting and nothing sent for ``IDLE_GAP_S``: see
+        ``DrainMeter``)."""
         samples = self._sent.setdefault(backend, deque())
-        if samples and samples[-1][1] == dispatched and now - self._last_sent.get(backend, now) >= IDLE_GAP_S:
+        idle_for = now - self._last_sent.get(backend, now)
+        if samples and not backlogged and samples[-1][1] == dispatched and idle_for >= IDLE_GAP_S:
             samples.clear()  # idle: the others would read this spell's demand as the drain rate
         if not samples or samples[-1][1] != dispatched:
             self._last_sent[backend] = now
