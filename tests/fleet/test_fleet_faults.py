@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import CHAT_MODEL, KEY_ACME
 from tests.fake_backend import FakeBackend
-from tests.limitstore.redis_server import RedisProcess, unique_prefix
+from tests.limitstore.redis_server import RedisProcess, private_redis, unique_prefix
 from tests.policy_builder import build_policy, redis_state
 from tests.servers import ChildServer, metric, serve_in_process, serve_in_thread, wait_until
 
@@ -43,12 +43,8 @@ def policy(backend_url: str, redis_url: str, **sections: Any) -> str:
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisProcess]:
-    server = RedisProcess()
-    server.start()
-    try:
+    with private_redis() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

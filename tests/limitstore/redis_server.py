@@ -13,11 +13,14 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
 
+from gateway.dialects.chat import CHAT
+from gateway.types import InferenceRequest
 from tests.servers import free_port, wait_until
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -46,6 +49,30 @@ async def eventually(condition: Callable[[], Awaitable[bool]], within: float = 1
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(0.005)
+
+
+def limit_request() -> InferenceRequest:
+    """A chat request of 10 prompt tokens and 90 of output, as the limit-store tests admit it."""
+    return InferenceRequest("id", CHAT, "m", {}, b"", False, False, 10, 90, 0.0)
+
+
+class StoreEvents:
+    """What a limit store reported through its error and fallback hooks."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.fallbacks: list[str] = []
+
+
+@contextmanager
+def private_redis() -> Iterator[RedisProcess]:
+    """A ``redis-server`` of the test's own on a free port, stopped at the end (a test may kill it)."""
+    server = RedisProcess()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class RedisProcess:

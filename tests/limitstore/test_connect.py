@@ -15,7 +15,7 @@ from gateway.limitstore.base import Ask, Bucket, Take
 from gateway.limitstore.connect import ClusterURL, SentinelURL, parse_cluster_url, parse_sentinel_url
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
-from tests.limitstore.redis_server import RedisProcess, unique_prefix
+from tests.limitstore.redis_server import RedisProcess, private_redis, unique_prefix
 from tests.policy_builder import session_policy
 from tests.servers import free_port, wait_until
 
@@ -70,12 +70,8 @@ def test_the_policy_accepts_a_sentinel_url() -> None:
 
 @pytest.fixture
 def master() -> Iterator[RedisProcess]:
-    server = RedisProcess()
-    server.start()
-    try:
+    with private_redis() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

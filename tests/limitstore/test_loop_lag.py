@@ -20,13 +20,11 @@ from contextlib import asynccontextmanager
 import pytest
 
 from gateway.admission import TenantLimiter
-from gateway.dialects.chat import CHAT
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.types import InferenceRequest
 from loadtests.delay_proxy import DelayProxy
-from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
+from tests.limitstore.redis_server import REDIS_URL, StoreEvents, drop_keys, limit_request, unique_prefix
 from tests.policy_builder import build_policy
 
 BUDGET_S = 0.02
@@ -39,16 +37,6 @@ def acme() -> Tenant:
     every request did before leases: the stalls must overlap those waits."""
     text = build_policy(tenants={"acme": {"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 15}}})
     return parse_policy(text, "t.yaml").policy.tenants[0]
-
-
-def request() -> InferenceRequest:
-    return InferenceRequest("id", CHAT, "m", {}, b"", False, False, 10, 90, 0.0)
-
-
-class Events:
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.fallbacks: list[str] = []
 
 
 @pytest.fixture
@@ -64,7 +52,7 @@ def slow_redis() -> Iterator[DelayProxy]:
         yield proxy
 
 
-def store_at(url: str, prefix: str, events: Events) -> RedisLimitStore:
+def store_at(url: str, prefix: str, events: StoreEvents) -> RedisLimitStore:
     config = RedisConfig(url=url, key_prefix=prefix, timeout_s=0.05, request_budget_s=BUDGET_S)
     return RedisLimitStore(config, on_error=events.errors.append, on_fallback=events.fallbacks.append)
 
@@ -92,13 +80,13 @@ async def hog(block_s: float, every_s: float) -> AsyncIterator[list[int]]:
 
 async def one_request(limiter: TenantLimiter, tenant: Tenant, waits: list[float]) -> None:
     started = time.perf_counter()
-    admission = await limiter.admit(tenant, request())
+    admission = await limiter.admit(tenant, limit_request())
     await limiter.settle(admission, used_tokens=50)
     waits.append(time.perf_counter() - started)
 
 
 async def test_a_loop_stalled_past_the_budget_never_takes_a_healthy_redis_for_lost(prefix: str) -> None:
-    events = Events()
+    events = StoreEvents()
     store = store_at(REDIS_URL, prefix, events)
     limiter, tenant = TenantLimiter(store), acme()
     pinger = asyncio.create_task(store.run())
@@ -121,7 +109,7 @@ async def test_a_loop_stalled_past_the_budget_never_takes_a_healthy_redis_for_lo
 async def test_a_redis_slower_than_the_budget_is_still_cut_at_about_the_budget(
     slow_redis: DelayProxy, prefix: str
 ) -> None:
-    events = Events()
+    events = StoreEvents()
     store = store_at(slow_redis.url, prefix, events)
     limiter, tenant = TenantLimiter(store), acme()
     try:
@@ -140,7 +128,7 @@ async def test_a_redis_slower_than_the_budget_is_still_cut_at_about_the_budget(
 async def test_a_slow_redis_is_still_cut_while_the_loop_is_half_stalled(slow_redis: DelayProxy, prefix: str) -> None:
     """Lag forgiven is only the lag: with the loop free half the time, a reply 200 ms late is
     given up after about twice the budget of wall time, not waited for."""
-    events = Events()
+    events = StoreEvents()
     store = store_at(slow_redis.url, prefix, events)
     limiter, tenant = TenantLimiter(store), acme()
     try:
@@ -158,7 +146,7 @@ async def test_a_slow_redis_is_still_cut_while_the_loop_is_half_stalled(slow_red
 async def test_a_redis_cut_off_by_a_partition_is_given_up_after_the_budget(slow_redis: DelayProxy, prefix: str) -> None:
     """Every byte dropped, nothing refused (a partition): the call is cut after the budget, the
     fallback answers, and the store comes back once a ping is answered again."""
-    events = Events()
+    events = StoreEvents()
     store = store_at(slow_redis.url, prefix, events)
     limiter, tenant = TenantLimiter(store), acme()
     try:

@@ -15,12 +15,19 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gateway.admission import TenantLimiter
-from gateway.dialects.chat import CHAT
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.types import InferenceRequest
-from tests.limitstore.redis_server import REDIS_URL, DelayingProxy, drop_keys, eventually, shared_client, unique_prefix
+from tests.limitstore.redis_server import (
+    REDIS_URL,
+    DelayingProxy,
+    StoreEvents,
+    drop_keys,
+    eventually,
+    limit_request,
+    shared_client,
+    unique_prefix,
+)
 from tests.policy_builder import build_policy
 
 MARGIN_S = 0.15  # scheduling noise on a shared 2-core machine; the delay below is well past budget + margin
@@ -29,16 +36,6 @@ MARGIN_S = 0.15  # scheduling noise on a shared 2-core machine; the delay below 
 def acme() -> Tenant:
     text = build_policy(tenants={"acme": {"limits": {"rpm": 6000, "tpm": 10000000, "max_concurrent": 100}}})
     return parse_policy(text, "t.yaml").policy.tenants[0]
-
-
-def request() -> InferenceRequest:
-    return InferenceRequest("id", CHAT, "m", {}, b"", False, False, 10, 90, 0.0)
-
-
-class Events:
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.fallbacks: list[str] = []
 
 
 @pytest.fixture
@@ -56,8 +53,8 @@ def prefix() -> Iterator[str]:
 
 def store_behind(
     proxy: DelayingProxy, prefix: str, *, timeout_s: float, budget_s: float
-) -> tuple[RedisLimitStore, Events]:
-    events = Events()
+) -> tuple[RedisLimitStore, StoreEvents]:
+    events = StoreEvents()
     config = RedisConfig(url=proxy.url, key_prefix=prefix, timeout_s=timeout_s, request_budget_s=budget_s)
     return RedisLimitStore(config, on_error=events.errors.append, on_fallback=events.fallbacks.append), events
 
@@ -65,7 +62,7 @@ def store_behind(
 async def timed_request(limiter: TenantLimiter, tenant: Tenant) -> tuple[float, float]:
     """Seconds the request path waited in admission, then in settlement."""
     started = time.perf_counter()
-    admission = await limiter.admit(tenant, request())
+    admission = await limiter.admit(tenant, limit_request())
     admitted = time.perf_counter()
     await limiter.settle(admission, used_tokens=50)
     return admitted - started, time.perf_counter() - admitted
