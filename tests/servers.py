@@ -13,7 +13,10 @@ use (`loadtests.harness`).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -22,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import uvicorn
@@ -191,11 +195,72 @@ def serve_in_process(argv: list[str], timeout: float = 30.0) -> Iterator[ChildSe
             raise AssertionError(f"{exc}; its stderr:\n{child.stderr()}") from None
         yield child
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        reader.join(timeout=10)
+        _stop(proc, child, reader)
+
+
+ORPHAN_DRAIN_S = 30.0
+"""How long the workers of a killed supervisor get to drain and exit (they have nothing in flight
+once the test is over) before they are killed and the test fails for them."""
+
+
+def _stop(proc: subprocess.Popen[bytes], child: ChildServer, reader: threading.Thread) -> None:
+    """Kill the child; give its own children (a supervisor's workers, which drain and exit when it
+    dies) ``ORPHAN_DRAIN_S``; then kill them and fail if they were still there.
+
+    Why not just close the pipe after the kill: the workers hold its write end, and closing a
+    buffered reader another thread is blocked on waits for that read, in C, where no signal (nor
+    pytest-timeout's alarm) reaches it; a worker that never exits then hangs the whole run."""
+    descendants = descendant_pids(proc.pid)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not any(process_runs(pid) for pid in descendants), ORPHAN_DRAIN_S, what="its children")
+    lingering = [pid for pid in descendants if process_runs(pid)]
+    for pid in lingering:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    if not reader.is_alive():
+        assert proc.stderr is not None
         proc.stderr.close()
+    if lingering:
+        raise AssertionError(
+            f"processes {lingering} of {proc.args!r} were still running {ORPHAN_DRAIN_S:.0f}s after it was "
+            f"killed (now killed); its stderr:\n{child.stderr(80)}"
+        )
+    if reader.is_alive():
+        raise AssertionError(f"something still holds the stderr of {proc.args!r} open after every process exited")
+
+
+def descendant_pids(root: int) -> list[int]:
+    """Every live process below ``root`` (children, their children...), from ``/proc``."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def process_runs(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, waiting to be reaped, has stopped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _answers(url: str) -> bool:

@@ -30,7 +30,7 @@ from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer
 from tests.deploy.conftest import binary
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import admin_keys, session_policy
-from tests.servers import ChildServer, metric, serve_in_process, wait_until
+from tests.servers import ChildServer, metric, process_runs, serve_in_process, wait_until
 from tests.test_lifecycle import Streamed
 
 ADMIN_KEY = "admin-key-for-workers"
@@ -101,14 +101,6 @@ def worker_pids(supervisor: int) -> dict[int, int]:
     return found
 
 
-def running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, waiting to be reaped, has stopped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @contextmanager
 def serve_workers(path: Path, *extra: str, workers: int = 2) -> Iterator[Workers]:
     """``serve --workers N`` on free ports until the block ends; every worker gone after it."""
@@ -124,7 +116,7 @@ def serve_workers(path: Path, *extra: str, workers: int = 2) -> Iterator[Workers
             finally:
                 pids.update(running_set.pids().values())
     finally:
-        wait_until(lambda: not any(running(pid) for pid in pids), timeout=30, what="every worker to exit")
+        wait_until(lambda: not any(process_runs(pid) for pid in pids), timeout=30, what="every worker to exit")
 
 
 def ask(url: str) -> httpx.Response:
@@ -287,7 +279,7 @@ def test_a_worker_sent_sigterm_alone_drains_and_is_replaced_while_the_set_serves
         leaving = fresh.pids()[1]
         os.kill(leaving, signal.SIGTERM)
         wait_until(lambda: fresh.pids().get(1, leaving) != leaving, what="worker 1 to be replaced")
-        assert not running(leaving)
+        assert not process_runs(leaving)
         assert any("worker 1 drained on its own: releasing it" in line for line in fresh.child.lines)
         assert metric(fresh.admin, "gateway_worker_restarts_total", worker="1") == 1
         wait_until(lambda: fresh.admin_get("/readyz", None).status_code == 200, what="the set to be ready again")
@@ -335,7 +327,7 @@ def test_workers_whose_supervisor_is_killed_drain_and_exit(policy_file: Path, ba
     with serve_workers(policy_file) as fresh:
         pids = fresh.pids()
         fresh.child.proc.kill()
-        wait_until(lambda: not any(running(pid) for pid in pids.values()), timeout=30, what="the orphans to exit")
+        wait_until(lambda: not any(process_runs(pid) for pid in pids.values()), timeout=30, what="the orphans to exit")
 
 
 def test_a_set_whose_workers_cannot_start_exits_one(
@@ -376,7 +368,7 @@ def test_the_number_of_workers_decides_the_process_model(
         pids = worker_pids(child.proc.pid)
         child.proc.send_signal(signal.SIGTERM)
         assert child.proc.wait(timeout=30) == 0
-        wait_until(lambda: not any(running(pid) for pid in pids.values()), what="every worker to exit")
+        wait_until(lambda: not any(process_runs(pid) for pid in pids.values()), what="every worker to exit")
 
 
 @contextmanager
