@@ -16,7 +16,8 @@ The relay (``gateway/streaming.py``) splices the new upstream into the client's 
 client's usage counts its original prompt and every token it received.
 
 What cannot be continued ends with the error event as before: backends that do not know
-``continue_final_message`` (only vLLM and the simulator do), several choices (``n > 1``), tool
+``continue_final_message`` (only vLLM and the simulator do: ``EngineKind.continuable`` in
+``gateway/engines.py``), several choices (``n > 1``), tool
 calls or reasoning in progress, what the dialect cannot continue (``Dialect.can_continue``:
 embeddings, echoed prompts, token-id prompts), and streams whose exact token
 count is unknown (a backend that ignored ``continuous_usage_stats``). A migration is a retry:
@@ -28,17 +29,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from gateway.engines import engine
 from gateway.policy.model import BackendKind
 from gateway.streaming import StreamProgress
 from gateway.types import InferenceRequest
 
-CONTINUABLE_KINDS = frozenset({BackendKind.VLLM, BackendKind.SIM})
 _MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 def can_continue(request: InferenceRequest, kind: BackendKind) -> bool:
     """Whether a stream of ``request`` from a backend of ``kind`` could be continued if it broke."""
-    if not request.stream or kind not in CONTINUABLE_KINDS or request.body.get("n", 1) not in (1, None):
+    if not request.stream or not engine(kind).continuable or request.body.get("n", 1) not in (1, None):
         return False
     return request.api.can_continue(request.body)
 

@@ -22,7 +22,9 @@ alias removed (``output_length_edits``). A request that named no bound gets one 
 own default is its remaining context, far above any cap.
 
 **Which field per kind** (``obeyed_field``, from each dialect's ``output_field`` in
-``gateway/dialects/``): the one every version of that engine reads.
+``gateway/dialects/``, which for chat and completions reads the kind's record,
+``EngineKind.chat_output_field`` and ``completions_output_field`` in ``gateway/engines.py``): the
+one every version of that engine reads.
 vLLM and SGLang get ``max_tokens`` (deprecated on chat, but read by every release; versions
 before ``max_completion_tokens`` existed ignore it as an unknown field, so sending it alone could
 lift the cap); llama.cpp gets ``n_predict`` (its native field, read before ``max_tokens``);

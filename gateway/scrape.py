@@ -14,6 +14,10 @@ KV cache usage     ``vllm:kv_cache_usage_perc``    ``sglang:token_usage``
                    before v0.10)
 =================  ==============================  ====================================
 
+Each kind's names are in its record (``EngineKind.metrics``, ``gateway/engines.py``; the
+simulator's are vLLM's, llama.cpp and OpenAI have none the scraper reads). The scraper reads
+the union of every kind's names on every page, whatever the backend's declared kind: no name
+belongs to two engines, and a vLLM declared as ``openai`` still reports its load.
 Values are summed over label sets (one per engine or model) except KV usage, the maximum.
 Parsing is a line scan for these names only: a full exposition parse of a vLLM page costs
 milliseconds, which matters at one scrape per backend per second.
@@ -41,21 +45,21 @@ import httpx
 
 from gateway.backends import BackendPool, BackendState
 from gateway.clock import Clock
+from gateway.engines import ENGINES, ScrapedMetrics
 
 log = logging.getLogger(__name__)
 
-_WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs")
-_RUNNING = (b"vllm:num_requests_running", b"sglang:num_running_reqs")
-_KV = (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc", b"sglang:token_usage")
+
+def _every_kind(signal: Callable[[ScrapedMetrics], tuple[str, ...]]) -> tuple[bytes, ...]:
+    """One signal's names over every kind's record, in the table's order, each once."""
+    return tuple(dict.fromkeys(name.encode() for record in ENGINES.values() for name in signal(record.metrics)))
+
+
+_WAITING = _every_kind(lambda m: m.waiting)
+_RUNNING = _every_kind(lambda m: m.running)
+_KV = _every_kind(lambda m: m.kv_usage)
 _START = b"process_start_time_seconds"
-_COUNTERS = (
-    b"vllm:prompt_tokens_total",
-    b"vllm:generation_tokens_total",
-    b"vllm:request_success_total",
-    b"sglang:prompt_tokens_total",
-    b"sglang:generation_tokens_total",
-    b"sglang:num_requests_total",
-)
+_COUNTERS = _every_kind(lambda m: m.counters)
 
 
 @dataclass(frozen=True, slots=True)

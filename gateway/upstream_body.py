@@ -9,7 +9,8 @@ a retry on a backend of another kind. The fields an attempt may set:
   (``max_tokens``, ``max_completion_tokens``, ``n_predict``) removed, and the request's one
   validated bound set in the field this kind of engine obeys;
 * ``priority``: the class rank as the engine's priority, when the backend asks for it
-  (``engine_priority``; vLLM runs lower numbers first, SGLang higher);
+  (``engine_priority``; vLLM runs lower numbers first, SGLang higher: ``EngineKind.priority_sign``
+  in ``gateway/engines.py``);
 * the isolation fields of the tenant on this kind of engine (``isolation_fields`` in
   ``gateway/routing/isolation.py``): ``cache_salt`` for engines whose prefix cache honours it,
   ``cache_prompt: false`` for llama.cpp under ``cache_isolation.unsalted: no_prompt_cache``;
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.base import Dialect, Translation
+from gateway.engines import engine
 from gateway.output_length import output_length_edits
 from gateway.policy.model import Backend, BackendKind, Tenant
 from gateway.policy.snapshot import PolicySnapshot
@@ -62,8 +64,9 @@ def attempt_isolation(
 
 
 def engine_priority(kind: BackendKind, rank: int) -> int:
-    """The class rank as the engine's ``priority``: vLLM runs lower numbers first, SGLang higher."""
-    return -rank if kind is BackendKind.SGLANG else rank
+    """The class rank as the engine's ``priority``: vLLM runs lower numbers first, SGLang higher
+    (``EngineKind.priority_sign``)."""
+    return engine(kind).priority_sign * rank
 
 
 def attempt_fields(

@@ -104,6 +104,12 @@ def test_the_gateway_never_imports_the_bench() -> None:
     assert {name: targets for name, targets in offenders.items() if targets} == {}
 
 
+def test_the_table_of_engine_kinds_imports_only_the_kinds_enum() -> None:
+    """Every stage reads ``gateway/engines.py``; importing more than ``BackendKind`` would make
+    it a stage of its own, and a circle waiting to happen."""
+    assert set(import_graph(PRODUCT)["gateway.engines"]) == {"gateway.policy.model"}
+
+
 def test_the_circle_finder_finds_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]

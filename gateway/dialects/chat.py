@@ -27,7 +27,9 @@
   JSON); the system prompt, the first message in practice, leads, and a next turn (which
   resends the previous ones) extends the previous turn's text.
 * **Output bound**: vLLM, SGLang and the simulator obey ``max_tokens``, llama.cpp
-  ``n_predict``, OpenAI ``max_completion_tokens`` (``gateway/output_length.py`` says why).
+  ``n_predict``, OpenAI ``max_completion_tokens`` (``EngineKind.chat_output_field`` in
+  ``gateway/engines.py``; ``gateway/output_length.py`` says why).
+* **Served by** every kind whose record says so (``EngineKind.serves_chat``).
 * **Answer**: OpenAI choice chunks when streamed, ``choices`` when whole
   (``gateway/dialects/openai_answers.py``).
 * **Continuation**: the conversation plus the partial answer as a final assistant message to
@@ -56,16 +58,17 @@ from gateway.dialects.counts import at_most
 from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
-    every_kind,
     no_answer_id,
     no_previous_id,
     no_translation,
     openai_error_body,
     read_choices_chunk,
+    serves_chat,
     stream_flag,
     stream_usage_fields,
     usage_flag,
 )
+from gateway.engines import engine
 from gateway.errors import InvalidRequest, sse_error_event
 from gateway.media import check_media_urls
 from gateway.output_length import OUTPUT_LENGTH_FIELDS
@@ -93,14 +96,6 @@ FIELDS = OPENAI_CHAT | SAMPLING_EXTRAS | CHAT_EXTRAS | OUTPUT_LENGTH_ALIASES
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MESSAGE_OVERHEAD_TOKENS = 4
 TOOL_CALL_OVERHEAD_TOKENS = 4
-
-OUTPUT_FIELD: Mapping[BackendKind, str] = {
-    BackendKind.VLLM: "max_tokens",
-    BackendKind.SGLANG: "max_tokens",
-    BackendKind.LLAMACPP: "n_predict",
-    BackendKind.OPENAI: "max_completion_tokens",
-    BackendKind.SIM: "max_tokens",
-}
 
 TEMPLATE_RENDERER_KEYS = frozenset(
     {
@@ -130,7 +125,7 @@ class ChatDialect:
     keeps_state = False
     error_event = staticmethod(sse_error_event)
     error_body = staticmethod(openai_error_body)
-    serves = staticmethod(every_kind)
+    serves = staticmethod(serves_chat)
     translation = staticmethod(no_translation)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
@@ -141,7 +136,7 @@ class ChatDialect:
     stream_usage_fields = staticmethod(stream_usage_fields)
 
     def output_field(self, kind: BackendKind) -> str | None:
-        return OUTPUT_FIELD[kind]
+        return engine(kind).chat_output_field
 
     def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(FIELDS, body, limits)

@@ -9,7 +9,9 @@
 * **Rendering for prefix keys**: the text as is, token ids as their 4-byte array; a
   continuation (prompt plus partial answer) extends the original's.
 * **Output bound**: vLLM, SGLang, OpenAI and the simulator obey ``max_tokens``, llama.cpp
-  ``n_predict`` (``gateway/output_length.py`` says why).
+  ``n_predict`` (``EngineKind.completions_output_field`` in ``gateway/engines.py``;
+  ``gateway/output_length.py`` says why).
+* **Served by** every kind whose record says so (``EngineKind.serves_completions``).
 * **Answer**: OpenAI choice chunks when streamed, ``choices`` when whole
   (``gateway/dialects/openai_answers.py``).
 * **Continuation**: the prompt plus the partial text, when the prompt is one string and the
@@ -19,7 +21,6 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
 from typing import Any, final
 
 from gateway.body_fields import OUTPUT_LENGTH_ALIASES, SAMPLING_EXTRAS, check_stream_options, screen_fields
@@ -27,17 +28,18 @@ from gateway.dialects.allowlists import EngineGrants
 from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
-    every_kind,
     no_answer_id,
     no_previous_id,
     no_translation,
     openai_error_body,
     read_choices_chunk,
+    serves_completions,
     stream_flag,
     stream_usage_fields,
     usage_flag,
 )
 from gateway.dialects.text_prompt import render_text_prompt, text_prompt_tokens
+from gateway.engines import engine
 from gateway.errors import sse_error_event
 from gateway.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
@@ -52,14 +54,6 @@ OPENAI_COMPLETIONS = frozenset(
     }
 )  # fmt: skip
 FIELDS = OPENAI_COMPLETIONS | SAMPLING_EXTRAS | OUTPUT_LENGTH_ALIASES
-
-OUTPUT_FIELD: Mapping[BackendKind, str] = {
-    BackendKind.VLLM: "max_tokens",
-    BackendKind.SGLANG: "max_tokens",
-    BackendKind.LLAMACPP: "n_predict",
-    BackendKind.OPENAI: "max_tokens",
-    BackendKind.SIM: "max_tokens",
-}
 
 
 @final
@@ -78,7 +72,7 @@ class CompletionsDialect:
     keeps_state = False
     error_event = staticmethod(sse_error_event)
     error_body = staticmethod(openai_error_body)
-    serves = staticmethod(every_kind)
+    serves = staticmethod(serves_completions)
     translation = staticmethod(no_translation)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
@@ -89,7 +83,7 @@ class CompletionsDialect:
     stream_usage_fields = staticmethod(stream_usage_fields)
 
     def output_field(self, kind: BackendKind) -> str | None:
-        return OUTPUT_FIELD[kind]
+        return engine(kind).completions_output_field
 
     def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
         stripped = screen_fields(FIELDS, body, limits)

@@ -7,10 +7,11 @@ answered ``{"input_tokens": N}``. vLLM serves it beside ``/v1/messages``
 and tokenizes that prompt, and answers ``{"input_tokens": N, "context_management":
 {"original_input_tokens": N}}``.
 
-* **Served by** ``vllm`` and ``sim`` backends only (``COUNTING_KINDS``, the simulator as vLLM
-  does): SGLang and llama.cpp have no such endpoint, OpenAI has none. A model none of whose
-  backends serves it answers 404 ``api_not_served`` (``Dispatcher``). Never translated: no other
-  API a backend serves counts an Anthropic prompt.
+* **Served by** ``vllm`` and ``sim`` backends only (``EngineKind.serves_count_tokens`` in
+  ``gateway/engines.py``, the simulator as vLLM does): SGLang and llama.cpp have no such
+  endpoint, OpenAI has none. A model none of whose backends serves it answers 404
+  ``api_not_served`` (``Dispatcher``). Never translated: no other API a backend serves counts an
+  Anthropic prompt.
 * **Fields**: ``model``, ``messages``, ``system``, ``tools``, ``tool_choice``, ``thinking``
   (Anthropic's count request; vLLM ignores ``thinking``) and vLLM's ``chat_template_kwargs``.
   No ``max_tokens``: nothing is generated. ``stream`` only to be refused when true.
@@ -42,6 +43,7 @@ from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import EngineGrants
 from gateway.dialects.messages import MESSAGES, check_messages_content
 from gateway.dialects.tokenize import WholeAnswerOnly, never_streamed
+from gateway.engines import engine
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
 
@@ -51,13 +53,11 @@ COUNT_TOKENS_FIELDS = frozenset(
 COUNT_TOKENS_KEYS = "\x1dcount_tokens\x1d"
 """Starts every rendered count request: its prefix keys never match a Messages (or any inference)
 prompt's, so counting a conversation does not tell the prefix router a backend caches it."""
-COUNTING_KINDS = frozenset({BackendKind.VLLM, BackendKind.SIM})
-"""The kinds of backend that serve ``/v1/messages/count_tokens`` (module docstring)."""
 
 
 def serves_counting(kind: BackendKind) -> bool:
     """``Dialect.serves`` of ``/v1/messages/count_tokens`` (module docstring)."""
-    return kind in COUNTING_KINDS
+    return engine(kind).serves_count_tokens
 
 
 @final

@@ -20,12 +20,12 @@ from gateway.dialects.allowlists import EngineGrants
 from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import (
     answer_usage,
-    every_kind,
     no_answer_id,
     no_previous_id,
     no_translation,
     openai_error_body,
     read_choices_chunk,
+    serves_embeddings,
     stream_flag,
     usage_flag,
 )
@@ -61,7 +61,7 @@ class EmbeddingsDialect:
     keeps_state = False
     error_event = staticmethod(sse_error_event)
     error_body = staticmethod(openai_error_body)
-    serves = staticmethod(every_kind)
+    serves = staticmethod(serves_embeddings)
     translation = staticmethod(no_translation)
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)

@@ -21,12 +21,15 @@
   Messages request has no ``cache_salt`` and no ``priority`` (``AnthropicMessagesRequest``
   ignores both): passed through, a request would reach the engine unsalted, and could reuse
   (and time) another cache scope's blocks. So a request is passed through only to a backend
-  whose kind serves Messages natively (``NATIVE_KINDS``), that no two cache scopes reach by
+  whose kind serves Messages natively (``EngineKind.native_messages`` in ``gateway/engines.py``:
+  vLLM and the simulator; llama.cpp's server has one too, but whether it honours
+  ``cache_prompt`` there is not documented, so it is translated), that no two cache scopes reach by
   any path, model groups included (``PolicySnapshot.multi_scope_backends``), and that does not
   take the class as the engine's priority; everywhere else it is translated to chat
   completions and its answer back (``gateway/dialects/messages_chat.py``), which carries the
   salt and the priority. The cache key is a security boundary: a translation costs a little
-  CPU, a passthrough would cost it.
+  CPU, a passthrough would cost it. So a backend is offered Messages requests (``serves``)
+  when its kind serves chat, natively or not: any request may have to be translated.
 * **Stream**: typed events under SSE ``event:`` names (``message_start``,
   ``content_block_start``, ``content_block_delta``, ``content_block_stop``, ``message_delta``,
   ``message_stop``), no ``[DONE]``. Deltas time TTFT and the gaps (text, tool input, thinking);
@@ -59,7 +62,8 @@ from gateway.dialects.chat import check_template_kwargs, check_tools
 from gateway.dialects.counts import at_most
 from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT
-from gateway.dialects.openai_answers import every_kind, no_answer_id, no_previous_id, stream_flag
+from gateway.dialects.openai_answers import no_answer_id, no_previous_id, serves_chat, stream_flag
+from gateway.engines import engine
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.media import check_block_urls
 from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
@@ -74,9 +78,6 @@ FIELDS = frozenset(
 )  # fmt: skip
 OUTPUT_ALIASES = ("max_tokens",)
 MESSAGE_OVERHEAD_TOKENS = 4
-NATIVE_KINDS = frozenset({BackendKind.VLLM, BackendKind.SIM})
-"""Kinds whose server answers ``/v1/messages`` itself (the simulator as vLLM does). llama.cpp's
-server has one too, but whether it honours ``cache_prompt`` there is not documented: translated."""
 OUTPUT_DELTAS = frozenset({"text_delta", "input_json_delta", "thinking_delta"})
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 """Anthropic's stop reasons as the gateway's (chat's) finish reasons."""
@@ -114,14 +115,14 @@ class MessagesDialect:
     keeps_state = False
     answer_id = staticmethod(no_answer_id)
     previous_id = staticmethod(no_previous_id)
-    serves = staticmethod(every_kind)  # natively or translated
+    serves = staticmethod(serves_chat)  # natively or translated to chat
 
     def output_field(self, kind: BackendKind) -> str | None:
         return "max_tokens"
 
     def translation(self, backend: Backend, multi_scope: bool) -> Translation | None:
         """None (passthrough) where that weakens nothing (module docstring), else chat's translation."""
-        if backend.kind in NATIVE_KINDS and not multi_scope and not backend.engine_priority:
+        if engine(backend.kind).native_messages and not multi_scope and not backend.engine_priority:
             return None
         return MESSAGES_VIA_CHAT
 

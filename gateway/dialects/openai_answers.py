@@ -1,7 +1,8 @@
 """How the OpenAI APIs answer: the ``stream``/``stream_options`` flags, the choice chunks of a
 stream, and whole answers.
 
-Shared by the chat, completions and embeddings dialects (embeddings are never streamed).
+Shared by the chat, completions and embeddings dialects (embeddings are never streamed), with
+their ``serves``: whether a kind answers the API, from its record in ``gateway/engines.py``.
 
 **Flags.** ``stream`` is a boolean (``null`` means false); ``stream_options.include_usage`` says
 whether the client wants the usage chunk. The gateway asks the engine for usage in every stream
@@ -25,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.dialects.base import NO_OUTPUT, OUTPUT, ChunkReading, Translation
+from gateway.engines import engine
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.policy.model import Backend, BackendKind
 
@@ -129,9 +131,24 @@ def openai_error_body(error: GatewayError) -> bytes:
     return error.body()
 
 
-def every_kind(kind: BackendKind) -> bool:
-    """``Dialect.serves`` of an API every OpenAI-compatible server answers."""
-    return True
+def serves_chat(kind: BackendKind) -> bool:
+    """``Dialect.serves`` of chat (and of Messages, which may be translated to chat): the kind's record."""
+    return engine(kind).serves_chat
+
+
+def serves_completions(kind: BackendKind) -> bool:
+    """``Dialect.serves`` of completions: the kind's record (``gateway/engines.py``)."""
+    return engine(kind).serves_completions
+
+
+def serves_responses(kind: BackendKind) -> bool:
+    """``Dialect.serves`` of Responses: the kind's record (``gateway/engines.py``)."""
+    return engine(kind).serves_responses
+
+
+def serves_embeddings(kind: BackendKind) -> bool:
+    """``Dialect.serves`` of embeddings: the kind's record (``gateway/engines.py``)."""
+    return engine(kind).serves_embeddings
 
 
 def no_translation(backend: Backend, multi_scope: bool) -> Translation | None:

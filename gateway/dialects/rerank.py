@@ -26,11 +26,12 @@ rerank is Jina's and Cohere's shape, score vLLM's own.
   JSON with sorted keys), whatever the fields were called: the same pairs under another
   spelling key the same, and requests that share a query and their first documents share a
   prefix, as the engine's prefix cache does.
-* **Served by**: rerank, ``vllm``, ``llamacpp`` (Jina's shape under ``--reranking``) and
-  ``sim``; not ``sglang``, whose ``/v1/rerank`` answers a bare JSON array of
-  ``{"score", "document", "index"}`` that the gateway does not pass as an answer (a whole answer
-  is a JSON object, ``Upstream.answer``), nor ``openai``. Score, ``vllm`` and ``sim`` only
-  (SGLang's ``/v1/score`` takes ``label_token_ids`` and answers ``scores``).
+* **Served by** (``EngineKind.serves_rerank`` and ``serves_score``, ``gateway/engines.py``):
+  rerank, ``vllm``, ``llamacpp`` (Jina's shape under ``--reranking``) and ``sim``; not
+  ``sglang``, whose ``/v1/rerank`` answers a bare JSON array of ``{"score", "document",
+  "index"}`` that the gateway does not pass as an answer (a whole answer is a JSON object,
+  ``Upstream.answer``), nor ``openai``. Score, ``vllm`` and ``sim`` only (SGLang's ``/v1/score``
+  takes ``label_token_ids`` and answers ``scores``).
 * **Output**: none (``max_tokens`` 0), never streamed, never continued. Answers: rerank
   ``{"id", "model", "usage": {"prompt_tokens", "total_tokens"}, "results": [{"index",
   "document", "relevance_score"}]}``, score ``{"id", "object": "list", "created", "model",
@@ -53,6 +54,7 @@ from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.chat import check_template_kwargs
 from gateway.dialects.counts import at_most
 from gateway.dialects.tokenize import WholeAnswerOnly, never_streamed
+from gateway.engines import engine
 from gateway.errors import InvalidRequest
 from gateway.media import check_parts_urls
 from gateway.policy.model import BackendKind, MediaTokens, ModelPolicy, RequestLimits
@@ -77,18 +79,16 @@ SCORE_PAIRS: Mapping[str, tuple[str, ...]] = {
 SCORE_SIDES = ("queries", "documents", "items", "text_1", "text_2", "data_1", "data_2")
 SCORE_FIELDS = SCORING_OPTIONS | frozenset(SCORE_SIDES)
 
-RERANK_KINDS = frozenset({BackendKind.VLLM, BackendKind.LLAMACPP, BackendKind.SIM})
-SCORE_KINDS = frozenset({BackendKind.VLLM, BackendKind.SIM})
 PAIR_OVERHEAD_TOKENS = 3
 """Special tokens a cross-encoder adds around one pair (``[CLS] q [SEP] d [SEP]``)."""
 
 
 def _serves_rerank(kind: BackendKind) -> bool:
-    return kind in RERANK_KINDS
+    return engine(kind).serves_rerank
 
 
 def _serves_score(kind: BackendKind) -> bool:
-    return kind in SCORE_KINDS
+    return engine(kind).serves_score
 
 
 # --- the inputs' structure, media and size ---------------------------------------------------

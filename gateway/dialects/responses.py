@@ -50,7 +50,7 @@ from gateway.dialects.base import FIELD_SEPARATOR, NO_OUTPUT, OUTPUT, ChunkReadi
 from gateway.dialects.chat import check_tools
 from gateway.dialects.counts import at_most
 from gateway.dialects.engine_fields import check_engine_fields
-from gateway.dialects.openai_answers import every_kind, no_translation, openai_error_body, stream_flag
+from gateway.dialects.openai_answers import no_translation, openai_error_body, serves_responses, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.media import check_media_urls, check_parts_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
@@ -98,7 +98,7 @@ class ResponsesDialect:
     ends_with_done = False
     keeps_state = True
     error_body = staticmethod(openai_error_body)
-    serves = staticmethod(every_kind)
+    serves = staticmethod(serves_responses)
     translation = staticmethod(no_translation)
 
     def output_field(self, kind: BackendKind) -> str | None:

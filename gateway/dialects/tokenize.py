@@ -3,11 +3,12 @@
 vLLM serves both at the root (not under ``/v1``): ``vllm/entrypoints/serve/tokenize/protocol.py``,
 ``TokenizeCompletionRequest | TokenizeChatRequest`` and ``DetokenizeRequest``.
 
-* **Served by** ``vllm`` and ``sim`` backends only (``TOKENIZER_KINDS``): llama.cpp's
-  ``/tokenize`` takes another body (``content``, ``with_pieces``) and answers another shape
-  (``tokens`` only, or pieces), and its ``/detokenize`` answers ``content``; SGLang serves its
-  tokenizer under another path (``/v1/tokenize``); OpenAI has none. A model none of whose
-  backends serves them answers 404 ``api_not_served`` (``Dispatcher``).
+* **Served by** ``vllm`` and ``sim`` backends only (``EngineKind.serves_tokenizer`` in
+  ``gateway/engines.py``): llama.cpp's ``/tokenize`` takes another body (``content``,
+  ``with_pieces``) and answers another shape (``tokens`` only, or pieces), and its
+  ``/detokenize`` answers ``content``; SGLang serves its tokenizer under another path
+  (``/v1/tokenize``); OpenAI has none. A model none of whose backends serves them answers 404
+  ``api_not_served`` (``Dispatcher``).
 * **Tokenize fields**: the completion form, ``prompt`` (one string) with ``add_special_tokens``
   and ``return_token_strs``; or the chat form, ``messages`` with its template fields
   (``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``, ``tools``).
@@ -56,6 +57,7 @@ from gateway.dialects.openai_answers import (
     stream_flag,
 )
 from gateway.dialects.text_prompt import render_text_prompt
+from gateway.engines import engine
 from gateway.errors import InvalidRequest, sse_error_event
 from gateway.media import check_media_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
@@ -69,9 +71,6 @@ prompt's, so tokenizing a conversation does not tell the prefix router that a ba
 TOKENIZER_ID_KEYS = 0xFFFFFFFF
 """The same for a detokenized id list (never a token id): a completions prompt of ids is not matched."""
 
-TOKENIZER_KINDS = frozenset({BackendKind.VLLM, BackendKind.SIM})
-"""The kinds of backend whose ``/tokenize`` and ``/detokenize`` take vLLM's bodies (module docstring)."""
-
 TOKENIZE_CHAT_ONLY = frozenset(
     {"messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools"}
 )
@@ -83,7 +82,7 @@ DETOKENIZE_FIELDS = frozenset({"model", "tokens", "stream"})
 
 def serves_tokenizer(kind: BackendKind) -> bool:
     """``Dialect.serves`` of ``/tokenize`` and ``/detokenize``: vLLM's bodies (module docstring)."""
-    return kind in TOKENIZER_KINDS
+    return engine(kind).serves_tokenizer
 
 
 def never_streamed(body: dict[str, Any], what: str) -> tuple[bool, bool]:

@@ -3,7 +3,8 @@ and what keeps tenants apart on engines that cannot be salted.
 
 Every tenant is its own scope (``tenant:<name>``) unless it opted into a shared scope declared
 in the policy (``scope:<name>``). The scope seeds the routing keys (``prefix_keys.py``) and,
-for backends whose engine honours it (vLLM, SGLang and the simulator), the request's ``cache_salt``:
+for backends whose engine honours it (vLLM, SGLang and the simulator: ``EngineKind.salted`` in
+``gateway/engines.py``, which says what each engine does with it), the request's ``cache_salt``:
 
     cache_salt = hex(HMAC-SHA256(secret, scope))[:32]
 
@@ -20,8 +21,8 @@ tokens in 24 ms against 141 ms). Engines without a salt (``llamacpp``, ``openai`
 apart by the policy's ``cache_isolation.unsalted`` (``UnsaltedMode``), checked at load by
 ``check_isolation``; the rule, per backend, is:
 
-    isolating = kind in SALTED_KINDS
-                or (kind in PROMPT_CACHE_SWITCH_KINDS and unsalted == no_prompt_cache)
+    isolating = engine(kind).salted
+                or (engine(kind).prompt_cache_switch and unsalted == no_prompt_cache)
     scopes    = the cache scopes of the tenants that reach it, by every path: the models they
                 name, the model groups they name (targets, fallbacks, shadow), "*"
                 (``gateway/routing/reach.py``), within ``Backend.tenants`` when it is set
@@ -45,23 +46,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from gateway.engines import engine
 from gateway.policy.model import Backend, BackendKind, Policy, Tenant, UnsaltedMode
 from gateway.routing.reach import Access, Reach, policy_reach, serves
 
 log = logging.getLogger(__name__)
-
-SALTED_KINDS = frozenset({BackendKind.VLLM, BackendKind.SGLANG, BackendKind.SIM})
-"""Backends whose engine reads ``cache_salt`` on chat and completions requests: vLLM >= 0.9, the
-simulator, and SGLang (its OpenAI protocol takes ``cache_salt`` and keys the radix cache with it;
-releases before sgl-project/sglang#23300 accepted the field without passing it to the scheduler,
-and an external KV store such as LMCache does not key by it: run a release with the fix, and no
-shared external cache tier across tenants). SGLang keys its cache by ``cache_salt`` followed by the
-client's own ``extra_key``; the salt's fixed length (32 hex digits) keeps two scopes' keys apart
-whatever ``extra_key`` a client sends."""
-
-PROMPT_CACHE_SWITCH_KINDS = frozenset({BackendKind.LLAMACPP})
-"""Backends that turn prompt reuse off per request: llama.cpp's server reads ``cache_prompt``
-(default true); false makes the slot recompute the whole prompt instead of reusing its cache."""
 
 _NO_FIELDS: Mapping[str, object] = MappingProxyType({})
 _NO_PROMPT_CACHE: Mapping[str, object] = MappingProxyType({"cache_prompt": False})
@@ -73,18 +62,21 @@ def isolation_fields(
 ) -> Mapping[str, object]:
     """The body fields that isolate ``tenant`` on a backend of ``kind``; they overwrite the client's.
 
-    ``cache_salt`` for salted kinds; ``cache_prompt: false`` for llama.cpp under
-    ``no_prompt_cache``; nothing otherwise (isolation then rests on routing, see ``serves``)."""
-    if kind in SALTED_KINDS:
+    ``cache_salt`` for salted kinds; ``cache_prompt: false`` for kinds with the prompt-cache switch
+    (llama.cpp) under ``no_prompt_cache``; nothing otherwise (isolation then rests on routing, see
+    ``serves``). Both facts are the kind's record (``gateway/engines.py``)."""
+    record = engine(kind)
+    if record.salted:
         return {"cache_salt": salter.salt(tenant_scope(tenant))}
-    if unsalted is UnsaltedMode.NO_PROMPT_CACHE and kind in PROMPT_CACHE_SWITCH_KINDS:
+    if unsalted is UnsaltedMode.NO_PROMPT_CACHE and record.prompt_cache_switch:
         return _NO_PROMPT_CACHE
     return _NO_FIELDS
 
 
 def isolates(kind: BackendKind, unsalted: UnsaltedMode) -> bool:
     """Whether a backend of ``kind`` keeps scopes apart by itself, whoever reaches it."""
-    return kind in SALTED_KINDS or (unsalted is UnsaltedMode.NO_PROMPT_CACHE and kind in PROMPT_CACHE_SWITCH_KINDS)
+    record = engine(kind)
+    return record.salted or (unsalted is UnsaltedMode.NO_PROMPT_CACHE and record.prompt_cache_switch)
 
 
 def tenant_scope(tenant: Tenant) -> str:
@@ -181,7 +173,7 @@ def _scopes(accesses: tuple[Access, ...]) -> set[str]:
 
 
 def _shared_warning(i: int, backend: Backend, reach: tuple[Access, ...]) -> str:
-    remedy = "no_prompt_cache or dedicated" if backend.kind in PROMPT_CACHE_SWITCH_KINDS else "dedicated"
+    remedy = "no_prompt_cache or dedicated" if engine(backend.kind).prompt_cache_switch else "dedicated"
     return (
         f"backends[{i}]: '{backend.name}' ({backend.kind.value}) cannot salt its prefix cache and serves tenants of "
         f"different cache scopes: {_listing(reach)}; each can time whether another sent a prompt "
