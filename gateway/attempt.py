@@ -407,7 +407,11 @@ class Attempts:
                 document = translation.answer(document)
                 body = orjson.dumps(document)
             if request.api.keeps_state:
-                self._remember(request.api.answer_id(document), state.name, self.model)
+                upstream_id = request.api.answer_id(document)
+                public_id = self._remember(upstream_id, state.name, self.model)
+                if public_id != upstream_id:  # sealed: the client continues with the id that says where
+                    document["id"] = public_id
+                    body = orjson.dumps(document)
                 await self.deps.affinity.shared_now()  # a follow-up may come through another replica at once
         public = self.ctx.route.public_name
         if isinstance(document, dict) and document.get("model", public) != public:
@@ -422,14 +426,20 @@ class Attempts:
             self.texts.append(answer_text(event))
         api = self.ctx.request.api
         if self.answer_id is None and api.keeps_state and self.records:
-            self._remember(api.answer_id(event), self.records[-1].backend, self.model)
+            upstream_id = api.answer_id(event)
+            public_id = self._remember(upstream_id, self.records[-1].backend, self.model)
+            if public_id != upstream_id and upstream_id is not None and self.relay is not None:
+                self.relay.rename_also(orjson.dumps(upstream_id), orjson.dumps(public_id))  # this event on
 
-    def _remember(self, answer_id: str | None, backend: str, model: str) -> None:
+    def _remember(self, answer_id: str | None, backend: str, model: str) -> str | None:
         """Where an answer of a stateful API lives, for the requests that will name it: as soon as
-        its id is seen (a stream's first event), so that it is known everywhere before it ends."""
-        if answer_id is not None:
-            self.answer_id = answer_id
-            self.deps.affinity.remember(answer_id, self.ctx.tenant.name, backend, model)
+        its id is seen (a stream's first event), so that it is known everywhere before it ends.
+        The id the client is to see (sealed, with a secret: ``gateway/response_ids.py``)."""
+        if answer_id is None:
+            return None
+        public_id = self.deps.affinity.remember(answer_id, self.ctx.tenant.name, backend, model)
+        self.answer_id = public_id
+        return public_id
 
     def _target_headers(self) -> None:
         """Which target of its group answered the request, and why it fell back if it did."""

@@ -242,8 +242,12 @@ class InferenceHandler:
         route = self.deps.targets.choose(snapshot, public, tenant, class_name)
         previous = self.api.previous_id(body)
         held = await self._holder(previous, tenant, route) if previous is not None else None
+        renamed = False
         if held is not None:  # the answer it continues lives on one backend: go there, and only there
             route = dataclasses.replace(route, primary=snapshot.models[held.model], chain=())
+            if held.upstream_id and held.upstream_id != previous:  # a sealed id: the engine knows its own
+                body["previous_response_id"] = held.upstream_id
+                renamed = True
         model_policy = route.primary
         known.model = model_policy.name
         known.class_name, known.slo = class_name, priority_class.slo
@@ -257,9 +261,9 @@ class InferenceHandler:
             limits=limits,
             estimator=self.deps.estimator,
         )
-        if headers.session_id or stripped:
+        if headers.session_id or stripped or renamed:
             session_id = headers.session_id.decode(errors="replace") if headers.session_id else None
-            modified = request.body_modified or stripped
+            modified = request.body_modified or stripped or renamed
             request = dataclasses.replace(request, session_id=session_id, body_modified=modified)
         if held is not None:
             request.pinned_backend = held.backend
@@ -274,11 +278,12 @@ class InferenceHandler:
         """Where the answer ``previous`` lives, if ``tenant`` created it with the model it now asks
         for (a target of the same public name: ``gateway/response_affinity.py``); 404 otherwise,
         the same for an unknown id, another tenant's and another model's."""
-        held = await self.deps.attempts.affinity.holder(previous, tenant.name)
+        snapshot = self.deps.runtime().snapshot
+        held = await self.deps.attempts.affinity.holder(previous, tenant.name, snapshot.backends_by_model)
         allowed = {m.name for m in route.targets}
         if route.group is not None:
             allowed |= {t.model for t in route.group.targets}
-        if held is None or held.model not in allowed or held.model not in self.deps.runtime().snapshot.models:
+        if held is None or held.model not in allowed or held.model not in snapshot.models:
             raise NotFound(
                 f"Previous response '{previous[:64]}' is not known to this gateway (never stored, expired, or "
                 "not this key's).",

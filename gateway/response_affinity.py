@@ -19,6 +19,11 @@ past it the tenant holding the most loses its oldest (the one adding, when it ho
 its fair share: no scan on a flood's path), so a tenant within its share is never evicted by
 others. Entries expire ``ttl_s`` after they are created.
 
+**Sealed ids, when the replicas share a secret** (``cache_isolation.secret_env``): the id the
+client gets carries its holder, authenticated and bound to its tenant (``gateway/response_ids.py``),
+so nothing is stored, written or looked up, and every replica reads it back; what follows about
+maps and Redis is for ids that are not sealed (no secret, or issued before it was set).
+
 **Redis** (``state.backend: redis``): every replica also writes each entry there and looks
 there when it does not know an id, so a follow-up may come through any replica
 (``gateway/response_sharing.py``: one round trip per lookup, timed as Redis's, and a write that
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +47,7 @@ import redis.asyncio as aioredis
 
 from gateway.clock import Clock
 from gateway.errors import Overloaded
+from gateway.response_ids import Named, ResponseIds
 from gateway.response_sharing import Entry, SharedResponses, SharedUnavailable
 
 PER_TENANT = 10_000
@@ -60,6 +66,8 @@ class Holder:
     backend: str
     model: str
     expires_at: float
+    upstream_id: str = ""
+    """The id its engine knows it by, when the client's is sealed (``gateway/response_ids.py``)."""
 
 
 class ResponseAffinity:
@@ -76,8 +84,10 @@ class ResponseAffinity:
         shared: aioredis.Redis | None = None,
         key_prefix: str = "gw:",
         timeout_s: float = 0.05,
+        ids: ResponseIds | None = None,
     ) -> None:
         self.clock = clock
+        self.ids = ids
         self.per_tenant = per_tenant
         self.max_entries = max_entries
         self.ttl_s = ttl_s
@@ -98,16 +108,24 @@ class ResponseAffinity:
         """How many entries the process holds for ``tenant``."""
         return len(self._tenants.get(tenant, ()))
 
-    def remember(self, response_id: str, tenant: str, backend: str, model: str) -> None:
-        """Record where ``response_id`` lives: at once in the process, in Redis in the background
-        (started as soon as the id is seen, so it is shared before the answer ends)."""
+    def remember(self, response_id: str, tenant: str, backend: str, model: str) -> str:
+        """The id the client is to see for the engine's ``response_id``: sealed, when there are
+        ``ids`` (nothing to record); else itself, recorded at once in the process, and in Redis in
+        the background (started as soon as the id is seen, so it is shared before the answer ends)."""
+        if self.ids is not None:
+            return self.ids.seal(response_id, tenant, model, backend)
         expires_at = self.clock.now() + self.ttl_s
         self._keep(tenant, response_id, Holder(tenant, backend, model, expires_at))
         if self.sharing is not None:
             self._background(self.sharing.publish(Entry(tenant, response_id, backend, model, expires_at)))
+        return response_id
 
     def forget(self, response_id: str, tenant: str) -> None:
-        """Drop an entry whose backend no longer holds the response (it said so)."""
+        """Drop an entry whose backend no longer holds the response (it said so). With sealed ids
+        nothing is recorded (an id from before the secret stays until it expires): a follow-up
+        reaches the engine, which says so again, and no Redis write is spent on it."""
+        if self.ids is not None:
+            return
         held = self._tenants.get(tenant)
         if held is not None and held.pop(response_id, None) is not None:
             self._count -= 1
@@ -124,10 +142,19 @@ class ResponseAffinity:
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
-    async def holder(self, response_id: str, tenant: str) -> Holder | None:
+    async def holder(
+        self, response_id: str, tenant: str, served: Mapping[str, Sequence[Named]] | None = None
+    ) -> Holder | None:
         """The holder of ``response_id`` if ``tenant`` created it and it has not expired; else None,
         by the same path for an id of another tenant as for an unknown one. ``Overloaded`` (503
-        ``response_lookup_unavailable``) when the answer was Redis's to give and it gave none."""
+        ``response_lookup_unavailable``) when the answer was Redis's to give and it gave none.
+        ``served`` (model → its backends, the policy's) finds a sealed id's holder."""
+        if self.ids is not None and self.ids.sealed(response_id):
+            opened = self.ids.open(response_id, tenant, served or {})
+            if opened is None:
+                return None
+            expires_at = self.clock.now() + opened.left_s
+            return Holder(tenant, opened.backend, opened.model, expires_at, upstream_id=opened.upstream_id)
         own = self._tenants.get(tenant)
         held = own.get(response_id) if own is not None else None
         if held is None and self.sharing is not None:

@@ -57,6 +57,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.clock import Clock
+from gateway.lifecycle import stop_loops
 from gateway.limitstore.lag import FreeTimeout, LoopLag
 
 log = logging.getLogger(__name__)
@@ -236,8 +237,7 @@ class SharedResponses:
     async def aclose(self) -> None:
         """A last try for what still waits (one round, bounded), then the retrier and the client go."""
         if self._retrier is not None:
-            self._retrier.cancel()
-            await asyncio.gather(self._retrier, return_exceptions=True)
+            await stop_loops({self._retrier})  # cancelled again if a Redis call swallowed it
         if self.pending and not await self._flush():
             log.warning("response affinity: %d entries never reached Redis", len(self.pending))
         await self.client.aclose()

@@ -30,7 +30,7 @@ from gateway.exposition import expose
 from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replica_id
 from gateway.fleet.ledger import FleetLedger
 from gateway.fleet.prefix_sync import PrefixSync
-from gateway.lifecycle import Drainable
+from gateway.lifecycle import Drainable, stop_loops
 from gateway.limitstore.connect import redis_client
 from gateway.limitstore.factory import build_limit_store
 from gateway.limitstore.memory import MemoryLimitStore
@@ -40,6 +40,7 @@ from gateway.policy.watch import PolicySource, ReloadRefused
 from gateway.proxy import InFlight, PipelineDeps
 from gateway.recorder import Recorder
 from gateway.response_affinity import ResponseAffinity
+from gateway.response_ids import ResponseIds
 from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
 from gateway.rollout.store import open_rollout_store
 from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
@@ -119,8 +120,11 @@ class Gateway:
         return self.fleet.live if self.fleet is not None else 0
 
     def _affinity(self, snapshot: PolicySnapshot) -> ResponseAffinity:
-        """Which backend holds each stored response: in Redis too when the limits are there, so that
-        a follow-up may come through any replica (``gateway/response_affinity.py``)."""
+        """Which backend holds each stored response, so that a follow-up may come through any replica
+        (``gateway/response_affinity.py``): in the id itself when the replicas share the cache-salt
+        secret (``gateway/response_ids.py``), else in Redis too when the limits are there. The
+        secret is read once, at start, as the limit store's address is."""
+        ids = ResponseIds.from_env(snapshot.policy.cache_isolation.secret_env)
         state = snapshot.policy.state
         url = state.resolved_url() if state.backend == "redis" else None
         shared = redis_client(url, socket_connect_timeout=1.0, health_check_interval=0) if url else None
@@ -130,6 +134,7 @@ class Gateway:
             shared=shared,
             key_prefix=state.key_prefix,
             timeout_s=max(state.timeout_ms / 1000, 0.05),
+            ids=ids,
         )
 
     def _rollouts(self, settings: Settings, snapshot: PolicySnapshot) -> Rollouts:
@@ -348,9 +353,7 @@ class Gateway:
             log.error("background task %s stopped", task.get_coro(), exc_info=task.exception())
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_background()
         await self.shadows.aclose()
         await self.upstream.aclose()
         await self.limit_store.aclose()
@@ -364,6 +367,11 @@ class Gateway:
         if self.recorder.trace_log is not None:
             await asyncio.to_thread(self.recorder.trace_log.close)
         await asyncio.to_thread(self.runtime.tracing.shutdown)
+
+    async def _stop_background(self) -> None:
+        left = await stop_loops(self._tasks)
+        if left:
+            log.error("shutdown: background loop(s) still running, left behind: %s", [t.get_coro() for t in left])
 
     def export_metrics(self) -> bytes:
         return expose(self.metrics, self.policy(), self.pool, self.dispatcher, self.source, self.recorder.trace_log)

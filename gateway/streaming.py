@@ -273,6 +273,12 @@ class SseRelay:
                 out = out.replace(served, public)
         return out
 
+    def rename_also(self, old: bytes, new: bytes) -> None:
+        """Replace ``old`` by ``new`` in every byte relayed from now on, the events being relayed
+        included (``on_event`` runs before they are sent): a stored answer's id, by its sealed one.
+        ``old`` is a whole JSON string (quotes included), which only a JSON value can be."""
+        self._rename = (*self._rename, (old, new))
+
     def _take_failure(self) -> GatewayError | None:
         failure, self._failure = self._failure, None
         return failure

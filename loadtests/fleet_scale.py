@@ -4,7 +4,7 @@ Usage::
 
     python -m loadtests.fleet_scale [--processes 10,50,100] [--rate 4] [--rate-high 40] [--workers 2]
                                     [--warmup-s 4] [--window-s 8] [--tenants 20] [--backends 4]
-                                    [--calibrate-concurrency 64] [--label before]
+                                    [--calibrate-concurrency 64] [--shared-map] [--label before]
                                     [--out loadtests/results/fleet_scale]
 
 Many simulated gateway processes against private ``redis-server`` s (started here on free ports,
@@ -26,9 +26,11 @@ No HTTP and no engine: each simulated process drives the real state code of the 
 * the prefix view: the real ``PrefixSync`` (one decision of ``--blocks`` blocks per request,
   ``exchange`` every ``prefix_flush_s``);
 * response affinity: for ``--responses-share`` of the requests, the real ``ResponseAffinity``
-  remembers the answer's id in Redis; ``--followup-share`` of them is a follow-up naming an id
-  that one of the simulated processes of the same OS process created (Redis is asked when
-  another process created it, as through a load balancer);
+  issues the answer's id; ``--followup-share`` of them is a follow-up naming an id that one of
+  the simulated processes of the same OS process created, as through a load balancer. By
+  default ids are sealed (the replicas share the cache-salt secret, as ``deploy/`` sets it:
+  ``gateway/response_ids.py``), so neither costs a round trip; with ``--shared-map`` the id is
+  written to Redis and looked up there when another process created it;
 * canary rollouts (``--rollouts``, one by default): the ``RedisRolloutStore`` called as the
   controller's ``tick`` calls it, every ``interval_s`` (the controller itself is not run).
 
@@ -245,6 +247,9 @@ class SimConfig:
     followup_share: float
     rollouts: int
     limit_headroom: float
+    sealed_ids: bool = True
+    """Response ids carry their holder (the replicas share the cache-salt secret, as ``deploy/``
+    sets it: ``gateway/response_ids.py``); False: the shared map in Redis (``--shared-map``)."""
     prompt_tokens: int = 1000
     max_tokens: int = 200
     rollout_interval_s: float = 5.0
@@ -327,6 +332,7 @@ class SimProcess:
         from gateway.limitstore.factory import build_limit_store
         from gateway.policy.loader import parse_policy
         from gateway.response_affinity import ResponseAffinity
+        from gateway.response_ids import ResponseIds
         from gateway.rollout.store import RedisRolloutStore
         from gateway.routing.prefix_secret import PrefixSecret
         from gateway.telemetry import Metrics
@@ -374,7 +380,11 @@ class SimProcess:
             metrics=self.metrics,
         )
         self.affinity = ResponseAffinity(
-            self.clock, shared=self._client(redis_client, "responses"), key_prefix=config.key_prefix, timeout_s=2.0
+            self.clock,
+            shared=self._client(redis_client, "responses"),
+            key_prefix=config.key_prefix,
+            timeout_s=2.0,
+            ids=ResponseIds(b"fleet-scale-secret") if config.sealed_ids else None,
         )
         self.rollouts = RedisRolloutStore(self._client(redis_client, "responses"), config.key_prefix, 2.0)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -430,11 +440,11 @@ class SimProcess:
             response_id = f"resp_{uuid.uuid4().hex}"
             token = SOURCE.set("resp_publish")
             try:
-                self.affinity.remember(response_id, tenant.name, state.name, MODEL)
+                public_id = self.affinity.remember(response_id, tenant.name, state.name, MODEL)
                 await self.affinity.shared_now()
             finally:
                 SOURCE.reset(token)
-            shared.ids.append((self.index, tenant.name, response_id))
+            shared.ids.append((self.index, tenant.name, public_id))
             shared.counts["responses"] += 1
         used = config.prompt_tokens + self.random.randrange(config.max_tokens)
         await under("settle", self.limiter.settle(admission, used))
@@ -448,7 +458,9 @@ class SimProcess:
         if creator != self.index:
             self.shared.counts["followups_elsewhere"] += 1
         try:
-            held = await under("resp_lookup", self.affinity.holder(response_id, tenant))
+            held = await under(
+                "resp_lookup", self.affinity.holder(response_id, tenant, self.snapshot.backends_by_model)
+            )
         except Overloaded:
             self.shared.counts["followup_unavailable"] += 1
             return
@@ -645,6 +657,7 @@ def sim_config(servers: Mapping[str, PrivateRedis], cell: Cell, args: argparse.N
         followup_share=args.followup_share,
         rollouts=args.rollouts,
         limit_headroom=args.limit_headroom,
+        sealed_ids=not args.shared_map,
     )
 
 
@@ -695,11 +708,11 @@ async def _calibrate(
             await asyncio.sleep(0)
             response_id = f"resp_{uuid.uuid4().hex}"
             token = SOURCE.set("resp_publish")
-            one.affinity.remember(response_id, tenant, "b0", MODEL)
+            public_id = one.affinity.remember(response_id, tenant, "b0", MODEL)
             await one.affinity.shared_now()
             SOURCE.reset(token)
             try:
-                await under("resp_lookup", two.affinity.holder(response_id, tenant))
+                await under("resp_lookup", two.affinity.holder(public_id, tenant, two.snapshot.backends_by_model))
             except Overloaded:
                 done["lookup_unavailable"] += 1
             done["responses"] += 1
@@ -1075,7 +1088,8 @@ def report(
         f"command: python -m loadtests.fleet_scale {' '.join(sys.argv[1:])}",
         f"per process: Poisson arrivals at the rate shown, hold {args.hold_s}s, {args.tenants} tenants, "
         f"{args.backends} backends, {args.blocks} prefix blocks/request, Responses {args.responses_share:.0%} "
-        f"(follow-ups {args.followup_share:.0%} of them), {args.rollouts} rollout(s); {args.workers} OS workers; "
+        f"(follow-ups {args.followup_share:.0%} of them, ids {'in the shared map' if args.shared_map else 'sealed'}), "
+        f"{args.rollouts} rollout(s); {args.workers} OS workers; "
         f"window {args.window_s}s after {args.warmup_s}s",
         "",
         "per cell (round trips counted on every connection; CPU, commands, memory by Redis):",
@@ -1178,6 +1192,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--responses-share", type=float, default=0.2)
     parser.add_argument("--followup-share", type=float, default=0.5)
     parser.add_argument("--rollouts", type=int, default=1)
+    parser.add_argument(
+        "--shared-map",
+        action="store_true",
+        help="response ids found through the map in Redis (no shared secret), not sealed ids",
+    )
     parser.add_argument("--limit-headroom", type=float, default=2.0)
     parser.add_argument("--calibrate-concurrency", type=int, default=64, help="0: no calibration")
     parser.add_argument("--label", default="latest")
