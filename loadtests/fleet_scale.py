@@ -4,7 +4,8 @@ Usage::
 
     python -m loadtests.fleet_scale [--processes 10,50,100] [--rate 4] [--rate-high 40] [--workers 2]
                                     [--warmup-s 4] [--window-s 8] [--tenants 20] [--backends 4]
-                                    [--calibrate-concurrency 64] [--shared-map] [--label before]
+                                    [--calibrate-concurrency 64] [--lease-cell 4:200:4] [--shared-map]
+                                    [--label before]
                                     [--out loadtests/results/fleet_scale]
 
 Many simulated gateway processes against private ``redis-server`` s (started here on free ports,
@@ -55,7 +56,10 @@ per-request and per-process costs: round trips per process per second are fitted
 sync as ``a + b x processes`` (its script reads every process's entry) and the prefix view's as
 so much per round trip plus so much per decision delivered to a reader (each process reads
 every other's), over the fleet sizes; the limits' and responses' per round trip from a closed
-loop at the highest rate this machine makes (``calibrate``). The sizing (``fleets`` in the JSON)
+loop at the highest rate this machine makes (``calibrate``). Admission's round trips per request
+come from the *lease cell* (``--lease-cell``, 4 processes at 200 req/s over 4 tenants): its cost
+depends on each process's spending per tenant, which the fleet cells keep far below a replica's
+(``lease_admission``). The sizing (``fleets`` in the JSON)
 applies them to 10, 100 and 1,000 replicas at 2,000 requests/s each, and says when one Redis core (one primary)
 stops sufficing and which keys could not be spread over cluster shards. Results:
 ``<out>/<label>.txt`` and ``.json``, with the load average.
@@ -67,6 +71,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import json
 import logging
@@ -601,6 +606,10 @@ FAMILY_OF = {
 class Cell:
     processes: int
     rate: float
+    tenants: int | None = None
+    """``--tenants`` unless set (the lease cell's fewer tenants each spend faster)."""
+    role: str = "fleet"
+    """``fleet``: a cell the model fits; ``lease``: the admission cost at a replica's spending (``--lease-cell``)."""
 
 
 class PrivateRedis:
@@ -650,7 +659,7 @@ def sim_config(servers: Mapping[str, PrivateRedis], cell: Cell, args: argparse.N
         processes=cell.processes,
         rate=cell.rate,
         hold_s=args.hold_s,
-        tenants=args.tenants,
+        tenants=cell.tenants or args.tenants,
         backends=args.backends,
         blocks=args.blocks,
         responses_share=args.responses_share,
@@ -741,6 +750,7 @@ async def _calibrate(
 
 def run_cell(servers: Mapping[str, PrivateRedis], cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
     """One fleet size at one rate: the workers, then Redis's figures over the window."""
+    cell = dataclasses.replace(cell, tenants=cell.tenants or args.tenants)
     empty: dict[str, int] = {}
     for family, server in servers.items():
         server.client.flushall()
@@ -892,6 +902,8 @@ def summarize(
     return {
         "processes": cell.processes,
         "rate_per_process": cell.rate,
+        "tenants": cell.tenants,
+        "role": cell.role,
         "window_s": window,
         "requests_per_s": requests / window,
         "requests_per_process_per_s": requests / window / cell.processes,
@@ -951,8 +963,41 @@ READ_COUNT = 512
 """``prefix_sync.READ_COUNT``: a read that comes back full is followed by another."""
 
 
+def lease_admission(
+    lease_cells: list[dict[str, Any]], calls: Mapping[str, Mapping[str, float]]
+) -> dict[str, Any] | None:
+    """The admission's round trips per request at a replica's spending, from the lease cell.
+
+    Why a cell of its own: an admission asks Redis only when its tenant's lease is dry, and a
+    lease holds about a second of the process's own spending on that tenant (``limitstore/lease.py``).
+    The fleet cells run at 4 and 40 requests/s per process over 20 tenants (0.2 to 2 per tenant),
+    where a lease holds one request or none, so their per-request cost, scaled to 2,000 req/s,
+    would charge a replica (100 per tenant) the dry leases of a nearly idle one. The lease cell
+    runs fewer tenants faster (50 per tenant and process by default); per-request cost falls as
+    that rate rises, so its figure bounds the cost at 100 from above. The process's fixed part
+    (its keeper's pings) stays the fleet cells' fit."""
+    if not lease_cells:
+        return None
+    cell = max(lease_cells, key=lambda c: c["requests_per_process_per_s"] / c["tenants"])
+    requests = cell["requests_per_process_per_s"]
+    measured = cell["sources"].get("admit", {}).get("round_trips_per_process_per_s", 0.0)
+    fixed = calls.get("admit", {}).get("fixed_per_process_per_s", 0.0)
+    return {
+        "fixed_per_process_per_s": fixed,
+        "per_request": max(0.0, measured - fixed) / requests if requests else 0.0,
+        "from_lease_cell": {
+            "processes": cell["processes"],
+            "tenants": cell["tenants"],
+            "requests_per_tenant_per_process_per_s": requests / cell["tenants"],
+            "round_trips_per_request": cell["sources"].get("admit", {}).get("round_trips_per_request", math.nan),
+        },
+    }
+
+
 def model_of(cells: list[dict[str, Any]], blocks: int, calibrated: Mapping[str, float]) -> dict[str, Any]:
     """The costs the cells measured, as functions of the fleet's size and rate (module docstring)."""
+    lease_cells = [c for c in cells if c.get("role") == "lease"]
+    cells = [c for c in cells if c.get("role", "fleet") == "fleet"]
     smallest = min(c["processes"] for c in cells)
     at_smallest = [c for c in cells if c["processes"] == smallest]
     calls: dict[str, dict[str, float]] = {}
@@ -963,6 +1008,9 @@ def model_of(cells: list[dict[str, Any]], blocks: int, calibrated: Mapping[str, 
         )
         if fixed > 0 or per_request > 0:
             calls[source] = {"fixed_per_process_per_s": max(0.0, fixed), "per_request": max(0.0, per_request)}
+    admission = lease_admission(lease_cells, calls)
+    if admission is not None:
+        calls["admit"] = admission
 
     def weighted_us(family: str) -> float:
         cores = sum(c["families"][family]["cpu_cores"] for c in cells)
@@ -1076,6 +1124,10 @@ def fleet_at(model: Mapping[str, Any], replicas: int, rate: float, args: argpars
 # -- the report ------------------------------------------------------------------------------
 
 
+def _procs(cell: Mapping[str, Any]) -> str:
+    return f"{cell['processes']}L" if cell.get("role") == "lease" else str(cell["processes"])
+
+
 def report(
     label: str,
     cells: list[dict[str, Any]],
@@ -1101,7 +1153,7 @@ def report(
         syncs = c["sources"].get("ledger", {}).get("round_trips_per_process_per_s", 0.0)
         fallbacks = sum(n for name, n in c["counts"].items() if name.startswith("store_fallback"))
         lines.append(
-            f"{c['processes']:>5} {c['rate_per_process']:>5g} {c['requests_per_s']:>7.0f} "
+            f"{_procs(c):>5} {c['rate_per_process']:>5g} {c['requests_per_s']:>7.0f} "
             f"{c['round_trips_per_request']:>7.2f} {c['round_trips_per_s']:>7.0f} {c['redis_commands_per_s']:>8.0f} "
             f"{c['redis_cpu_cores']:>6.3f} {c['redis_cpu_us_per_request']:>7.1f} "
             f"{c['redis_memory_over_empty'] / 1e3:>7.0f} {clients:>7} {syncs:>9.1f} {fallbacks:>6}  "
@@ -1111,19 +1163,26 @@ def report(
     lines.append(f"{'procs':>5} {'rate':>5} " + " ".join(f"{s:>12}" for s in SOURCES[:-1]))
     for c in cells:
         row = " ".join(f"{c['sources'].get(s, {}).get('round_trips_per_request', 0.0):>12.3f}" for s in SOURCES[:-1])
-        lines.append(f"{c['processes']:>5} {c['rate_per_process']:>5g} {row}")
+        lines.append(f"{_procs(c):>5} {c['rate_per_process']:>5g} {row}")
     lines += ["", "Redis CPU by family (cores, idle subtracted) and µs per round trip:"]
     for c in cells:
         row = "  ".join(
             f"{f} {c['families'][f]['cpu_cores']:.4f} ({c['families'][f]['cpu_us_per_round_trip']:.0f} µs)"
             for f in FAMILIES
         )
-        lines.append(f"{c['processes']:>5} {c['rate_per_process']:>5g}  {row}")
-    lines += ["", "model (fitted from the cells):"]
+        lines.append(f"{_procs(c):>5} {c['rate_per_process']:>5g}  {row}")
+    lease = [c for c in cells if c.get("role") == "lease"]
+    if lease:
+        lines.append(
+            f"  L: the lease cell, {lease[0]['tenants']} tenants (admission at "
+            f"{lease[0]['requests_per_process_per_s'] / lease[0]['tenants']:.0f} req/s per tenant and process; "
+            f"a replica at 2,000 req/s over {args.tenants} tenants spends {TARGET_RATE / args.tenants:.0f})"
+        )
+    lines += ["", "model (fitted from the fleet cells; admission's per-request cost from the lease cell):"]
     for source, m in model["round_trips"].items():
         lines.append(
             f"  {source:>12}: {m['fixed_per_process_per_s']:6.2f} round trips/process/s "
-            f"+ {m['per_request']:.3f} per request"
+            f"+ {m['per_request']:.3f} per request" + (" (lease cell)" if "from_lease_cell" in m else "")
         )
     us = model["us_per_round_trip"]
     la, lb = model["ledger_us_per_sync"]
@@ -1198,6 +1257,12 @@ def main(argv: list[str] | None = None) -> None:
         help="response ids found through the map in Redis (no shared secret), not sealed ids",
     )
     parser.add_argument("--limit-headroom", type=float, default=2.0)
+    parser.add_argument(
+        "--lease-cell",
+        default="4:200:4",
+        help="PROCESSES:RATE:TENANTS of the cell that measures admission at a replica's per-tenant spending "
+        "('' for none; see model_of)",
+    )
     parser.add_argument("--calibrate-concurrency", type=int, default=64, help="0: no calibration")
     parser.add_argument("--label", default="latest")
     parser.add_argument("--out", default="loadtests/results/fleet_scale")
@@ -1211,6 +1276,9 @@ def main(argv: list[str] | None = None) -> None:
     cells = [Cell(n, args.rate) for n in sizes]
     if args.rate_high:
         cells.insert(1, Cell(min(sizes), args.rate_high))
+    if args.lease_cell:
+        processes, rate, tenants = args.lease_cell.split(":")
+        cells.append(Cell(int(processes), float(rate), int(tenants), role="lease"))
     servers = {family: PrivateRedis() for family in FAMILIES}
     results = []
     try:

@@ -62,12 +62,21 @@ def test_the_bench_measures_a_small_fleet_and_sizes_the_large_ones(tmp_path: Pat
     fleet_scale.main(
         [
             "--processes", "2,3", "--rate", "4", "--rate-high", "8", "--warmup-s", "1", "--window-s", "2",
-            "--calibrate-concurrency", "4", "--label", "tiny", "--out", str(tmp_path),
+            "--calibrate-concurrency", "4", "--lease-cell", "2:20:1", "--label", "tiny", "--out", str(tmp_path),
         ]
     )  # fmt: skip
     document = json.loads((tmp_path / "tiny.json").read_text())
     cells = document["cells"]
-    assert [(c["processes"], c["rate_per_process"]) for c in cells] == [(2, 4.0), (2, 8.0), (3, 4.0)]
+    assert [(c["processes"], c["rate_per_process"], c["role"]) for c in cells] == [
+        (2, 4.0, "fleet"),
+        (2, 8.0, "fleet"),
+        (3, 4.0, "fleet"),
+        (2, 20.0, "lease"),
+    ]
+    admit = document["model"]["round_trips"]["admit"]
+    assert admit["from_lease_cell"]["tenants"] == 1  # admission's per-request cost from the lease cell
+    lease_admits = cells[-1]["sources"].get("admit", {}).get("round_trips_per_request", 0.0)  # none: leases held
+    assert admit["per_request"] <= lease_admits
     for cell in cells:
         assert cell["requests_per_s"] > 0
         assert cell["sources"]["ledger"]["round_trips_per_process_per_s"] > 2, "the coordinator synced"
