@@ -215,16 +215,18 @@ async def _stored_rollouts(snapshot: PolicySnapshot, directory: Path) -> dict[st
     """Each group's rollout as the gateway would read it: from Redis or from ``directory``."""
     from gateway.rollout.controller import stored_rollouts
     from gateway.rollout.store import open_rollout_store
+    from gateway.shared.store import SharedStore
 
     if not any(group.rollout for group in snapshot.groups.values()):
         return {}
     state = snapshot.policy.state
-    url = state.resolved_url() if state.backend == "redis" else None
-    store = open_rollout_store(state.backend, url, state.key_prefix, directory, timeout_s=1.0)
+    shared = SharedStore.from_state(state)
+    store = open_rollout_store(state.backend, shared.client, state.key_prefix, directory, timeout_s=1.0)
     try:
         return await stored_rollouts(snapshot, store)
     finally:
         await store.aclose()
+        await shared.aclose()
 
 
 def _hash_key(args: argparse.Namespace) -> int:

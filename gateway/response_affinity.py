@@ -85,6 +85,7 @@ class ResponseAffinity:
         key_prefix: str = "gw:",
         timeout_s: float = 0.05,
         ids: ResponseIds | None = None,
+        owns_client: bool = False,
     ) -> None:
         self.clock = clock
         self.ids = ids
@@ -95,7 +96,14 @@ class ResponseAffinity:
         self.sharing = (
             None
             if shared is None
-            else SharedResponses(shared, clock, key_prefix=key_prefix, per_tenant=per_tenant, timeout_s=timeout_s)
+            else SharedResponses(
+                shared,
+                clock,
+                key_prefix=key_prefix,
+                per_tenant=per_tenant,
+                timeout_s=timeout_s,
+                owns_client=owns_client,
+            )
         )
         self._tenants: dict[str, OrderedDict[str, Holder]] = {}
         self._count = 0

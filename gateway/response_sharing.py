@@ -54,15 +54,16 @@ from typing import Any, NamedTuple
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from gateway.clock import Clock
 from gateway.lifecycle import stop_loops
 from gateway.limitstore.lag import FreeTimeout, LoopLag
+from gateway.shared.lua import lua_script
+from gateway.shared.store import FAILURES
 
 log = logging.getLogger(__name__)
 
-FAILURES = (RedisError, OSError, TimeoutError)
 CONNECT_S = 0.5
 """A new connection's handshake: a few round trips, not the lookup's (module docstring). Also
 the longest a whole answer waits for its entry's first write when Redis is silent and no
@@ -75,62 +76,13 @@ RETRY_MAX_S = 1.0
 MAX_PENDING = 10_000
 """Entries waiting for Redis at most; past it the oldest is given up (its follow-ups then need
 the replica that holds it in memory)."""
-_TRIM_PER_WRITE = 1000  # entries one write may drop: Lua's ``unpack`` takes a few thousand at most
 
-# Times are Redis's, in microseconds (exact in a double until the year 2255), so that entries
-# written a millisecond apart keep their order.
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-"""
-
-# KEYS: the tenant's hash, its sorted set by expiry. ARGV: the id's hash, the entry, ttl (ms),
-# the tenant's bound. Writes the entry, then drops the expired and the oldest past the bound.
-_PUBLISH = (
-    _NOW
-    + f"""
-local ttl, bound = tonumber(ARGV[3]), tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], now + ttl * 1000, ARGV[1])
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, {_TRIM_PER_WRITE})
-local over = math.min(redis.call('ZCARD', KEYS[2]) - #gone - bound, {_TRIM_PER_WRITE})
-if over > 0 then
-  for _, field in ipairs(redis.call('ZRANGE', KEYS[2], #gone, #gone + over - 1)) do
-    gone[#gone + 1] = field
-  end
-end
-if #gone > 0 then
-  redis.call('HDEL', KEYS[1], unpack(gone))
-  redis.call('ZREM', KEYS[2], unpack(gone))
-end
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
-return #gone
-"""
-)
-
-# KEYS: as above. ARGV: the id's hash. The entry and the microseconds it has left, or nil.
-_LOOKUP = (
-    _NOW
-    + """
-local entry = redis.call('HGET', KEYS[1], ARGV[1])
-if not entry then
-  return false
-end
-local left = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]) or 0) - now
-if left <= 0 then
-  return false
-end
-return {entry, left}
-"""
-)
-
-# KEYS: as above. ARGV: the id's hash.
-_UNPUBLISH = """
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-return 1
-"""
+_PUBLISH = lua_script("gateway", "response_sharing_clock.lua", "response_sharing_publish.lua")
+"""Writes an entry, then drops the tenant's expired ones and its oldest past the bound."""
+_LOOKUP = lua_script("gateway", "response_sharing_clock.lua", "response_sharing_lookup.lua")
+"""An entry and the microseconds it has left on Redis's clock, or nil."""
+_UNPUBLISH = lua_script("gateway", "response_sharing_unpublish.lua")
+"""Forgets an entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +136,11 @@ class SharedResponses:
         per_tenant: int,
         timeout_s: float,
         max_pending: int = MAX_PENDING,
+        owns_client: bool = False,
     ) -> None:
         self.client = client
+        self.owns_client = owns_client
+        """Whether ``aclose`` closes ``client`` (not the process's shared one: ``gateway/shared/store.py``)."""
         self.clock = clock
         self.key_prefix = key_prefix
         self.per_tenant = per_tenant
@@ -235,12 +190,14 @@ class SharedResponses:
             log.warning("response affinity: could not forget response %s... (%s)", response_id[:12], error)
 
     async def aclose(self) -> None:
-        """A last try for what still waits (one round, bounded), then the retrier and the client go."""
+        """A last try for what still waits (one round, bounded), then the retrier goes (and the
+        client, if it is this object's own)."""
         if self._retrier is not None:
             await stop_loops({self._retrier})  # cancelled again if a Redis call swallowed it
         if self.pending and not await self._flush():
             log.warning("response affinity: %d entries never reached Redis", len(self.pending))
-        await self.client.aclose()
+        if self.owns_client:
+            await self.client.aclose()
 
     # The retrier
 

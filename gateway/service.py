@@ -31,7 +31,6 @@ from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replic
 from gateway.fleet.ledger import FleetLedger
 from gateway.fleet.prefix_sync import PrefixSync
 from gateway.lifecycle import Drainable, stop_loops
-from gateway.limitstore.connect import redis_client
 from gateway.limitstore.factory import build_limit_store
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.limitstore.redis import RedisLimitStore
@@ -47,6 +46,7 @@ from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
 from gateway.scrape import SaturationScraper
 from gateway.settings import Settings
 from gateway.shadow.runner import ShadowRunner
+from gateway.shared.store import SharedStore
 from gateway.targets import TargetPicker
 from gateway.telemetry import Metrics
 from gateway.tokens import CharRatioEstimator
@@ -78,6 +78,7 @@ class Gateway:
         except MissingCredential as exc:
             raise RuntimeError(str(exc)) from exc
         self.metrics.upstream_connections_open.set_function(lambda: self.upstream.open_connections)
+        self.shared = SharedStore.from_state(snapshot.policy.state)  # read once, as the secret is
         self.limit_store = self._limit_store(snapshot)
         self.limiter = TenantLimiter(self.limit_store, self.clock)
         self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
@@ -125,15 +126,12 @@ class Gateway:
         secret (``gateway/response_ids.py``), else in Redis too when the limits are there. The
         secret is read once, at start, as the limit store's address is."""
         ids = ResponseIds.from_env(snapshot.policy.cache_isolation.secret_env)
-        state = snapshot.policy.state
-        url = state.resolved_url() if state.backend == "redis" else None
-        shared = redis_client(url, socket_connect_timeout=1.0, health_check_interval=0) if url else None
         return ResponseAffinity(
             self.clock,
             per_tenant=self.settings.responses_per_tenant,
-            shared=shared,
-            key_prefix=state.key_prefix,
-            timeout_s=max(state.timeout_ms / 1000, 0.05),
+            shared=self.shared.client,
+            key_prefix=self.shared.key_prefix,
+            timeout_s=max(self.shared.timeout_s, 0.05),
             ids=ids,
         )
 
@@ -142,7 +140,7 @@ class Gateway:
         state = snapshot.policy.state
         store = open_rollout_store(
             state.backend,
-            state.resolved_url() if state.backend == "redis" else None,
+            self.shared.client,
             state.key_prefix,
             Path(settings.rollout_dir),
             timeout_s=max(state.timeout_ms / 1000, 0.5),
@@ -153,9 +151,7 @@ class Gateway:
 
     def _fleet(self, settings: Settings, snapshot: PolicySnapshot) -> FleetCoordinator | None:
         """How this process gets its part of every backend's capacity (``gateway/fleet/``)."""
-        state = snapshot.policy.state
-        url = state.resolved_url() if state.backend == "redis" else None
-        if url is None:
+        if self.shared.client is None:
             if settings.workers > 1:
                 log.warning(
                     "no shared store: each of the %d workers takes 1/%d of every backend's capacity "
@@ -166,10 +162,9 @@ class Gateway:
             partition_quotas(self.pool, snapshot, settings.workers)
             self.metrics.fleet_processes.set(settings.workers)
             return None
-        client = redis_client(url, socket_connect_timeout=1.0, health_check_interval=0)
         ledger = FleetLedger(
-            client,
-            key_prefix=state.key_prefix,
+            self.shared.client,
+            key_prefix=self.shared.key_prefix,
             replica=replica_id(),
             lease_ttl_s=snapshot.policy.fleet.entry_ttl_s,
             drain_s=snapshot.policy.fleet_drain_s,
@@ -192,10 +187,9 @@ class Gateway:
                 snapshot.policy.cache_isolation.secret_env,
             )
             return None
-        url = snapshot.policy.state.resolved_url()
-        assert url is not None  # the fleet runs on it
+        assert self.shared.client is not None  # the fleet runs on it
         view = PrefixSync(
-            redis_client(url, socket_connect_timeout=1.0, health_check_interval=0),
+            self.shared.client,
             # Replicas share a view only when they share the secret: with another secret, the same
             # tenant's blocks are another cache entry in the engines (another ``cache_salt``).
             key=f"{snapshot.policy.state.key_prefix}fleet:prefix-view:{salter.salt('fleet-prefix-view')[:12]}",
@@ -361,9 +355,7 @@ class Gateway:
         await self.affinity.aclose()
         if self.fleet is not None:
             await self.fleet.leave()  # the upstream is closed: nothing of this process runs any more
-            await self.fleet.ledger.client.aclose()
-        if self.prefix_view is not None:
-            await self.prefix_view.client.aclose()
+        await self.shared.aclose()  # last: the ledger, the view, the affinity and the rollouts used it
         if self.recorder.trace_log is not None:
             await asyncio.to_thread(self.recorder.trace_log.close)
         await asyncio.to_thread(self.runtime.tracing.shutdown)

@@ -333,13 +333,13 @@ class SimProcess:
         from gateway.fleet.coordinator import FleetCoordinator
         from gateway.fleet.ledger import FleetLedger
         from gateway.fleet.prefix_sync import PrefixSync
-        from gateway.limitstore.connect import redis_client
         from gateway.limitstore.factory import build_limit_store
         from gateway.policy.loader import parse_policy
         from gateway.response_affinity import ResponseAffinity
         from gateway.response_ids import ResponseIds
         from gateway.rollout.store import RedisRolloutStore
         from gateway.routing.prefix_secret import PrefixSecret
+        from gateway.shared.connect import redis_client
         from gateway.telemetry import Metrics
 
         self.index = index

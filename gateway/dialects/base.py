@@ -10,20 +10,41 @@ the request path asks the request's dialect (``InferenceRequest.api``) and never
 API it is. Adding an API is one module, one registration line, and its samples for the
 conformance suite (``tests/dialects/``).
 
-The members, in the order a request meets them:
+**Roles.** ``Dialect`` is the union of the roles the stages read, each a smaller protocol here, so
+that a function that needs one role can take that role alone and say in its signature what it
+reads of an API (every dialect is all of them). About in the order a request meets them:
 
-* identity: ``name`` (metric label), ``path`` (route and upstream path), ``operation``
-  (the trace's GenAI operation);
-* the body: ``fields`` and ``screen`` (what a client may send, with the tenant's opt-ins:
-  ``allowlists.EngineGrants``), ``stream_flags``,
-  ``output_aliases`` and ``prompt_tokens`` (what validation reads into the request),
-  ``prompt_field`` (where its prompt is, named in errors);
-* routing: ``render`` (the canonical prompt the prefix keys hash);
-* the attempt: ``output_field`` (the one field a backend kind obeys as the bound) and
-  ``stream_usage_fields`` (what makes the engine report usage in a stream);
-* the answer: ``read_chunk`` (output, usage and finish reasons of a stream event),
-  ``is_answer`` and ``answer_usage`` (the shape and usage of a whole answer);
-* migration: ``can_continue`` and ``continue_body``.
+* ``ApiIdentity`` (``name``, ``path``, ``operation``): the routes and each backend's URL
+  (``gateway/app.py``, ``gateway/upstream.py``), the ``api`` label of the metrics
+  (``gateway/recorder.py``), the request's span (``gateway/tracing.py``), dispatch's 404 for an
+  API no backend of the model serves;
+* ``BodyRules`` (``fields``, ``screen``, ``stream_flags``, ``output_aliases``, ``prompt_field``,
+  ``prompt_tokens``, ``render``, ``output_field``, ``stream_usage_fields``): the body. The
+  handler screens it (``gateway/proxy.py``: what a client may send, with the tenant's opt-ins,
+  ``allowlists.EngineGrants``), validation reads its flags, output bound and prompt size
+  (``gateway/validation.py``), routing hashes its canonical prompt
+  (``gateway/routing/prefix_keys.py``), and each attempt sets the bound in the one field its
+  backend's kind obeys and asks the engine for usage in a stream (``gateway/output_length.py``,
+  ``gateway/upstream_body.py``);
+* ``Translating`` (``serves``, ``translation``): which backends can answer it, and how; read by
+  dispatch (``Dispatcher``: ``serves``) and each attempt's isolation
+  (``upstream_body.attempt_isolation``: ``translation``);
+* ``StreamFormat`` (``sse_event_names``, ``ends_with_done``, ``read_chunk``, ``error_event``): a
+  stream's events, read by the relay (``gateway/streaming.py``: each event's output, usage and
+  finish reasons, its framing and end, an error as a stream reports one) and a shadow's reader
+  (``gateway/shadow/runner.py``);
+* ``AnswerFormat`` (``is_answer``, ``answer_usage``, ``error_body``): a whole answer's shape and
+  usage, read by the upstream client (``gateway/upstream.py``) and the attempt
+  (``gateway/attempt.py``), and the API's error answer, by the error responses
+  (``gateway/response.py``, ``gateway/app.py``);
+* ``AnswerState`` (``keeps_state``, ``answer_id``, ``previous_id``): answers the engine keeps and
+  later requests name, read by the handler and the attempt (``gateway/response_affinity.py``);
+* ``Continuation`` (``can_continue``, ``continue_body``): a broken stream continued elsewhere,
+  read by migration (``gateway/migration.py``).
+
+Most members are the same on most APIs: the OpenAI APIs' values are written once, in
+``gateway/dialects/defaults.py`` (``OpenAIDialect``, and ``WholeAnswerOnly`` for the APIs that
+generate nothing), and each dialect class states only what differs.
 
 Rules every dialect keeps (``tests/dialects/test_dialect_conformance.py`` checks them on each
 registered dialect): no owned field (``body_fields.OWNED_FIELDS``) is in ``fields``; a body
@@ -34,7 +55,8 @@ one; usage is reported in the gateway's shape (``prompt_tokens``, ``completion_t
 optionally ``total_tokens`` and ``prompt_tokens_details``), whatever the API calls it.
 
 Members are read on the hot path (every request, every stream event): plain attributes of a
-module-level instance, and a reading that allocates nothing for the common token event.
+module-level instance (a shared function is the class attribute itself, a ``staticmethod``),
+and a reading that allocates nothing for the common token event.
 
 **APIs that name their events, keep state, or are translated.** Responses and Messages streams
 name their events (``sse_event_names``: the relay keeps the ``event:`` line) and end without
@@ -130,8 +152,8 @@ class Translation(Protocol):
         ...
 
 
-class Dialect(Protocol):
-    """One API the gateway serves (module docstring); implementations are module-level singletons."""
+class ApiIdentity(Protocol):
+    """Which API a request is (module docstring: the routes, the metrics, the trace)."""
 
     @property
     def name(self) -> str:
@@ -149,78 +171,17 @@ class Dialect(Protocol):
         """``gen_ai.operation.name`` of the request's server span, and the span's name (OTel GenAI)."""
         ...
 
+
+class BodyRules(Protocol):
+    """What a body of the API may hold and what the gateway reads from it and sets in it (module
+    docstring: the handler's screen, validation, prefix keys, each attempt's body)."""
+
     @property
     def fields(self) -> frozenset[str]:
         """The body fields a client may send (beyond them: the policy's ``limits.extra_body_fields``).
 
         Never an owned field (``body_fields.OWNED_FIELDS``); includes ``model``, ``prompt_field``
         and every output alias."""
-        ...
-
-    @property
-    def sse_event_names(self) -> bool:
-        """Whether its streams name their events (SSE ``event:`` lines) and clients dispatch on the
-        names (Responses, Messages): the relay keeps an event's name with its data."""
-        ...
-
-    @property
-    def ends_with_done(self) -> bool:
-        """Whether its streams end with ``data: [DONE]`` (the OpenAI choice-chunk APIs); otherwise a
-        stream is complete once an event reported a finish reason (``response.completed``)."""
-        ...
-
-    def error_event(self, error: GatewayError) -> bytes:
-        """The gateway's error as this API's stream reports one (then the relay's ``[DONE]``):
-        OpenAI's choice-chunk APIs ``data: {"error": {...}}``, as vLLM ends a failed stream."""
-        ...
-
-    def error_body(self, error: GatewayError) -> bytes:
-        """The gateway's error as this API's whole error answer (the status is the error's): the
-        OpenAI shape ``{"error": {...}}`` (``GatewayError.body``), or Anthropic's for Messages."""
-        ...
-
-    def serves(self, kind: BackendKind) -> bool:
-        """Whether a backend of ``kind`` can answer this API (natively or translated): routing offers a
-        request only the backends that can (``Dispatcher.acquire`` skips the others)."""
-        ...
-
-    def translation(self, backend: Backend, multi_scope: bool) -> Translation | None:
-        """How a backend answers this API: None, natively (its request passed through), else the
-        ``Translation`` to use. ``multi_scope``: tenants of several cache scopes reach the
-        backend (``PolicySnapshot.multi_scope_backends``), so its requests must carry their salt."""
-        ...
-
-    @property
-    def keeps_state(self) -> bool:
-        """Whether its answers are kept by the engine and named by later requests (Responses'
-        ``previous_response_id``): the gateway remembers where each lives (``gateway/response_affinity.py``)."""
-        ...
-
-    def answer_id(self, document: dict[str, Any]) -> str | None:
-        """The id a later request may name an answer by, from a whole answer or a stream event
-        (None when this one does not carry it, or the API keeps no state)."""
-        ...
-
-    def previous_id(self, body: dict[str, Any]) -> str | None:
-        """The earlier answer a validated body continues (``previous_response_id``), if any;
-        raises ``InvalidRequest`` when it is not a string."""
-        ...
-
-    @property
-    def prompt_field(self) -> str:
-        """The field that holds the prompt (``param`` of a ``prompt_too_long`` error)."""
-        ...
-
-    @property
-    def output_aliases(self) -> tuple[str, ...]:
-        """Every field a client may name the output bound with (read once, all must agree,
-        ``output_length.requested_output_length``); empty when the API generates nothing
-        (the request's ``max_tokens`` is then 0)."""
-        ...
-
-    def output_field(self, kind: BackendKind) -> str | None:
-        """The one output-bound field a backend of ``kind`` obeys on this API (one of
-        ``output_aliases``); None exactly when ``output_aliases`` is empty."""
         ...
 
     def screen(self, body: dict[str, Any], limits: RequestLimits, grants: EngineGrants) -> bool:
@@ -237,6 +198,18 @@ class Dialect(Protocol):
     def stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:
         """``(stream, client wants usage in the stream)`` from ``body``; raises ``InvalidRequest``
         for a malformed flag or a stream the API cannot give."""
+        ...
+
+    @property
+    def output_aliases(self) -> tuple[str, ...]:
+        """Every field a client may name the output bound with (read once, all must agree,
+        ``output_length.requested_output_length``); empty when the API generates nothing
+        (the request's ``max_tokens`` is then 0)."""
+        ...
+
+    @property
+    def prompt_field(self) -> str:
+        """The field that holds the prompt (``param`` of a ``prompt_too_long`` error)."""
         ...
 
     def prompt_tokens(
@@ -258,15 +231,60 @@ class Dialect(Protocol):
         ``MESSAGE_START``; token ids as an ``array('I')``."""
         ...
 
+    def output_field(self, kind: BackendKind) -> str | None:
+        """The one output-bound field a backend of ``kind`` obeys on this API (one of
+        ``output_aliases``); None exactly when ``output_aliases`` is empty."""
+        ...
+
     def stream_usage_fields(self, body: dict[str, Any], per_chunk: bool) -> Mapping[str, Any]:
         """Body fields an attempt sets so that the engine reports usage at the end of a stream
         (and in every chunk when ``per_chunk``, for migration); empty when it needs none."""
+        ...
+
+
+class Translating(Protocol):
+    """Which backends answer the API, and whether natively or through another API (module docstring)."""
+
+    def serves(self, kind: BackendKind) -> bool:
+        """Whether a backend of ``kind`` can answer this API (natively or translated): routing offers a
+        request only the backends that can (``Dispatcher.acquire`` skips the others)."""
+        ...
+
+    def translation(self, backend: Backend, multi_scope: bool) -> Translation | None:
+        """How a backend answers this API: None, natively (its request passed through), else the
+        ``Translation`` to use. ``multi_scope``: tenants of several cache scopes reach the
+        backend (``PolicySnapshot.multi_scope_backends``), so its requests must carry their salt."""
+        ...
+
+
+class StreamFormat(Protocol):
+    """What the API's stream events look like (module docstring: the relay reads them)."""
+
+    @property
+    def sse_event_names(self) -> bool:
+        """Whether its streams name their events (SSE ``event:`` lines) and clients dispatch on the
+        names (Responses, Messages): the relay keeps an event's name with its data."""
+        ...
+
+    @property
+    def ends_with_done(self) -> bool:
+        """Whether its streams end with ``data: [DONE]`` (the OpenAI choice-chunk APIs); otherwise a
+        stream is complete once an event reported a finish reason (``response.completed``)."""
         ...
 
     def read_chunk(self, chunk: dict[str, Any]) -> ChunkReading:
         """What a parsed stream event of this API says (``ChunkReading``). Called for every
         event of every stream: return ``OUTPUT`` or ``NO_OUTPUT`` when they say it all."""
         ...
+
+    def error_event(self, error: GatewayError) -> bytes:
+        """The gateway's error as this API's stream reports one (then the relay's ``[DONE]``):
+        OpenAI's choice-chunk APIs ``data: {"error": {...}}``, as vLLM ends a failed stream."""
+        ...
+
+
+class AnswerFormat(Protocol):
+    """What a whole answer of the API looks like, and its error answer (module docstring)."""
 
     def is_answer(self, answer: dict[str, Any]) -> bool:
         """Whether a whole (non-streamed) 200 JSON object is an answer of this API; when it is
@@ -276,6 +294,35 @@ class Dialect(Protocol):
     def answer_usage(self, answer: dict[str, Any]) -> Mapping[str, Any] | None:
         """The usage of a whole (non-streamed) answer, in the gateway's shape; None if it has none."""
         ...
+
+    def error_body(self, error: GatewayError) -> bytes:
+        """The gateway's error as this API's whole error answer (the status is the error's): the
+        OpenAI shape ``{"error": {...}}`` (``GatewayError.body``), or Anthropic's for Messages."""
+        ...
+
+
+class AnswerState(Protocol):
+    """Whether the engine keeps the API's answers for later requests to name (module docstring)."""
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether its answers are kept by the engine and named by later requests (Responses'
+        ``previous_response_id``): the gateway remembers where each lives (``gateway/response_affinity.py``)."""
+        ...
+
+    def answer_id(self, document: dict[str, Any]) -> str | None:
+        """The id a later request may name an answer by, from a whole answer or a stream event
+        (None when this one does not carry it, or the API keeps no state)."""
+        ...
+
+    def previous_id(self, body: dict[str, Any]) -> str | None:
+        """The earlier answer a validated body continues (``previous_response_id``), if any;
+        raises ``InvalidRequest`` when it is not a string."""
+        ...
+
+
+class Continuation(Protocol):
+    """Whether and how a broken stream of the API is continued elsewhere (``gateway/migration.py``)."""
 
     def can_continue(self, body: dict[str, Any]) -> bool:
         """Whether a broken stream of this validated body could be continued from its partial output.
@@ -290,3 +337,8 @@ class Dialect(Protocol):
         Only called when ``can_continue(body)``; the result is a valid body of the same API whose
         rendered prompt extends the original's (it routes to where the original's prefix is)."""
         ...
+
+
+class Dialect(ApiIdentity, BodyRules, Translating, StreamFormat, AnswerFormat, AnswerState, Continuation, Protocol):
+    """One API the gateway serves: every role (module docstring); implementations are module-level
+    singletons, on the defaults of ``gateway/dialects/defaults.py``."""

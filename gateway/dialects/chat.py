@@ -55,26 +55,15 @@ from gateway.body_fields import (
 from gateway.dialects.allowlists import CHAT_PARTS, CHAT_TOOLS, EngineGrants, check_items_parts, check_tools_allowed
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.counts import at_most
+from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
-from gateway.dialects.openai_answers import (
-    answer_usage,
-    no_answer_id,
-    no_previous_id,
-    no_translation,
-    openai_error_body,
-    read_choices_chunk,
-    serves_chat,
-    stream_flag,
-    stream_usage_fields,
-    usage_flag,
-)
+from gateway.dialects.openai_answers import serves_chat, stream_flag, usage_flag
 from gateway.engines import engine
-from gateway.errors import InvalidRequest, sse_error_event
+from gateway.errors import InvalidRequest
 from gateway.media import check_media_urls
 from gateway.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.policy.model import BackendKind, MediaTokens, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator, json_tokens, parts_tokens
-from gateway.upstream_errors import is_openai_answer
 
 OPENAI_CHAT = frozenset(
     {
@@ -110,8 +99,9 @@ CONTENT = ("content",)
 
 
 @final
-class ChatDialect:
-    """The chat dialect (module docstring); ``CHAT`` is its one instance."""
+class ChatDialect(OpenAIDialect):
+    """The chat dialect (module docstring) on the OpenAI defaults (``gateway/dialects/defaults.py``);
+    ``CHAT`` is its one instance."""
 
     __slots__ = ()
 
@@ -120,20 +110,8 @@ class ChatDialect:
     operation = "chat"
     fields = FIELDS
     prompt_field = "messages"
-    sse_event_names = False
-    ends_with_done = True
-    keeps_state = False
-    error_event = staticmethod(sse_error_event)
-    error_body = staticmethod(openai_error_body)
     serves = staticmethod(serves_chat)
-    translation = staticmethod(no_translation)
-    answer_id = staticmethod(no_answer_id)
-    previous_id = staticmethod(no_previous_id)
     output_aliases = OUTPUT_LENGTH_FIELDS
-    read_chunk = staticmethod(read_choices_chunk)
-    answer_usage = staticmethod(answer_usage)
-    is_answer = staticmethod(is_openai_answer)
-    stream_usage_fields = staticmethod(stream_usage_fields)
 
     def output_field(self, kind: BackendKind) -> str | None:
         return engine(kind).chat_output_field

@@ -25,26 +25,14 @@ from typing import Any, final
 
 from gateway.body_fields import OUTPUT_LENGTH_ALIASES, SAMPLING_EXTRAS, check_stream_options, screen_fields
 from gateway.dialects.allowlists import EngineGrants
+from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
-from gateway.dialects.openai_answers import (
-    answer_usage,
-    no_answer_id,
-    no_previous_id,
-    no_translation,
-    openai_error_body,
-    read_choices_chunk,
-    serves_completions,
-    stream_flag,
-    stream_usage_fields,
-    usage_flag,
-)
+from gateway.dialects.openai_answers import serves_completions, stream_flag, usage_flag
 from gateway.dialects.text_prompt import render_text_prompt, text_prompt_tokens
 from gateway.engines import engine
-from gateway.errors import sse_error_event
 from gateway.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
-from gateway.upstream_errors import is_openai_answer
 
 OPENAI_COMPLETIONS = frozenset(
     {
@@ -57,8 +45,9 @@ FIELDS = OPENAI_COMPLETIONS | SAMPLING_EXTRAS | OUTPUT_LENGTH_ALIASES
 
 
 @final
-class CompletionsDialect:
-    """The completions dialect (module docstring); ``COMPLETIONS`` is its one instance."""
+class CompletionsDialect(OpenAIDialect):
+    """The completions dialect (module docstring) on the OpenAI defaults (``gateway/dialects/defaults.py``);
+    ``COMPLETIONS`` is its one instance."""
 
     __slots__ = ()
 
@@ -67,20 +56,8 @@ class CompletionsDialect:
     operation = "text_completion"
     fields = FIELDS
     prompt_field = "prompt"
-    sse_event_names = False
-    ends_with_done = True
-    keeps_state = False
-    error_event = staticmethod(sse_error_event)
-    error_body = staticmethod(openai_error_body)
     serves = staticmethod(serves_completions)
-    translation = staticmethod(no_translation)
-    answer_id = staticmethod(no_answer_id)
-    previous_id = staticmethod(no_previous_id)
     output_aliases = OUTPUT_LENGTH_FIELDS
-    read_chunk = staticmethod(read_choices_chunk)
-    answer_usage = staticmethod(answer_usage)
-    is_answer = staticmethod(is_openai_answer)
-    stream_usage_fields = staticmethod(stream_usage_fields)
 
     def output_field(self, kind: BackendKind) -> str | None:
         return engine(kind).completions_output_field

@@ -41,8 +41,8 @@ from typing import Any, final
 
 from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import EngineGrants
+from gateway.dialects.defaults import WholeAnswerOnly, never_streamed
 from gateway.dialects.messages import MESSAGES, check_messages_content
-from gateway.dialects.tokenize import WholeAnswerOnly, never_streamed
 from gateway.engines import engine
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator

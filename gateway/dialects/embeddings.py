@@ -17,23 +17,13 @@ from typing import Any, final
 
 from gateway.body_fields import check_stream_options, screen_fields
 from gateway.dialects.allowlists import EngineGrants
+from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
-from gateway.dialects.openai_answers import (
-    answer_usage,
-    no_answer_id,
-    no_previous_id,
-    no_translation,
-    openai_error_body,
-    read_choices_chunk,
-    serves_embeddings,
-    stream_flag,
-    usage_flag,
-)
+from gateway.dialects.openai_answers import serves_embeddings, stream_flag, usage_flag
 from gateway.dialects.text_prompt import render_text_prompt, text_prompt_tokens
-from gateway.errors import InvalidRequest, sse_error_event
+from gateway.errors import InvalidRequest
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
-from gateway.upstream_errors import is_openai_answer
 
 OPENAI_EMBEDDINGS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "stream"})
 EMBEDDING_EXTRAS = frozenset(
@@ -46,8 +36,9 @@ FIELDS = OPENAI_EMBEDDINGS | EMBEDDING_EXTRAS
 
 
 @final
-class EmbeddingsDialect:
-    """The embeddings dialect (module docstring); ``EMBEDDINGS`` is its one instance."""
+class EmbeddingsDialect(OpenAIDialect):
+    """The embeddings dialect (module docstring) on the OpenAI defaults (``gateway/dialects/defaults.py``);
+    ``EMBEDDINGS`` is its one instance."""
 
     __slots__ = ()
 
@@ -56,19 +47,8 @@ class EmbeddingsDialect:
     operation = "embeddings"
     fields = FIELDS
     prompt_field = "input"
-    sse_event_names = False
-    ends_with_done = True
-    keeps_state = False
-    error_event = staticmethod(sse_error_event)
-    error_body = staticmethod(openai_error_body)
     serves = staticmethod(serves_embeddings)
-    translation = staticmethod(no_translation)
-    answer_id = staticmethod(no_answer_id)
-    previous_id = staticmethod(no_previous_id)
     output_aliases: tuple[str, ...] = ()
-    read_chunk = staticmethod(read_choices_chunk)
-    answer_usage = staticmethod(answer_usage)
-    is_answer = staticmethod(is_openai_answer)
 
     def output_field(self, kind: BackendKind) -> str | None:
         return None

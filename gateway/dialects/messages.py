@@ -60,9 +60,10 @@ from gateway.dialects.base import (
 )
 from gateway.dialects.chat import check_template_kwargs, check_tools
 from gateway.dialects.counts import at_most
+from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT
-from gateway.dialects.openai_answers import no_answer_id, no_previous_id, serves_chat, stream_flag
+from gateway.dialects.openai_answers import serves_chat, stream_flag
 from gateway.engines import engine
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.media import check_block_urls
@@ -99,8 +100,9 @@ ERROR_TYPES = {
 
 
 @final
-class MessagesDialect:
-    """The Messages dialect (module docstring); ``MESSAGES`` is its one instance."""
+class MessagesDialect(OpenAIDialect):
+    """The Messages dialect (module docstring); ``MESSAGES`` is its one instance. Of the OpenAI
+    defaults (``gateway/dialects/defaults.py``) it keeps only the answer state: none on the engine."""
 
     __slots__ = ()
 
@@ -112,9 +114,6 @@ class MessagesDialect:
     output_aliases = OUTPUT_ALIASES
     sse_event_names = True
     ends_with_done = False
-    keeps_state = False
-    answer_id = staticmethod(no_answer_id)
-    previous_id = staticmethod(no_previous_id)
     serves = staticmethod(serves_chat)  # natively or translated to chat
 
     def output_field(self, kind: BackendKind) -> str | None:

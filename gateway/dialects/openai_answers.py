@@ -2,7 +2,9 @@
 stream, and whole answers.
 
 Shared by the chat, completions and embeddings dialects (embeddings are never streamed), with
-their ``serves``: whether a kind answers the API, from its record in ``gateway/engines.py``.
+their ``serves``: whether a kind answers the API, from its record in ``gateway/engines.py``. The
+defaults every dialect is built on (``OpenAIDialect``, ``gateway/dialects/defaults.py``) are
+these functions.
 
 **Flags.** ``stream`` is a boolean (``null`` means false); ``stream_options.include_usage`` says
 whether the client wants the usage chunk. The gateway asks the engine for usage in every stream

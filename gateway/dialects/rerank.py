@@ -53,7 +53,7 @@ from gateway.dialects.allowlists import SCORING_PARTS, EngineGrants, check_parts
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.chat import check_template_kwargs
 from gateway.dialects.counts import at_most
-from gateway.dialects.tokenize import WholeAnswerOnly, never_streamed
+from gateway.dialects.defaults import WholeAnswerOnly, never_streamed
 from gateway.engines import engine
 from gateway.errors import InvalidRequest
 from gateway.media import check_parts_urls

@@ -49,8 +49,9 @@ from gateway.dialects.allowlists import (
 from gateway.dialects.base import FIELD_SEPARATOR, NO_OUTPUT, OUTPUT, ChunkReading, render_conversation
 from gateway.dialects.chat import check_tools
 from gateway.dialects.counts import at_most
+from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
-from gateway.dialects.openai_answers import no_translation, openai_error_body, serves_responses, stream_flag
+from gateway.dialects.openai_answers import serves_responses, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.media import check_media_urls, check_parts_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
@@ -83,8 +84,9 @@ PART_LISTS = ("content", "output")
 
 
 @final
-class ResponsesDialect:
-    """The Responses dialect (module docstring); ``RESPONSES`` is its one instance."""
+class ResponsesDialect(OpenAIDialect):
+    """The Responses dialect (module docstring); ``RESPONSES`` is its one instance. Of the OpenAI
+    defaults (``gateway/dialects/defaults.py``) it keeps the error answer and the passthrough."""
 
     __slots__ = ()
 
@@ -97,9 +99,7 @@ class ResponsesDialect:
     sse_event_names = True
     ends_with_done = False
     keeps_state = True
-    error_body = staticmethod(openai_error_body)
     serves = staticmethod(serves_responses)
-    translation = staticmethod(no_translation)
 
     def output_field(self, kind: BackendKind) -> str | None:
         return "max_output_tokens"

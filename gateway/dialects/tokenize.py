@@ -48,17 +48,10 @@ from typing import Any, final
 from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import CHAT_PARTS, CHAT_TOOLS, EngineGrants, check_items_parts, check_tools_allowed
 from gateway.dialects.chat import CHAT, CONTENT, check_template_kwargs, render_chat
-from gateway.dialects.openai_answers import (
-    no_answer_id,
-    no_previous_id,
-    no_translation,
-    openai_error_body,
-    read_choices_chunk,
-    stream_flag,
-)
+from gateway.dialects.defaults import WholeAnswerOnly, never_streamed
 from gateway.dialects.text_prompt import render_text_prompt
 from gateway.engines import engine
-from gateway.errors import InvalidRequest, sse_error_event
+from gateway.errors import InvalidRequest
 from gateway.media import check_media_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.tokens import TokenEstimator
@@ -83,43 +76,6 @@ DETOKENIZE_FIELDS = frozenset({"model", "tokens", "stream"})
 def serves_tokenizer(kind: BackendKind) -> bool:
     """``Dialect.serves`` of ``/tokenize`` and ``/detokenize``: vLLM's bodies (module docstring)."""
     return engine(kind).serves_tokenizer
-
-
-def never_streamed(body: dict[str, Any], what: str) -> tuple[bool, bool]:
-    """``Dialect.stream_flags`` of an API that is never streamed: ``stream: true`` is refused."""
-    if stream_flag(body):
-        raise InvalidRequest(f"{what} cannot be streamed.", param="stream")
-    return False, False
-
-
-class WholeAnswerOnly:
-    """The members of a dialect without output: no bound, no stream, no continuation, OpenAI
-    errors (the tokenizer's dialects here, rerank and score in ``gateway/dialects/rerank.py``)."""
-
-    __slots__ = ()
-
-    sse_event_names = False
-    ends_with_done = True
-    keeps_state = False
-    output_aliases: tuple[str, ...] = ()
-    error_event = staticmethod(sse_error_event)
-    error_body = staticmethod(openai_error_body)
-    translation = staticmethod(no_translation)
-    answer_id = staticmethod(no_answer_id)
-    previous_id = staticmethod(no_previous_id)
-    read_chunk = staticmethod(read_choices_chunk)
-
-    def output_field(self, kind: BackendKind) -> str | None:
-        return None
-
-    def stream_usage_fields(self, body: dict[str, Any], per_chunk: bool) -> Mapping[str, Any]:
-        return {}  # never streamed
-
-    def can_continue(self, body: dict[str, Any]) -> bool:
-        return False
-
-    def continue_body(self, body: dict[str, Any], partial: str) -> None:
-        raise AssertionError("an answer that is never streamed is never continued")
 
 
 @final

@@ -43,8 +43,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from redis.exceptions import RedisError
-
 from gateway.backends import BackendPool, BackendState
 from gateway.clock import Clock
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
@@ -52,11 +50,11 @@ from gateway.fleet.quota import EMPTY, Quota, Share, TenantUse, at_most, fallbac
 from gateway.limitstore.lag import FreeTimeout, LoopLag
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.queueing import IDLE_GAP_S
+from gateway.shared.store import FAILURES
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
-FAILURES = (RedisError, OSError, TimeoutError)
 RATE_WINDOW_S = 10.0
 """The window of the dispatch rate each process reports (the same as a queue's ``DrainMeter``)."""
 WAKE_SPACING = 0.5

@@ -86,7 +86,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.resources import files
 from typing import Any
 
 import orjson
@@ -94,9 +93,10 @@ import redis.asyncio as aioredis
 
 from gateway.clock import Clock
 from gateway.fleet.quota import NO_SHARE, TENANTS_REPORTED, Quota, Share, TenantUse
+from gateway.shared.lua import lua_script
 
-SYNC = files("gateway.fleet").joinpath("ledger.lua").read_text()
-LEAVE = files("gateway.fleet").joinpath("leave.lua").read_text()
+SYNC = lua_script("gateway.fleet", "ledger.lua")
+LEAVE = lua_script("gateway.fleet", "leave.lua")
 
 
 @dataclass(frozen=True, slots=True)

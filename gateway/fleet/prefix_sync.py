@@ -48,7 +48,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from gateway.backends import BackendPool
 from gateway.clock import Clock
@@ -56,12 +55,12 @@ from gateway.fleet.prefix_wire import Decision, MalformedEntry, decode, encode, 
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import PrefixLearner, Router, RoutingDecision
 from gateway.routing.prefix_secret import PrefixSecret
+from gateway.shared.store import FAILURES
 from gateway.telemetry import Metrics
 from gateway.types import InferenceRequest
 
 log = logging.getLogger(__name__)
 
-FAILURES = (RedisError, OSError, TimeoutError)
 MAX_PENDING = 20_000
 """Decisions waiting for the next flush, at most (about 0.2 s at 100,000 requests/s)."""
 READ_COUNT = 512

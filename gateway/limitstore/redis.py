@@ -12,7 +12,7 @@ at once: one round trip, never a refusal that Redis would not have made. Pipelin
 EVALSHA alone (a script Redis forgot is loaded and the failed calls sent again), so a tick is
 one round trip. The keys of one tenant share its hash tag (``gw:{acme}:held``, ...): one Redis
 Cluster slot per script, and no script spans tenants. On a cluster (``redis+cluster://``,
-``limitstore/connect.py``) redis-py refuses EVALSHA in a pipeline: the tick's scripts go as
+``shared/connect.py``) redis-py refuses EVALSHA in a pipeline: the tick's scripts go as
 concurrent calls, one per tenant.
 
 **Slots and tokens of a dead replica come back**: a replica's lease in Redis expires
@@ -66,16 +66,16 @@ from redis.exceptions import NoScriptError, RedisError
 
 from gateway.clock import Clock
 from gateway.limitstore.base import Adjust, Ask, Settlement, Verdict
-from gateway.limitstore.connect import limits_client
 from gateway.limitstore.lag import FreeTimeout, LoopLag, timed_out
 from gateway.limitstore.lease import WANTED_S, Reply, ScopeLease, Sent
 from gateway.limitstore.outage import LocalLimits, LossMode, Processes
 from gateway.limitstore.scripts import IN_USE, SYNC
+from gateway.shared.connect import limits_client
+from gateway.shared.store import FAILURES
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-FAILURES = (RedisError, OSError, TimeoutError)
 RECONCILE_ROUNDS = 5
 """Charging an outage to Redis awaits it; what was admitted meanwhile is charged in another round."""
 ADMIT_SYNCS = 3

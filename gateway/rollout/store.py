@@ -64,11 +64,9 @@ from urllib.parse import quote
 
 import orjson
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
-from gateway.limitstore.connect import redis_client
+from gateway.shared.lua import lua_script
+from gateway.shared.store import FAILURES
 
 T = TypeVar("T")
 
@@ -77,19 +75,9 @@ STEP_TTL_S = 86_400
 MAX_FILE_NAME = 200
 """Longer encoded keys are named by their SHA-256 instead (file names stop at 255 bytes)."""
 
-FAILURES = (RedisError, OSError, TimeoutError)
 
-# KEYS[1]: the lease; ARGV[1]: the caller; ARGV[2]: the TTL in ms. 1 when the caller holds it after the call.
-LEAD = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
+LEAD = lua_script("gateway.rollout", "lead.lua")
+"""The judge's lease, taken or renewed in one step: 1 when the caller holds it after the call (``lead.lua``)."""
 
 
 class RolloutStoreUnavailable(Exception):
@@ -198,10 +186,9 @@ def _text(value: str | bytes) -> str:
 class RedisRolloutStore:
     """``RolloutStore`` in Redis (module docstring), shared by replicas on any number of hosts.
 
-    ``RedisRolloutStore(client, "gw:", 0.05)`` on a client the caller owns (``aclose`` leaves it
-    open), or ``RedisRolloutStore.from_url("redis://redis:6379/0", "gw:", 0.05)``, which owns its
-    client (no retries: a failure answers at once). ``timeout_s`` bounds each call, connection
-    included.
+    ``RedisRolloutStore(shared.client, "gw:", 0.05)`` on the process's shared client
+    (``gateway/shared/store.py``; ``aclose`` leaves it open), or with ``owns_client=True`` on a
+    client of its own, which ``aclose`` closes. ``timeout_s`` bounds each call, connection included.
     """
 
     def __init__(self, client: aioredis.Redis, prefix: str, timeout_s: float, *, owns_client: bool = False) -> None:
@@ -212,16 +199,6 @@ class RedisRolloutStore:
         self._client = client
         self._owns_client = owns_client
         self._lead = client.register_script(LEAD)
-
-    @classmethod
-    def from_url(cls, url: str, prefix: str, timeout_s: float) -> RedisRolloutStore:
-        client = redis_client(  # redis://, rediss://, unix:// or redis+sentinel:// (gateway/limitstore/connect.py)
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
-        return cls(client, prefix, timeout_s, owns_client=True)
 
     def __repr__(self) -> str:
         return f"RedisRolloutStore(prefix={self.prefix!r}, timeout_s={self.timeout_s})"
@@ -435,14 +412,15 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def open_rollout_store(
-    state_backend: str, redis_url: str | None, prefix: str, directory: Path, timeout_s: float
+    state_backend: str, client: aioredis.Redis | None, prefix: str, directory: Path, timeout_s: float
 ) -> RolloutStore:
-    """The store for the policy's ``state.backend``: Redis for ``redis``, files in ``directory`` for
-    ``memory`` (or ``file``): one host's processes share a directory as replicas share Redis."""
+    """The store for the policy's ``state.backend``: Redis for ``redis`` (on the process's shared
+    client, ``gateway/shared/store.py``), files in ``directory`` for ``memory`` (or ``file``): one
+    host's processes share a directory as replicas share Redis."""
     if state_backend == "redis":
-        if not redis_url:
-            raise ValueError("state.backend is redis but no Redis URL is set")
-        return RedisRolloutStore.from_url(redis_url, prefix, timeout_s)
+        if client is None:
+            raise ValueError("state.backend is redis but no Redis client is open (no Redis URL set)")
+        return RedisRolloutStore(client, prefix, timeout_s)
     if state_backend in ("memory", "file"):
         return FileRolloutStore(directory)
     raise ValueError(f"unknown state backend {state_backend!r} (memory, file or redis)")

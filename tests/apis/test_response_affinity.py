@@ -120,7 +120,9 @@ def replica(prefix: str, *, url: str = REDIS_URL, timeout_s: float = 2.0, **boun
     commands: list[str] = []
     recording = type("Recording", (RecordingConnection,), {"commands": commands})
     client = aioredis.Redis.from_url(url, connection_class=recording)
-    return ResponseAffinity(FakeClock(0.0), shared=client, key_prefix=prefix, timeout_s=timeout_s, **bounds)
+    return ResponseAffinity(
+        FakeClock(0.0), shared=client, key_prefix=prefix, timeout_s=timeout_s, owns_client=True, **bounds
+    )
 
 
 def sent(affinity: ResponseAffinity) -> list[str]:

@@ -53,7 +53,7 @@ class Replicas(RuleBasedStateMachine):
 
     def _replica(self) -> ResponseAffinity:
         client = aioredis.Redis.from_url(self.proxy.url)
-        return ResponseAffinity(FakeClock(0.0), shared=client, key_prefix=self.prefix, timeout_s=0.05)
+        return ResponseAffinity(FakeClock(0.0), shared=client, key_prefix=self.prefix, timeout_s=0.05, owns_client=True)
 
     def run(self, step: Coroutine[Any, Any, Any]) -> Any:
         return self.loop.run_until_complete(step)

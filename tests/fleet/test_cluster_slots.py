@@ -123,6 +123,7 @@ async def run_fleet(server: RedisProcess) -> None:
         rollouts=1,
         limit_headroom=2.0,
         rollout_interval_s=0.2,
+        sealed_ids=False,  # the shared map's scripts run only without sealed response ids
     )
     shared = Shared()
     sims = [SimProcess(i, config, shared) for i in range(3)]

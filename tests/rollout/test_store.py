@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from gateway.rollout.store import (
     STEP_TTL_S,
@@ -55,6 +57,14 @@ OPERATIONS: dict[str, Operation] = {
 }
 
 
+def redis_store(url: str, prefix: str, timeout_s: float) -> RedisRolloutStore:
+    """A Redis store on a client of its own (no retries: a failure answers at once), closed with it."""
+    client = aioredis.Redis.from_url(
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+    return RedisRolloutStore(client, prefix, timeout_s, owns_client=True)
+
+
 class Backing:
     """One place the state lives (a Redis prefix, or a directory) and the stores opened on it."""
 
@@ -67,10 +77,7 @@ class Backing:
     def new(self) -> RolloutStore:
         """Another store on the same backing: what another process would open."""
         store: RolloutStore
-        if self.kind == "redis":
-            store = RedisRolloutStore.from_url(REDIS_URL, self.prefix, 2.0)
-        else:
-            store = FileRolloutStore(self.directory)
+        store = redis_store(REDIS_URL, self.prefix, 2.0) if self.kind == "redis" else FileRolloutStore(self.directory)
         self.stores.append(store)
         return store
 
@@ -316,7 +323,7 @@ async def test_a_state_file_is_replaced_whole_and_leaves_no_temporary(tmp_path: 
 
 async def test_redis_keeps_the_documented_layout() -> None:
     prefix = unique_prefix()
-    store = RedisRolloutStore.from_url(REDIS_URL, prefix, 2.0)
+    store = redis_store(REDIS_URL, prefix, 2.0)
     client = aioredis.Redis.from_url(REDIS_URL)
     try:
         await store.save(KEY, STATE)
@@ -343,7 +350,7 @@ async def assert_unavailable_within(store: RolloutStore, seconds: float) -> None
 
 
 async def test_an_unreachable_redis_is_unavailable_at_once() -> None:
-    store = RedisRolloutStore.from_url(f"redis://127.0.0.1:{free_port()}/0", unique_prefix(), 0.5)
+    store = redis_store(f"redis://127.0.0.1:{free_port()}/0", unique_prefix(), 0.5)
     try:
         await assert_unavailable_within(store, 2.0)
     finally:
@@ -388,10 +395,13 @@ async def test_the_state_backend_chooses_the_store(tmp_path: Path) -> None:
     files = open_rollout_store("memory", None, "gw:", tmp_path, 0.05)
     assert isinstance(files, FileRolloutStore)
     assert files.directory == tmp_path
-    shared = open_rollout_store("redis", REDIS_URL, "gw:", tmp_path, 0.05)
+    client = aioredis.Redis.from_url(REDIS_URL)
+    shared = open_rollout_store("redis", client, "gw:", tmp_path, 0.05)
     assert isinstance(shared, RedisRolloutStore)
     await shared.aclose()
-    with pytest.raises(ValueError, match="no Redis URL"):
+    assert await client.ping()  # the shared client stays open: its owner closes it
+    await client.aclose()
+    with pytest.raises(ValueError, match="no Redis client"):
         open_rollout_store("redis", None, "gw:", tmp_path, 0.05)
     with pytest.raises(ValueError, match="unknown state backend"):
         open_rollout_store("etcd", None, "gw:", tmp_path, 0.05)

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from gateway.limitstore.base import Ask, Bucket, Take
-from gateway.limitstore.connect import ClusterURL, SentinelURL, parse_cluster_url, parse_sentinel_url
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
+from gateway.shared.connect import ClusterURL, SentinelURL, parse_cluster_url, parse_sentinel_url
 from tests.limitstore.redis_server import RedisProcess, private_redis, unique_prefix
 from tests.policy_builder import session_policy
 from tests.servers import free_port, wait_until
