@@ -19,20 +19,20 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.admin import admin_routes
-from gateway.auth import authenticate
-from gateway.connections import is_operator_request
 from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Overloaded
-from gateway.intake import check_headers, credential, read_headers
+from gateway.pipeline.client_response import COMMON_HEADERS
+from gateway.pipeline.handler import InferenceHandler
 from gateway.policy.loader import load_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.proxy import InferenceHandler
-from gateway.response import COMMON_HEADERS
+from gateway.request.auth import authenticate
+from gateway.request.intake import check_headers, credential, read_headers
+from gateway.routing.targets import unready_public
+from gateway.server.admin import admin_routes
+from gateway.server.connections import is_operator_request
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.targets import unready_public
-from gateway.telemetry import ConnectionCounts
+from gateway.telemetry.metrics import ConnectionCounts
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def request_path(scope: Scope) -> str | None:
 class GatewayApp:
     """The ASGI entry point. ``GatewayApp(settings)`` loads the policy in its lifespan.
 
-    Requests from the operator listener (``gateway/connections.py``) see only the operator
+    Requests from the operator listener (``gateway/server/connections.py``) see only the operator
     routes (probes, ``/metrics``, ``/admin/*``); the API listener never serves those two, since
     they show tenants' costs and model names to whoever can connect."""
 

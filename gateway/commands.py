@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.keys import hash_api_key
 from gateway.policy.loader import PolicyError, load_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.server import GatewayServer, build_server
+from gateway.request.keys import hash_api_key
+from gateway.server.serve import GatewayServer, build_server
 from gateway.settings import DEFAULT_ADMIN_PORT, Settings
 from gateway.workers.supervisor import supervise
 

@@ -17,11 +17,11 @@ field                       read by
 ``completions_output_…``    (``gateway/dialects/``), applied per attempt by ``output_length``
 ``salted``,                 ``isolation_fields``, ``isolates`` (``gateway/routing/isolation.py``)
 ``prompt_cache_switch``
-``continuable``             ``can_continue`` (``gateway/migration.py``)
-``priority_sign``           ``engine_priority`` (``gateway/upstream_body.py``)
+``continuable``             ``can_continue`` (``gateway/pipeline/migration.py``)
+``priority_sign``           ``engine_priority`` (``gateway/upstream/body.py``)
 ``serves_*``                each dialect's ``serves`` (``gateway/dialects/``)
 ``native_messages``         ``MESSAGES.translation`` (``gateway/dialects/messages.py``)
-``metrics``                 ``gateway/scrape.py`` (the union over every kind, see there)
+``metrics``                 ``gateway/dispatch/scrape.py`` (the union over every kind, see there)
 ==========================  ==============================================================
 
 What does not vary by kind stays with its API: the Responses bound (``max_output_tokens``), the
@@ -45,7 +45,7 @@ from gateway.policy.model import BackendKind
 @dataclass(frozen=True, slots=True)
 class ScrapedMetrics:
     """The Prometheus names of an engine's saturation signals on its ``/metrics`` page
-    (``gateway/scrape.py``: waiting and running are summed over label sets, KV usage is the
+    (``gateway/dispatch/scrape.py``: waiting and running are summed over label sets, KV usage is the
     maximum, the counters detect a restart). Empty tuples: the engine exposes none the scraper reads."""
 
     waiting: tuple[str, ...]
@@ -89,7 +89,7 @@ class EngineKind:
     """The one field the engine obeys as the output bound on ``/v1/chat/completions``; each
     attempt's body carries the request's bound in it and no other alias. Read by
     ``CHAT.output_field`` (``gateway/dialects/chat.py``), applied by ``output_length_edits``
-    (``gateway/output_length.py``, whose docstring says why each engine gets the field it does)."""
+    (``gateway/request/output_length.py``, whose docstring says why each engine gets the field it does)."""
     completions_output_field: str
     """The same on ``/v1/completions``: ``COMPLETIONS.output_field`` (``gateway/dialects/completions.py``)."""
 
@@ -116,13 +116,13 @@ class EngineKind:
     """Whether a stream that broke on this engine can be continued on another of the same kind:
     the engine knows vLLM's ``continue_final_message`` (with ``add_generation_prompt: false``) and
     reports per-chunk usage (``stream_options.continuous_usage_stats``). Read by ``can_continue``
-    (``gateway/migration.py``); False: a broken stream ends with the error event."""
+    (``gateway/pipeline/migration.py``); False: a broken stream ends with the error event."""
 
     priority_sign: Literal[1, -1]
     """How the class rank becomes the engine's ``priority`` when the backend sets ``engine_priority``:
     ``priority = priority_sign * rank``. vLLM runs lower numbers first (1), SGLang higher ones (-1);
     llama.cpp and OpenAI read no ``priority``, and get the rank as is (1) if a policy asks anyway.
-    Read by ``engine_priority`` (``gateway/upstream_body.py``)."""
+    Read by ``engine_priority`` (``gateway/upstream/body.py``)."""
 
     serves_chat: bool
     """Whether the engine answers ``/v1/chat/completions``: ``CHAT.serves`` (routing offers a request
@@ -151,7 +151,7 @@ class EngineKind:
     """``/v1/messages/count_tokens``: ``serves_counting`` (``gateway/dialects/count_tokens.py``)."""
 
     metrics: ScrapedMetrics
-    """The saturation names on the engine's ``/metrics`` page. ``gateway/scrape.py`` reads the union
+    """The saturation names on the engine's ``/metrics`` page. ``gateway/dispatch/scrape.py`` reads the union
     of every kind's names on every backend's page, whatever its kind (names never collide)."""
 
 

@@ -11,24 +11,24 @@ The tree (status, ``code``):
     │                               | conflicting_max_tokens | too_many_items | content_part_not_allowed
     │                               | tool_type_not_allowed | server_url_not_allowed
     ├── AuthenticationFailed   401  missing_api_key | invalid_api_key
-    ├── Forbidden              403  admin_disabled | not_admin (the admin guard: gateway/admin.py)
+    ├── Forbidden              403  admin_disabled | not_admin (the admin guard: gateway/server/admin.py)
     ├── NotFound               404  not_found | previous_response_not_found | api_not_served
     │   └── ModelNotFound      404  model_not_found: a model that does not exist, or a group's target
     │       └── ModelNotAllowed     the same answer for a model the tenant may not use (outcome
     │                               label model_not_allowed: the operator may tell them apart)
     ├── MethodNotAllowed       405  method_not_allowed
-    ├── RequestTimeout         408  request_timeout (headers or body too slow: gateway/connections.py)
+    ├── RequestTimeout         408  request_timeout (headers or body too slow: gateway/server/connections.py)
     ├── PayloadTooLarge        413  request_too_large
     ├── UnsupportedMediaType   415  unsupported_media_type
-    ├── HeadersTooLarge        431  request_header_too_large (gateway/connections.py)
+    ├── HeadersTooLarge        431  request_header_too_large (gateway/server/connections.py)
     ├── Overloaded             429  tenant_concurrency_limited | tenant_rate_limited | tenant_token_limited
     │                          503  queue_full | queue_timeout | deadline_unmeetable | draining | starting
-    │                               | model_removed | too_many_connections (gateway/connections.py)
+    │                               | model_removed | too_many_connections (gateway/server/connections.py)
     │                               | worker_unavailable (operator listener of --workers N: gateway/workers/)
     │                               | response_lookup_unavailable (a follow-up whose holder Redis did not
-    │                                 tell in time: retry, gateway/response_affinity.py)
+    │                                 tell in time: retry, gateway/responses/affinity.py)
     │                               | limits_unavailable (a limited tenant while Redis is lost and
-    │                                 state.on_store_loss is closed: gateway/admission.py)
+    │                                 state.on_store_loss is closed: gateway/request/admission.py)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
     ├── UpstreamError          502  upstream_error | upstream_connect_error | upstream_protocol_error
@@ -39,12 +39,12 @@ The tree (status, ``code``):
     └── UpstreamTimeout        504  upstream_timeout | upstream_stalled | deadline_exceeded
 
 How a backend's own error answer becomes one of these (and what of it a client may read) is
-the rule of ``gateway/upstream_errors.py``.
+the rule of ``gateway/upstream/errors.py``.
 
 Each error carries its HTTP ``status``, the OpenAI ``type`` the official SDK expects, a ``code``
 from the closed list ``ErrorCode`` (the ``outcome`` label of ``gateway_requests_total``) and an
 optional ``param``. Whether a failed attempt is retried is not the error's to say: it depends on
-what was sent and what came back (``gateway/retry.py``). The body is
+what was sent and what came back (``gateway/pipeline/retry.py``). The body is
 always the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``; tracebacks never
 go on the wire (the outermost handler in ``app.py`` logs them and answers a generic 500-free 502).
 """

@@ -28,19 +28,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gateway.backends import BackendPool, PoolPlan
 from gateway.clock import Clock
-from gateway.labels import TenantLabels
+from gateway.dispatch.backends import BackendPool, PoolPlan
+from gateway.pipeline.retry import RetryBudget
 from gateway.policy.model import TracingConfig
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import ReloadRefused
-from gateway.retry import RetryBudget
 from gateway.routing.base import Router
 from gateway.routing.isolation import CacheSalter
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import build_routers, update_routers
-from gateway.tracing import Tracing
-from gateway.upstream import MissingCredential, UpstreamClient, UpstreamTargets
+from gateway.telemetry.labels import TenantLabels
+from gateway.telemetry.tracing import Tracing
+from gateway.upstream.client import MissingCredential, UpstreamClient, UpstreamTargets
 
 log = logging.getLogger(__name__)
 

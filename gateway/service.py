@@ -19,39 +19,39 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from gateway.admission import TenantLimiter
-from gateway.attempt import AttemptDeps
-from gateway.backends import BackendPool
-from gateway.breaker import CircuitBreaker
 from gateway.clock import Clock, MonotonicClock
-from gateway.cost_meter import CostMeter
-from gateway.dispatch import Dispatcher
-from gateway.exposition import expose
+from gateway.dispatch.backends import BackendPool
+from gateway.dispatch.breaker import CircuitBreaker
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.scrape import SaturationScraper
 from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replica_id
 from gateway.fleet.ledger import FleetLedger
 from gateway.fleet.prefix_sync import PrefixSync
-from gateway.lifecycle import Drainable, stop_loops
 from gateway.limitstore.factory import build_limit_store
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.limitstore.redis import RedisLimitStore
+from gateway.pipeline.attempt import AttemptDeps
+from gateway.pipeline.handler import InFlight, PipelineDeps
+from gateway.pipeline.recorder import Recorder
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource, ReloadRefused
-from gateway.proxy import InFlight, PipelineDeps
-from gateway.recorder import Recorder
-from gateway.response_affinity import ResponseAffinity
-from gateway.response_ids import ResponseIds
+from gateway.request.admission import TenantLimiter
+from gateway.request.tokens import CharRatioEstimator
+from gateway.responses.affinity import ResponseAffinity
+from gateway.responses.ids import ResponseIds
 from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
 from gateway.rollout.store import open_rollout_store
+from gateway.routing.targets import TargetPicker
 from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
-from gateway.scrape import SaturationScraper
+from gateway.server.lifecycle import Drainable, stop_loops
 from gateway.settings import Settings
 from gateway.shadow.runner import ShadowRunner
 from gateway.shared.store import SharedStore
-from gateway.targets import TargetPicker
-from gateway.telemetry import Metrics
-from gateway.tokens import CharRatioEstimator
-from gateway.tracelog import TraceLog, TraceLogConfig
-from gateway.upstream import MissingCredential, UpstreamClient
+from gateway.telemetry.cost_meter import CostMeter
+from gateway.telemetry.exposition import expose
+from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.tracelog import TraceLog, TraceLogConfig
+from gateway.upstream.client import MissingCredential, UpstreamClient
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,8 @@ class Gateway:
 
     def _affinity(self, snapshot: PolicySnapshot) -> ResponseAffinity:
         """Which backend holds each stored response, so that a follow-up may come through any replica
-        (``gateway/response_affinity.py``): in the id itself when the replicas share the cache-salt
-        secret (``gateway/response_ids.py``), else in Redis too when the limits are there. The
+        (``gateway/responses/affinity.py``): in the id itself when the replicas share the cache-salt
+        secret (``gateway/responses/ids.py``), else in Redis too when the limits are there. The
         secret is read once, at start, as the limit store's address is."""
         ids = ResponseIds.from_env(snapshot.policy.cache_isolation.secret_env)
         return ResponseAffinity(
@@ -205,7 +205,7 @@ class Gateway:
         return view
 
     def pipeline_deps(self) -> PipelineDeps:
-        """The request path's collaborators (``gateway/proxy.py``)."""
+        """The request path's collaborators (``gateway/pipeline/handler.py``)."""
         return PipelineDeps(
             clock=self.clock,
             runtime=lambda: self.runtime,

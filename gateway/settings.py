@@ -3,7 +3,7 @@
 Read once at start-up from the command line and ``GATEWAY_*`` environment variables, then
 frozen. Anything a platform team changes per tenant or model belongs in the policy file,
 not here. The connection guards (timeouts, header size, open connections) are listener
-settings like nginx's, so they live here too; ``gateway/connections.py`` enforces them.
+settings like nginx's, so they live here too; ``gateway/server/connections.py`` enforces them.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Settings:
     max_connections: int = 10000
     """Open connections on the API listener; at the bound the longest-idle one is closed, and
     when none is idle a new one is refused with 503. Lowered at start-up to fit the process's
-    file descriptor limit (``gateway/server.py``)."""
+    file descriptor limit (``gateway/server/serve.py``)."""
     workers: int = 1
     """Gateway processes serving the one API port (``serve --workers N``, ``GATEWAY_WORKERS``): 1 is
     one process and no supervisor; more is a supervisor and N workers (``gateway/workers/``).
@@ -71,7 +71,7 @@ class Settings:
     responses_per_tenant: int = 10_000
     """Stored responses (``previous_response_id``) whose holder each tenant's map keeps, in the
     process and in Redis (``GATEWAY_RESPONSES_PER_TENANT``): past it a tenant's oldest is
-    forgotten (its follow-up is a 404), never another tenant's (``gateway/response_affinity.py``).
+    forgotten (its follow-up is a 404), never another tenant's (``gateway/responses/affinity.py``).
     Entries live an hour, so 10,000 is a conversation turn every 0.36 s for an hour per tenant."""
     worker_index: int = 0
     """This process's index among the ``workers`` (0 to N-1), set by the supervisor for each

@@ -31,7 +31,7 @@ class InferenceRequest:
 
     ``body`` is the parsed JSON as validation left it (a model alias renamed, ``max_tokens``
     clamped, ...) and is never edited afterwards: each attempt builds its own body from it
-    (``encode`` with that backend's fields, ``gateway/upstream_body.py``). ``raw_body`` is
+    (``encode`` with that backend's fields, ``gateway/upstream/body.py``). ``raw_body`` is
     forwarded as-is when validation changed nothing (``body_modified``) and the attempt adds
     nothing, which saves a re-serialisation on the common path. Times are ``Clock.now()``
     seconds. ``api`` is the dialect of the endpoint it came in on (``gateway/dialects/``).
@@ -55,7 +55,7 @@ class InferenceRequest:
     prefix_keys: PrefixKeys | None = None
     pinned_backend: str | None = None
     """The one backend that may answer: it holds the earlier answer the request continues
-    (``previous_response_id``, ``gateway/response_affinity.py``)."""
+    (``previous_response_id``, ``gateway/responses/affinity.py``)."""
 
     @property
     def client_wants_continuous_usage(self) -> bool:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.harness import GATEWAY, admin_args, admin_url, metric_sum, metrics, policy_file, process, rss_bytes
 from loadtests.loadgen.records import RECORDS_FILE, RequestRecord, read_records
 from loadtests.loadgen.runner import RunConfig, RunResult, run_sync, run_workload

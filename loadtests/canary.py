@@ -61,7 +61,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.harness import GATEWAY, Samples, free_port, labelled, metric_sum, policy_file, process
 
 PROFILE = "llama-3.1-8b-h100"

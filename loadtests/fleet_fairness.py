@@ -51,7 +51,7 @@ from typing import Any
 import aiohttp
 import redis
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.harness import GATEWAY, free_port, metric_sum, metrics, pin, policy_file, process
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -18,7 +18,7 @@ No HTTP and no engine: each simulated process drives the real state code of the 
 ``gateway/service.py`` wires it, and nothing else:
 
 * tenant limits: the ``LimitStore`` of ``gateway/limitstore/factory.py`` behind the real
-  ``TenantLimiter`` (``gateway/admission.py``): ``admit`` at arrival, ``settle`` at the end
+  ``TenantLimiter`` (``gateway/request/admission.py``): ``admit`` at arrival, ``settle`` at the end
   (a usage that differs from the reservation, as real answers do), the store's background
   ``check``/``run``;
 * capacity: the real ``FleetCoordinator`` and ``FleetLedger`` over ``--backends`` backends,
@@ -30,7 +30,7 @@ No HTTP and no engine: each simulated process drives the real state code of the 
   issues the answer's id; ``--followup-share`` of them is a follow-up naming an id that one of
   the simulated processes of the same OS process created, as through a load balancer. By
   default ids are sealed (the replicas share the cache-salt secret, as ``deploy/`` sets it:
-  ``gateway/response_ids.py``), so neither costs a round trip; with ``--shared-map`` the id is
+  ``gateway/responses/ids.py``), so neither costs a round trip; with ``--shared-map`` the id is
   written to Redis and looked up there when another process created it;
 * canary rollouts (``--rollouts``, one by default): the ``RedisRolloutStore`` called as the
   controller's ``tick`` calls it, every ``interval_s`` (the controller itself is not run).
@@ -133,14 +133,14 @@ def script_texts() -> dict[str, str]:
     holding one (or a ``Script`` with its ``text``) in the modules that talk to Redis."""
     import gateway.fleet.ledger
     import gateway.limitstore.scripts
-    import gateway.response_sharing
+    import gateway.responses.sharing
     import gateway.rollout.store
 
     texts: dict[str, str] = {}
     modules: tuple[ModuleType, ...] = (
         gateway.limitstore.scripts,
         gateway.fleet.ledger,
-        gateway.response_sharing,
+        gateway.responses.sharing,
         gateway.rollout.store,
     )
     for module in modules:
@@ -254,7 +254,7 @@ class SimConfig:
     limit_headroom: float
     sealed_ids: bool = True
     """Response ids carry their holder (the replicas share the cache-salt secret, as ``deploy/``
-    sets it: ``gateway/response_ids.py``); False: the shared map in Redis (``--shared-map``)."""
+    sets it: ``gateway/responses/ids.py``); False: the shared map in Redis (``--shared-map``)."""
     prompt_tokens: int = 1000
     max_tokens: int = 200
     rollout_interval_s: float = 5.0
@@ -264,7 +264,7 @@ def sim_policy(config: SimConfig) -> str:
     """The policy every simulated process loads: backends, tenants with limits, Redis state."""
     import yaml
 
-    from gateway.keys import hash_api_key
+    from gateway.request.keys import hash_api_key
 
     per_tenant_rps = config.processes * config.rate / config.tenants
     tokens = config.prompt_tokens + config.max_tokens
@@ -327,20 +327,20 @@ class SimProcess:
     """One simulated gateway process (module docstring): the real state code, its own clients."""
 
     def __init__(self, index: int, config: SimConfig, shared: Shared) -> None:
-        from gateway.admission import TenantLimiter
-        from gateway.backends import BackendPool
         from gateway.clock import MonotonicClock
+        from gateway.dispatch.backends import BackendPool
         from gateway.fleet.coordinator import FleetCoordinator
         from gateway.fleet.ledger import FleetLedger
         from gateway.fleet.prefix_sync import PrefixSync
         from gateway.limitstore.factory import build_limit_store
         from gateway.policy.loader import parse_policy
-        from gateway.response_affinity import ResponseAffinity
-        from gateway.response_ids import ResponseIds
+        from gateway.request.admission import TenantLimiter
+        from gateway.responses.affinity import ResponseAffinity
+        from gateway.responses.ids import ResponseIds
         from gateway.rollout.store import RedisRolloutStore
         from gateway.routing.prefix_secret import PrefixSecret
         from gateway.shared.connect import redis_client
-        from gateway.telemetry import Metrics
+        from gateway.telemetry.metrics import Metrics
 
         self.index = index
         self.config = config

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.delay_proxy import DelayProxy
 from loadtests.harness import GATEWAY, free_port, metric_sum, metrics, pin, policy_file
 from loadtests.harness import processes as all_running

@@ -8,7 +8,7 @@ Usage::
 Issue 27: 5,000 tiny headers fit under the 64 KiB header bound, and each cost a Python call in
 uvicorn and more in the application, so one unauthenticated request cost 1.75 ms of CPU, 35
 times a normal refusal. The gateway now refuses the 101st header line with 431 and stops
-parsing there (``gateway/connections.py``, ``Settings.max_headers``).
+parsing there (``gateway/server/connections.py``, ``Settings.max_headers``).
 
 Three requests, each unauthenticated, each on a connection of its own (a 431 closes it, so
 every kind pays the same connect and close), sent one at a time from a raw socket:

@@ -53,7 +53,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.harness import cpu_seconds, free_port, pin, policy_file, process
 
 MODEL = "sim-instant"

@@ -57,7 +57,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.delay_proxy import DelayProxy
 from loadtests.fleet_faults import PrivateRedis
 from loadtests.harness import (

@@ -6,7 +6,7 @@ is the price of its features, measured in the same run. ``--client`` picks the H
 underneath, so that the data plane's choice is measured in the same run too (issue 14):
 ``httpx-aiohttp`` (httpx's API over aiohttp's transport, what the gateway uses around the hot
 path: health checks, scrapes), ``aiohttp`` (aiohttp's client called directly) or ``wire``
-(``gateway/wire.py``, the lean HTTP/1.1 client of the gateway's data plane).
+(``gateway/upstream/wire.py``, the lean HTTP/1.1 client of the gateway's data plane).
 
     python -m loadtests.minimal_proxy --upstream http://127.0.0.1:8001 --port 8002 [--client wire]
 """
@@ -23,7 +23,7 @@ import uvicorn
 from httpx_aiohttp import AiohttpTransport
 from starlette.types import Receive, Scope, Send
 
-from gateway.wire import ConnectionPool, Origin, head_prefix, request_head
+from gateway.upstream.wire import ConnectionPool, Origin, head_prefix, request_head
 
 Forward = Callable[[str, bytes], Awaitable[tuple[int, bytes, AsyncIterator[bytes]]]]
 """POST a body to a URL: its status, content type and body chunks."""

@@ -51,7 +51,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from loadtests.harness import GATEWAY, admin_args, checkout, cpu_seconds, pin, policy_file, process
 
 MODEL = "sim-instant"
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     minimal_url = f"http://127.0.0.1:{minimal_port}"
     # The same minimal proxy on aiohttp's client called directly, and on the gateway's own data-plane
-    # client (gateway/wire.py): the client choice, measured against httpx-over-aiohttp in the same
+    # client (gateway/upstream/wire.py): the client choice, measured against httpx-over-aiohttp in the same
     # run (issue 14).
     leans = {
         label: ([*minimal[:-2], "--port", str(args.gateway_port + offset), "--client", client], offset)

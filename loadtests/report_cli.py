@@ -1,7 +1,7 @@
 """``inference-gateway report TRACE.jsonl... [--out report.md]``: a report of past traffic.
 
 Why here and not under ``loadtest report``: this one reads the gateway's request trace log
-(``gateway/tracelog.py``), i.e. production traffic, not load-test runs. The work is done by
+(``gateway/telemetry/tracelog.py``), i.e. production traffic, not load-test runs. The work is done by
 ``loadtests.loadgen.trace_report``, which shares the load generator's record format and its
 report arithmetic; it is imported only when a report is written, because it loads matplotlib.
 Rotated files (``trace.jsonl.1``, ...) are read when named, e.g. ``report trace.jsonl*``.

@@ -109,8 +109,8 @@ import httpx
 import orjson
 import redis
 
-from gateway.keys import hash_api_key
 from gateway.policy.model import Tenant
+from gateway.request.keys import hash_api_key
 from gateway.routing.base import RoutingDecision
 from gateway.routing.framework import Cycle, Profile, Weighted, load_bound, rendezvous
 from gateway.routing.isolation import CacheSalter, tenant_scope
@@ -129,7 +129,7 @@ from loadtests.loadgen.workload import Workload, load_workload
 from loadtests.sim.profiles import BLOCK_SIZE, get_profile
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.dispatch.backends import BackendState
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROFILE = "llama-3.1-8b-h100"

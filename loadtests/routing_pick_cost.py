@@ -20,19 +20,19 @@ import argparse
 import random
 import time
 
-from gateway.backends import BackendPool
 from gateway.clock import MonotonicClock
 from gateway.dialects.chat import CHAT
-from gateway.keys import hash_api_key
+from gateway.dispatch.backends import BackendPool
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.request.keys import hash_api_key
+from gateway.request.tokens import CharRatioEstimator
+from gateway.request.validation import build_request
 from gateway.routing.base import Router
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import RouterSpec, build_router
-from gateway.tokens import CharRatioEstimator
 from gateway.types import InferenceRequest
-from gateway.validation import build_request
 from loadtests.loadgen.prompts import words
 
 MODEL = "m"

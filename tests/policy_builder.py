@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import yaml
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 
 KEY_ACME = "key-acme"
 KEY_GLOBEX = "key-globex"

@@ -3,7 +3,7 @@
 `serve_in_thread` runs an ASGI app under uvicorn (uvloop, httptools) in a background thread
 and returns once the server accepts connections (`server_in_thread` yields the server too, for
 a test that stops it half-way); `serve_gateway_in_thread` does the same for the gateway, built
-exactly as `inference-gateway serve` builds it (`gateway/server.py`: both listeners, the guarded
+exactly as `inference-gateway serve` builds it (`gateway/server/serve.py`: both listeners, the guarded
 protocol) and remembers its operator listener's URL for `admin_url`; `serve_in_process` runs
 `python -m gateway serve ...` as a child process on ports the child itself picks; `wait_until`
 polls a condition with a deadline, which is how tests synchronise (never a bare sleep).
@@ -31,7 +31,7 @@ from typing import IO, Any
 import uvicorn
 
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.server import GatewayServer, build_server
+from gateway.server.serve import GatewayServer, build_server
 from gateway.settings import Settings
 from loadtests.harness import Labels, Samples, families, labelled, metric_sum, metrics
 
@@ -146,7 +146,7 @@ def _running(server: uvicorn.Server, run: Callable[[], None], what: str) -> Iter
         thread.join(timeout=10)
 
 
-# What the gateway logs (at INFO) once it listens (``gateway/server.py``): with ``--port 0 --admin-port 0``
+# What the gateway logs (at INFO) once it listens (``gateway/server/serve.py``): with ``--port 0 --admin-port 0``
 # the ports the kernel gave it.
 _LISTENING = re.compile(r"listening: API on (http://\S+), operator on (http://\S+)")
 

@@ -27,7 +27,7 @@ ADMIN_KEY = "admin-key-bounds"
 GROUP = "llama"
 AUTH = (b"authorization", f"Bearer {ADMIN_KEY}".encode())
 BODY_LIMIT = 65_536
-"""What an admin body may hold (``gateway.admin.MAX_BODY_BYTES``)."""
+"""What an admin body may hold (``gateway.server.admin.MAX_BODY_BYTES``)."""
 FORGED = "2026-01-01 00:00:00 WARNING gateway.rollout.controller rollout of llama: promote by operator:ceo"
 
 

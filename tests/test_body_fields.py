@@ -236,7 +236,7 @@ def test_a_stripped_field_is_gone_from_the_forwarded_bytes_when_nothing_else_cha
     headers = {"authorization": f"Bearer {KEY_ACME}", "content-type": "application/json"}
     with start_gateway(text, health_checks=False) as url:
         assert httpx.post(f"{url}/v1/chat/completions", content=raw, headers=headers).status_code == 200
-    # ... and the output bound in the one field an OpenAI chat endpoint reads (gateway/output_length.py).
+    # ... and the output bound in the one field an OpenAI chat endpoint reads (gateway/request/output_length.py).
     assert backend.received[-1].body == {"model": CHAT_MODEL, "messages": MESSAGES, "max_completion_tokens": 4}
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.breaker import BreakerPolicy, BreakerState, CircuitBreaker
+from gateway.dispatch.breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from tests.fake_clock import FakeClock
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN

@@ -1,4 +1,4 @@
-"""The room rule (``gateway/capacity.py``): a table of backend states against ``has_room``, then
+"""The room rule (``gateway/dispatch/capacity.py``): a table of backend states against ``has_room``, then
 the token budget end to end (a request waits until tokens in flight end, then proceeds).
 
 The table builds real ``BackendState`` objects the way the gateway does: requests in flight
@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.backends import BackendState
-from gateway.breaker import CircuitBreaker
-from gateway.capacity import has_room
+from gateway.dispatch.backends import BackendState
+from gateway.dispatch.breaker import CircuitBreaker
+from gateway.dispatch.capacity import has_room
 from gateway.policy.model import Backend, BackendKind, BreakerPolicy, Capacity, PriorityClass, Slo
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric
 from tests.fake_backend import FakeBackend

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from tests.conftest import KEY_ACME
 from tests.policy_builder import session_policy
 from tests.servers import free_port, wait_until

@@ -1,4 +1,4 @@
-"""Connection guards (``gateway/connections.py``) against hostile clients, with raw sockets.
+"""Connection guards (``gateway/server/connections.py``) against hostile clients, with raw sockets.
 
 A gateway with deadlines of a fraction of a second and a 4 KiB header bound serves these
 tests; each waits on a condition with a deadline (a socket closed = ``recv`` returns ``b""``),
@@ -26,7 +26,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.connections import ConnectionLimits, Listener, Reason, ThrottledLog
+from gateway.server.connections import ConnectionLimits, Listener, Reason, ThrottledLog
 from gateway.settings import Settings
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, metric, run_gateway
 from tests.fake_backend import FakeBackend

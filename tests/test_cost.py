@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cost import CostAccountant, CostKey, CostTotal, split_cost
+from gateway.telemetry.cost import CostAccountant, CostKey, CostTotal, split_cost
 
 ACME_CHAT = CostKey("acme", "chat", "interactive")
 GLOBEX_CHAT = CostKey("globex", "chat", "batch")

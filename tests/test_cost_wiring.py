@@ -19,11 +19,11 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.outcome import TokenStats
+from gateway.pipeline.outcome import TokenStats
 from gateway.policy.loader import PolicyError, parse_policy
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.tracelog import TraceLog, TraceLogConfig
+from gateway.telemetry.tracelog import TraceLog, TraceLogConfig
 from tests.conftest import KEY_ACME, KEY_GLOBEX, metric
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import build_policy, model

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.backends import BackendPool, BackendState
 from gateway.dialects.chat import CHAT
-from gateway.dispatch import FAVOURITE_WAIT_S, Dispatcher, Grant
+from gateway.dispatch.backends import BackendPool, BackendState
+from gateway.dispatch.dispatcher import FAVOURITE_WAIT_S, Dispatcher, Grant
 from gateway.errors import NoHealthyBackend, Overloaded
 from gateway.fleet.quota import Quota
 from gateway.policy.loader import parse_policy

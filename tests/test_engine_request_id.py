@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.upstream import new_engine_request_id
+from gateway.upstream.client import new_engine_request_id
 from loadtests.otlp_sink import OtlpSink
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
@@ -58,7 +58,7 @@ def test_each_attempt_of_a_retried_request_gives_the_engine_a_new_id_and_logs_bo
 ) -> None:
     backend.statuses = [503, 502]  # two failed attempts, then the answer
     with (
-        caplog.at_level(logging.DEBUG, logger="gateway.upstream"),
+        caplog.at_level(logging.DEBUG, logger="gateway.upstream.client"),
         start_gateway(session_policy(backend_server.url, retry=RETRYING), health_checks=False) as url,
     ):
         response = httpx.post(
@@ -72,7 +72,7 @@ def test_each_attempt_of_a_retried_request_gives_the_engine_a_new_id_and_logs_bo
     assert len(seen) == 3
     assert len(set(seen)) == 3, "every attempt is a new engine request"
     assert "client-retried-1" not in seen
-    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.upstream"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.upstream.client"]
     for engine_id in seen:
         assert any("client-retried-1" in line and engine_id in line for line in lines), f"{engine_id} not logged"
 
@@ -115,5 +115,5 @@ def test_the_attempt_span_names_the_engine_id_and_what_the_backend_said(
         wait_until(lambda: any(s.name.startswith("upstream ") for s in receiver.snapshot()), what="the attempt span")
     attempt = next(s for s in receiver.snapshot() if s.name.startswith("upstream "))
     assert attempt.attributes["gateway.engine_request_id"] == engine_ids(backend)[-1]
-    assert attempt.attributes["gateway.upstream.status"] == 400
-    assert attempt.attributes["gateway.upstream.error_excerpt"] == "too long for [url]"
+    assert attempt.attributes["gateway.upstream.client.status"] == 400
+    assert attempt.attributes["gateway.upstream.client.error_excerpt"] == "too long for [url]"

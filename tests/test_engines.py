@@ -22,13 +22,13 @@ from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT
 from gateway.dialects.rerank import RERANK, SCORE
 from gateway.dialects.responses import RESPONSES
 from gateway.dialects.tokenize import DETOKENIZE, TOKENIZE
+from gateway.dispatch.scrape import parse_saturation
 from gateway.engines import ENGINES, EngineKind, _check_complete, engine
-from gateway.migration import can_continue
+from gateway.pipeline.migration import can_continue
 from gateway.policy.model import Backend, BackendKind, Tenant, UnsaltedMode
 from gateway.routing.isolation import CacheSalter, isolates, isolation_fields
-from gateway.scrape import parse_saturation
 from gateway.types import InferenceRequest
-from gateway.upstream_body import engine_priority
+from gateway.upstream.body import engine_priority
 
 KINDS = [pytest.param(kind, id=kind.value) for kind in BackendKind]
 MODEL = "m"

@@ -19,7 +19,7 @@ import pytest
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from gateway.tokens import CharRatioEstimator
+from gateway.request.tokens import CharRatioEstimator
 
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"  # tiktoken_ext/openai_public.py
 CL100K_PATTERN = (

@@ -20,9 +20,9 @@ import httpx
 import orjson
 import pytest
 
-from gateway import intake
 from gateway.errors import InvalidRequest
-from gateway.intake import check_headers, parse_json_object, read_headers
+from gateway.request import intake
+from gateway.request.intake import check_headers, parse_json_object, read_headers
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, MAX_BODY_BYTES, BackendServer, StartGateway, metric
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import session_policy

@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.intake import parse_json_object
-from gateway.json_bounds import SCAN_FROM_BYTES, check_structure, scan, structure
+from gateway.request.intake import parse_json_object
+from gateway.request.json_bounds import SCAN_FROM_BYTES, check_structure, scan, structure
 
 
 def reference(document: Any) -> tuple[int, int, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.labels import OTHER, TenantLabels
+from gateway.telemetry.labels import OTHER, TenantLabels
 from tests.fake_clock import FakeClock
 
 

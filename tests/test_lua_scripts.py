@@ -25,7 +25,7 @@ import redis
 
 import gateway.fleet.ledger
 import gateway.limitstore.scripts
-import gateway.response_sharing
+import gateway.responses.sharing
 import gateway.rollout.store
 from gateway.fleet.ledger import BackendReport
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, shared_client, unique_prefix
@@ -197,25 +197,25 @@ def responses_keys(prefix: str) -> list[str]:
 def responses_publish(run: Eval, prefix: str) -> None:
     """The number of entries dropped: none, under the bound."""
     args = ["field", b'{"backend":"b","model":"m"}', 60_000, 10]
-    assert run(gateway.response_sharing.PUBLISH.text, responses_keys(prefix), args) == 0
+    assert run(gateway.responses.sharing.PUBLISH.text, responses_keys(prefix), args) == 0
 
 
 def responses_lookup(run: Eval, prefix: str) -> None:
     """{entry, microseconds left} for an entry written, nil for an unknown one."""
     keys, entry = responses_keys(prefix), b'{"backend":"b","model":"m"}'
-    run(gateway.response_sharing.PUBLISH.text, keys, ["field", entry, 60_000, 10])
-    found, left = run(gateway.response_sharing.LOOKUP.text, keys, ["field"])
+    run(gateway.responses.sharing.PUBLISH.text, keys, ["field", entry, 60_000, 10])
+    found, left = run(gateway.responses.sharing.LOOKUP.text, keys, ["field"])
     assert found == entry
     assert 0 < left <= 60_000_000
-    assert run(gateway.response_sharing.LOOKUP.text, keys, ["unknown"]) is None
+    assert run(gateway.responses.sharing.LOOKUP.text, keys, ["unknown"]) is None
 
 
 def responses_unpublish(run: Eval, prefix: str) -> None:
     """1; the entry is gone."""
     keys = responses_keys(prefix)
-    run(gateway.response_sharing.PUBLISH.text, keys, ["field", b"{}", 60_000, 10])
-    assert run(gateway.response_sharing.UNPUBLISH.text, keys, ["field"]) == 1
-    assert run(gateway.response_sharing.LOOKUP.text, keys, ["field"]) is None
+    run(gateway.responses.sharing.PUBLISH.text, keys, ["field", b"{}", 60_000, 10])
+    assert run(gateway.responses.sharing.UNPUBLISH.text, keys, ["field"]) == 1
+    assert run(gateway.responses.sharing.LOOKUP.text, keys, ["field"]) is None
 
 
 CALLS: dict[str, Callable[[Eval, str], None]] = {

@@ -17,9 +17,9 @@ import pytest
 
 from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
-from gateway.migration import can_continue, continuation
+from gateway.pipeline.migration import can_continue, continuation
+from gateway.pipeline.relay import StreamProgress
 from gateway.policy.model import BackendKind
-from gateway.streaming import StreamProgress
 from gateway.types import InferenceRequest
 from loadtests.sim.tokenizer import render_chat, tokenize
 from tests.resilience_harness import KEY, MODEL, Engine, Fleet, engines, gateway, policy, set_fault

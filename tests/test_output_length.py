@@ -1,6 +1,6 @@
 """One output bound per request; each backend kind gets exactly the one field it obeys.
 
-Three levels: the pure rules (``gateway/output_length.py``); a gateway whose five backends
+Three levels: the pure rules (``gateway/request/output_length.py``); a gateway whose five backends
 of every kind are one recording fake backend, to see the body each kind is sent; and a model
 capped at 64 tokens in front of the simulated engine (which obeys ``max_tokens`` like vLLM),
 across clamp/reject, with and without ``default_max_tokens``, chat and completions, streamed
@@ -22,8 +22,8 @@ from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
 from gateway.dialects.embeddings import EMBEDDINGS
 from gateway.errors import InvalidRequest
-from gateway.output_length import fit_output_length, obeyed_field, output_length_edits, requested_output_length
 from gateway.policy.model import BackendKind
+from gateway.request.output_length import fit_output_length, obeyed_field, output_length_edits, requested_output_length
 from loadtests.sim import build_engine_app
 from tests.conftest import KEY_ACME, run_gateway
 from tests.fake_backend import FakeBackend

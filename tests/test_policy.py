@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.keys import hash_api_key
 from gateway.policy.loader import PolicyError, load_policy, parse_policy
+from gateway.request.keys import hash_api_key
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, OTHER_MODEL
 from tests.policy_builder import session_policy
 

@@ -4,7 +4,7 @@ The first table drives the ``openai`` SDK (sync and async) into each error and c
 exception class it raises, the status and the OpenAI error body. The rest covers what the
 backend can do wrong (every error status, hostile answers that echo the gateway's credential
 or are HTML pages, a refused connection) and the non-inference routes. The rule the backend
-cases check is ``gateway/upstream_errors.py``'s: nothing of a failed backend's answer reaches
+cases check is ``gateway/upstream/errors.py``'s: nothing of a failed backend's answer reaches
 a client but a rejection's sanitised reason.
 """
 
@@ -401,7 +401,7 @@ def test_a_failure_is_logged_with_its_status_a_sanitised_excerpt_and_both_ids(
 ) -> None:
     backend.status = 400
     backend.error_body = ECHO_JSON
-    with caplog.at_level(logging.WARNING, logger="gateway.upstream_errors"):
+    with caplog.at_level(logging.WARNING, logger="gateway.upstream.errors"):
         response = http.post(
             "/v1/chat/completions",
             json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "the launch code is 0000"}]},

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from gateway.dialects.chat import CHAT
+from gateway.dispatch.queueing import ClassQueue, DrainMeter, Ticket
 from gateway.policy.model import PriorityClass, Slo, Tenant
-from gateway.queueing import ClassQueue, DrainMeter, Ticket
 from gateway.types import InferenceRequest
 
 CLASS = PriorityClass(rank=0, slo=Slo(ttft_ms=500, itl_ms=30, e2e_ms=1000))

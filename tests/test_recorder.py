@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.cost_meter import CostMeter
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.responses import RESPONSES
-from gateway.labels import TenantLabels
-from gateway.outcome import RequestOutcome, Result, TokenStats
+from gateway.pipeline.outcome import RequestOutcome, Result, TokenStats
+from gateway.pipeline.recorder import Recorder
 from gateway.policy.model import Slo
-from gateway.recorder import Recorder
-from gateway.telemetry import Metrics
-from gateway.tracing import INERT_REQUEST
+from gateway.telemetry.cost_meter import CostMeter
+from gateway.telemetry.labels import TenantLabels
+from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.tracing import INERT_REQUEST
 from tests.fake_clock import FakeClock
 
 MODEL = "m/chat"

@@ -7,7 +7,7 @@ streaming clients (``tests/resilience_harness.py``) keep it busy. Every request 
 scenario is accounted for: completed, or answered with an explicit error (an error status, or
 an SSE error event followed by ``[DONE]``), or hung up on by its own client on purpose; none
 may reach its deadline or end any other way (``Outcome.DEADLINE``, ``Outcome.BROKEN``).
-A stream cut after its first token is continued on another engine (``gateway/migration.py``),
+A stream cut after its first token is continued on another engine (``gateway/pipeline/migration.py``),
 or, with ``retry.migrate_streams: false``, ends with an error event.
 """
 

@@ -1,7 +1,7 @@
 """Retries: which failures may be retried, the jittered backoff, the deadline, the budget.
 
 The transport cases send a real request through ``UpstreamClient`` (the data plane's client,
-``gateway/wire.py``, and ``map_upstream_errors``) to a loopback server that misbehaves.
+``gateway/upstream/wire.py``, and ``map_upstream_errors``) to a loopback server that misbehaves.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from pydantic import ValidationError
 
 from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, Overloaded, UpstreamError, UpstreamTimeout
-from gateway.policy.model import Backend, BackendKind, Timeouts
-from gateway.retry import (
+from gateway.pipeline.retry import (
     Failure,
     RetryBudget,
     RetryPolicy,
@@ -30,8 +29,9 @@ from gateway.retry import (
     parse_retry_after,
     retry_delay,
 )
-from gateway.upstream import UpstreamClient
-from gateway.wire import ConnectionFailed, ConnectTimeout, ReadTimeout
+from gateway.policy.model import Backend, BackendKind, Timeouts
+from gateway.upstream.client import UpstreamClient
+from gateway.upstream.wire import ConnectionFailed, ConnectTimeout, ReadTimeout
 from tests.fake_clock import FakeClock
 from tests.servers import free_port
 

@@ -17,8 +17,8 @@ from starlette.types import Message
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.responses import RESPONSES
-from gateway.streaming import MAX_EVENT_BYTES, SseRelay, StreamEnd, TokenTimer
-from gateway.upstream_errors import Redactor, UpstreamFault
+from gateway.pipeline.relay import MAX_EVENT_BYTES, SseRelay, StreamEnd, TokenTimer
+from gateway.upstream.errors import Redactor, UpstreamFault
 from tests.fake_clock import FakeClock
 
 SECRET = "backend-secret-123"

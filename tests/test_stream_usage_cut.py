@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.streaming import _without_trailing_usage
+from gateway.pipeline.relay import _without_trailing_usage
 from loadtests.sim.protocol import Endpoint, StreamRenderer
 
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import text_shape
-from gateway.text_shape import Leads, leads, pieces
+from gateway.request import text_shape
+from gateway.request.text_shape import Leads, leads, pieces
 
 
 @pytest.mark.parametrize(

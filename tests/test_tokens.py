@@ -8,7 +8,7 @@ import pytest
 
 from gateway.dialects.chat import MESSAGE_OVERHEAD_TOKENS, chat_prompt_tokens
 from gateway.policy.model import MediaTokens
-from gateway.tokens import CharRatioEstimator, prompt_input_tokens
+from gateway.request.tokens import CharRatioEstimator, prompt_input_tokens
 
 ESTIMATE = CharRatioEstimator()
 MEDIA = MediaTokens(image_url=100, input_audio=200, video_url=300, file=400)

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from gateway.goodput import meets_slo
 from gateway.policy.model import Slo
-from gateway.prefix_signature import PrefixSignature
-from gateway.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_line
+from gateway.telemetry.goodput import meets_slo
+from gateway.telemetry.prefix_signature import PrefixSignature
+from gateway.telemetry.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_line
 from loadtests.loadgen.records import RequestRecord, iter_records
 from tests.servers import wait_until
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import tracing as t
 from gateway.dialects.chat import CHAT
 from gateway.dialects.embeddings import EMBEDDINGS
-from gateway.otlp import MAX_VALUES_PER_KEY, AttributeValue, SpanEncoder
 from gateway.policy.model import TracingConfig
-from gateway.tracelog import ItlSummary
-from gateway.tracing import Tracing
+from gateway.telemetry import tracing as t
+from gateway.telemetry.otlp import MAX_VALUES_PER_KEY, AttributeValue, SpanEncoder
+from gateway.telemetry.tracelog import ItlSummary
+from gateway.telemetry.tracing import Tracing
 from loadtests.otlp_sink import SinkSpan, decode, resource_of
 
 EPOCH = 1_700_000_000.0

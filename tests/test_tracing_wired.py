@@ -82,7 +82,7 @@ def test_a_streamed_request_is_one_trace_joined_to_the_client_s_and_passed_on_up
     assert attributes["gen_ai.usage.input_tokens"] == 7
     assert attributes["gen_ai.usage.output_tokens"] == backend.tokens
     assert attributes["gen_ai.response.finish_reasons"] == ["length"]
-    assert attributes["gateway.outcome"] == "completed"
+    assert attributes["gateway.pipeline.outcome"] == "completed"
     assert attributes["gen_ai.response.time_to_first_chunk"] > 0
     assert "gateway.itl.p99_s" in attributes
     assert "first_token" in [name for name, _ in server.events]

@@ -1,4 +1,4 @@
-"""The rule of ``gateway/upstream_errors.py``, as values: what a client may read of a failed backend.
+"""The rule of ``gateway/upstream/errors.py``, as values: what a client may read of a failed backend.
 
 The mapping of upstream statuses, the excerpt (what it keeps, what it redacts, where it cuts),
 the error-body shapes of the engines, error events and 200s that are no answer. End to end,
@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
-from gateway.upstream_errors import (
+from gateway.upstream.errors import (
     EXCERPT_CHARS,
     Redactor,
     answer_error,

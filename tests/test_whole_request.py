@@ -13,7 +13,7 @@ import threading
 import httpx
 import pytest
 
-from gateway.streaming import SseRelay
+from gateway.pipeline.relay import SseRelay
 from tests.conftest import CHAT_MODEL, KEY_ACME, metric
 from tests.fake_backend import FakeBackend
 from tests.servers import wait_until

@@ -1,4 +1,4 @@
-"""The data plane's HTTP/1.1 client (``gateway/wire.py``) against real loopback servers.
+"""The data plane's HTTP/1.1 client (``gateway/upstream/wire.py``) against real loopback servers.
 
 Each server here is a raw asyncio server that writes exactly the bytes a case needs, and counts
 the connections it accepted, so that reuse, closing and the pool's bound are seen from the
@@ -17,8 +17,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from gateway import wire
-from gateway.wire import ConnectionFailed, ConnectionPool, Origin, ReadTimeout, head_prefix, request_head
+from gateway.upstream import wire
+from gateway.upstream.wire import ConnectionFailed, ConnectionPool, Origin, ReadTimeout, head_prefix, request_head
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 """Answers one request (the n-th on its connection, from 0); False closes the connection."""

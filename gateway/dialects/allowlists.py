@@ -44,10 +44,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.body_fields import TENSOR_PART_TYPES, shown
 from gateway.dialects.counts import at_most
 from gateway.errors import InvalidRequest
-from gateway.media import check_server_url
+from gateway.request.body_fields import TENSOR_PART_TYPES, shown
+from gateway.request.media import check_server_url
 
 
 class EngineGrants(Protocol):

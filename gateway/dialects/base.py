@@ -15,32 +15,32 @@ that a function that needs one role can take that role alone and say in its sign
 reads of an API (every dialect is all of them). About in the order a request meets them:
 
 * ``ApiIdentity`` (``name``, ``path``, ``operation``): the routes and each backend's URL
-  (``gateway/app.py``, ``gateway/upstream.py``), the ``api`` label of the metrics
-  (``gateway/recorder.py``), the request's span (``gateway/tracing.py``), dispatch's 404 for an
+  (``gateway/app.py``, ``gateway/upstream/client.py``), the ``api`` label of the metrics
+  (``gateway/pipeline/recorder.py``), the request's span (``gateway/telemetry/tracing.py``), dispatch's 404 for an
   API no backend of the model serves;
 * ``BodyRules`` (``fields``, ``screen``, ``stream_flags``, ``output_aliases``, ``prompt_field``,
   ``prompt_tokens``, ``render``, ``output_field``, ``stream_usage_fields``): the body. The
-  handler screens it (``gateway/proxy.py``: what a client may send, with the tenant's opt-ins,
+  handler screens it (``gateway/pipeline/handler.py``: what a client may send, with the tenant's opt-ins,
   ``allowlists.EngineGrants``), validation reads its flags, output bound and prompt size
-  (``gateway/validation.py``), routing hashes its canonical prompt
+  (``gateway/request/validation.py``), routing hashes its canonical prompt
   (``gateway/routing/prefix_keys.py``), and each attempt sets the bound in the one field its
-  backend's kind obeys and asks the engine for usage in a stream (``gateway/output_length.py``,
-  ``gateway/upstream_body.py``);
+  backend's kind obeys and asks the engine for usage in a stream (``gateway/request/output_length.py``,
+  ``gateway/upstream/body.py``);
 * ``Translating`` (``serves``, ``translation``): which backends can answer it, and how; read by
   dispatch (``Dispatcher``: ``serves``) and each attempt's isolation
   (``upstream_body.attempt_isolation``: ``translation``);
 * ``StreamFormat`` (``sse_event_names``, ``ends_with_done``, ``read_chunk``, ``error_event``): a
-  stream's events, read by the relay (``gateway/streaming.py``: each event's output, usage and
+  stream's events, read by the relay (``gateway/pipeline/relay.py``: each event's output, usage and
   finish reasons, its framing and end, an error as a stream reports one) and a shadow's reader
   (``gateway/shadow/runner.py``);
 * ``AnswerFormat`` (``is_answer``, ``answer_usage``, ``error_body``): a whole answer's shape and
-  usage, read by the upstream client (``gateway/upstream.py``) and the attempt
-  (``gateway/attempt.py``), and the API's error answer, by the error responses
-  (``gateway/response.py``, ``gateway/app.py``);
+  usage, read by the upstream client (``gateway/upstream/client.py``) and the attempt
+  (``gateway/pipeline/attempt.py``), and the API's error answer, by the error responses
+  (``gateway/pipeline/client_response.py``, ``gateway/app.py``);
 * ``AnswerState`` (``keeps_state``, ``answer_id``, ``previous_id``): answers the engine keeps and
-  later requests name, read by the handler and the attempt (``gateway/response_affinity.py``);
+  later requests name, read by the handler and the attempt (``gateway/responses/affinity.py``);
 * ``Continuation`` (``can_continue``, ``continue_body``): a broken stream continued elsewhere,
-  read by migration (``gateway/migration.py``).
+  read by migration (``gateway/pipeline/migration.py``).
 
 Most members are the same on most APIs: the OpenAI APIs' values are written once, in
 ``gateway/dialects/defaults.py`` (``OpenAIDialect``, and ``WholeAnswerOnly`` for the APIs that
@@ -61,7 +61,7 @@ and a reading that allocates nothing for the common token event.
 **APIs that name their events, keep state, or are translated.** Responses and Messages streams
 name their events (``sse_event_names``: the relay keeps the ``event:`` line) and end without
 ``[DONE]`` (``ends_with_done``); Responses answers live on the engine that made them
-(``keeps_state``, ``answer_id``, ``previous_id``: ``gateway/response_affinity.py``); Messages is
+(``keeps_state``, ``answer_id``, ``previous_id``: ``gateway/responses/affinity.py``); Messages is
 answered natively where that weakens no guarantee and through chat completions elsewhere
 (``translation``: a ``Translation`` turns the body, the answer and each stream event). Each
 API's errors keep its own shape (``error_body``, ``error_event``), and an API only some kinds of
@@ -79,7 +79,7 @@ import orjson
 from gateway.dialects.allowlists import EngineGrants
 from gateway.errors import GatewayError
 from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator
+from gateway.request.tokens import TokenEstimator
 
 ChunkReading = tuple[bool, Mapping[str, Any] | None, tuple[str, ...], bool]
 """What one parsed stream event says, as the relay needs it (``Dialect.read_chunk``):
@@ -307,7 +307,7 @@ class AnswerState(Protocol):
     @property
     def keeps_state(self) -> bool:
         """Whether its answers are kept by the engine and named by later requests (Responses'
-        ``previous_response_id``): the gateway remembers where each lives (``gateway/response_affinity.py``)."""
+        ``previous_response_id``): the gateway remembers where each lives (``gateway/responses/affinity.py``)."""
         ...
 
     def answer_id(self, document: dict[str, Any]) -> str | None:
@@ -322,13 +322,13 @@ class AnswerState(Protocol):
 
 
 class Continuation(Protocol):
-    """Whether and how a broken stream of the API is continued elsewhere (``gateway/migration.py``)."""
+    """Whether and how a broken stream of the API is continued elsewhere (``gateway/pipeline/migration.py``)."""
 
     def can_continue(self, body: dict[str, Any]) -> bool:
         """Whether a broken stream of this validated body could be continued from its partial output.
 
         True only for APIs whose engines can continue a partial answer exactly and whose streams
-        are OpenAI choice chunks (the relay tracks and splices those, ``gateway/streaming.py``)."""
+        are OpenAI choice chunks (the relay tracks and splices those, ``gateway/pipeline/relay.py``)."""
         ...
 
     def continue_body(self, body: dict[str, Any], partial: str) -> None:

@@ -5,7 +5,7 @@
   reasoning, template switches) and every output-length alias.
 * **Nested rules**: the engine features' bounds (``stop``, ``logit_bias``, ``bad_words``, ...:
   ``engine_fields.py``); ``stream_options`` (``body_fields.check_stream_options``); content-part
-  types (``allowlists.CHAT_PARTS``) and media URLs in content parts (``gateway/media.py``);
+  types (``allowlists.CHAT_PARTS``) and media URLs in content parts (``gateway/request/media.py``);
   function tools only, unless the tenant opted into others (``allowlists.CHAT_TOOLS``, also in
   ``tool_choice``); ``chat_template_kwargs`` carries template switches
   (``enable_thinking``, ``reasoning_effort``, ...): scalars or short lists of them, never a
@@ -28,7 +28,7 @@
   resends the previous ones) extends the previous turn's text.
 * **Output bound**: vLLM, SGLang and the simulator obey ``max_tokens``, llama.cpp
   ``n_predict``, OpenAI ``max_completion_tokens`` (``EngineKind.chat_output_field`` in
-  ``gateway/engines.py``; ``gateway/output_length.py`` says why).
+  ``gateway/engines.py``; ``gateway/request/output_length.py`` says why).
 * **Served by** every kind whose record says so (``EngineKind.serves_chat``).
 * **Answer**: OpenAI choice chunks when streamed, ``choices`` when whole
   (``gateway/dialects/openai_answers.py``).
@@ -45,13 +45,6 @@ from typing import Any, final
 
 import orjson
 
-from gateway.body_fields import (
-    OUTPUT_LENGTH_ALIASES,
-    SAMPLING_EXTRAS,
-    check_stream_options,
-    screen_fields,
-    shown,
-)
 from gateway.dialects.allowlists import CHAT_PARTS, CHAT_TOOLS, EngineGrants, check_items_parts, check_tools_allowed
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.counts import at_most
@@ -60,10 +53,17 @@ from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import serves_chat, stream_flag, usage_flag
 from gateway.engines import engine
 from gateway.errors import InvalidRequest
-from gateway.media import check_media_urls
-from gateway.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.policy.model import BackendKind, MediaTokens, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator, json_tokens, parts_tokens
+from gateway.request.body_fields import (
+    OUTPUT_LENGTH_ALIASES,
+    SAMPLING_EXTRAS,
+    check_stream_options,
+    screen_fields,
+    shown,
+)
+from gateway.request.media import check_media_urls
+from gateway.request.output_length import OUTPUT_LENGTH_FIELDS
+from gateway.request.tokens import TokenEstimator, json_tokens, parts_tokens
 
 OPENAI_CHAT = frozenset(
     {

@@ -10,7 +10,7 @@
   continuation (prompt plus partial answer) extends the original's.
 * **Output bound**: vLLM, SGLang, OpenAI and the simulator obey ``max_tokens``, llama.cpp
   ``n_predict`` (``EngineKind.completions_output_field`` in ``gateway/engines.py``;
-  ``gateway/output_length.py`` says why).
+  ``gateway/request/output_length.py`` says why).
 * **Served by** every kind whose record says so (``EngineKind.serves_completions``).
 * **Answer**: OpenAI choice chunks when streamed, ``choices`` when whole
   (``gateway/dialects/openai_answers.py``).
@@ -23,16 +23,16 @@ from __future__ import annotations
 from array import array
 from typing import Any, final
 
-from gateway.body_fields import OUTPUT_LENGTH_ALIASES, SAMPLING_EXTRAS, check_stream_options, screen_fields
 from gateway.dialects.allowlists import EngineGrants
 from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import serves_completions, stream_flag, usage_flag
 from gateway.dialects.text_prompt import render_text_prompt, text_prompt_tokens
 from gateway.engines import engine
-from gateway.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator
+from gateway.request.body_fields import OUTPUT_LENGTH_ALIASES, SAMPLING_EXTRAS, check_stream_options, screen_fields
+from gateway.request.output_length import OUTPUT_LENGTH_FIELDS
+from gateway.request.tokens import TokenEstimator
 
 OPENAI_COMPLETIONS = frozenset(
     {

@@ -39,13 +39,13 @@ from array import array
 from collections.abc import Mapping
 from typing import Any, final
 
-from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import EngineGrants
 from gateway.dialects.defaults import WholeAnswerOnly, never_streamed
 from gateway.dialects.messages import MESSAGES, check_messages_content
 from gateway.engines import engine
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator
+from gateway.request.body_fields import screen_fields
+from gateway.request.tokens import TokenEstimator
 
 COUNT_TOKENS_FIELDS = frozenset(
     {"model", "messages", "system", "tools", "tool_choice", "thinking", "chat_template_kwargs", "stream"}

@@ -40,7 +40,7 @@ from gateway.dialects.openai_answers import (
 )
 from gateway.errors import InvalidRequest, sse_error_event
 from gateway.policy.model import BackendKind
-from gateway.upstream_errors import is_openai_answer
+from gateway.upstream.errors import is_openai_answer
 
 
 class OpenAIDialect:

@@ -15,7 +15,6 @@ from array import array
 from collections.abc import Mapping
 from typing import Any, final
 
-from gateway.body_fields import check_stream_options, screen_fields
 from gateway.dialects.allowlists import EngineGrants
 from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
@@ -23,7 +22,8 @@ from gateway.dialects.openai_answers import serves_embeddings, stream_flag, usag
 from gateway.dialects.text_prompt import render_text_prompt, text_prompt_tokens
 from gateway.errors import InvalidRequest
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator
+from gateway.request.body_fields import check_stream_options, screen_fields
+from gateway.request.tokens import TokenEstimator
 
 OPENAI_EMBEDDINGS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "stream"})
 EMBEDDING_EXTRAS = frozenset(

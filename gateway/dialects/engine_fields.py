@@ -40,10 +40,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.body_fields import shown
 from gateway.dialects.counts import at_most
 from gateway.errors import InvalidRequest
 from gateway.policy.model import RequestLimits
+from gateway.request.body_fields import shown
 
 METADATA_PAIRS = 16
 METADATA_KEY_CHARS = 64

@@ -48,7 +48,6 @@ from typing import Any, final
 
 import orjson
 
-from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import MESSAGES_TOOLS, EngineGrants, check_blocks, check_tools_allowed
 from gateway.dialects.base import (
     FIELD_SEPARATOR,
@@ -66,9 +65,10 @@ from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT
 from gateway.dialects.openai_answers import serves_chat, stream_flag
 from gateway.engines import engine
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.media import check_block_urls
 from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator, json_text, json_tokens
+from gateway.request.body_fields import screen_fields
+from gateway.request.media import check_block_urls
+from gateway.request.tokens import TokenEstimator, json_text, json_tokens
 
 FIELDS = frozenset(
     {

@@ -10,7 +10,7 @@ these functions.
 whether the client wants the usage chunk. The gateway asks the engine for usage in every stream
 anyway (``stream_usage_fields``: it settles the tenant's tokens and records usage from it), and
 for vLLM's per-chunk usage (``continuous_usage_stats``) when the stream may have to be continued
-elsewhere (``gateway/migration.py``); the relay hides from the client what it did not ask for.
+elsewhere (``gateway/pipeline/migration.py``); the relay hides from the client what it did not ask for.
 
 **Chunks.** A chunk carries output when one of its choices has a content, reasoning or
 tool-call delta (chat) or a ``text`` (completions). Both shapes count on both APIs: an engine

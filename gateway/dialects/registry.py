@@ -1,7 +1,7 @@
 """The APIs the gateway serves, by path: one dialect each (``gateway/dialects/base.py``).
 
 The app routes every registered path to the inference pipeline (``gateway/app.py``), the
-upstream client builds each backend's URL for every registered path (``gateway/upstream.py``),
+upstream client builds each backend's URL for every registered path (``gateway/upstream/client.py``),
 and ``policy explain`` tells the API of a request body by its prompt field. A new API is a
 new module of ``gateway/dialects/`` and one line here.
 

@@ -12,7 +12,7 @@ rerank is Jina's and Cohere's shape, score vLLM's own.
   length). Both take vLLM's scoring options (``SCORING_OPTIONS``); ``chat_template_kwargs``
   carries template switches only (``chat.check_template_kwargs``), parts are vLLM's score parts
   (``allowlists.SCORING_PARTS``: text, image, video; ``image_embeds`` for a tenant that opted in)
-  and their media URLs must be on the allowlist (``gateway/media.py``).
+  and their media URLs must be on the allowlist (``gateway/request/media.py``).
 * **Bounds, by length before any text is read**: at most ``limits.max_messages`` documents,
   items or inputs per side (400 ``too_many_messages``), ``max_content_parts`` parts per input.
 * **Prompt estimate**: the engine scores each (query, document) pair as one prompt, so every
@@ -48,7 +48,6 @@ from typing import Any, final
 
 import orjson
 
-from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import SCORING_PARTS, EngineGrants, check_parts
 from gateway.dialects.base import FIELD_SEPARATOR, MESSAGE_START
 from gateway.dialects.chat import check_template_kwargs
@@ -56,9 +55,10 @@ from gateway.dialects.counts import at_most
 from gateway.dialects.defaults import WholeAnswerOnly, never_streamed
 from gateway.engines import engine
 from gateway.errors import InvalidRequest
-from gateway.media import check_parts_urls
 from gateway.policy.model import BackendKind, MediaTokens, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator, parts_tokens
+from gateway.request.body_fields import screen_fields
+from gateway.request.media import check_parts_urls
+from gateway.request.tokens import TokenEstimator, parts_tokens
 
 SCORING_OPTIONS = frozenset(
     {

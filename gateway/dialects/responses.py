@@ -38,7 +38,6 @@ from typing import Any, final
 
 import orjson
 
-from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import (
     RESPONSES_PARTS,
     RESPONSES_TOOLS,
@@ -53,9 +52,10 @@ from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.engine_fields import check_engine_fields
 from gateway.dialects.openai_answers import serves_responses, stream_flag
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.media import check_media_urls, check_parts_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator, json_tokens
+from gateway.request.body_fields import screen_fields
+from gateway.request.media import check_media_urls, check_parts_urls
+from gateway.request.tokens import TokenEstimator, json_tokens
 
 FIELDS = frozenset(
     {

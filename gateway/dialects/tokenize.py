@@ -45,17 +45,17 @@ from array import array
 from collections.abc import Mapping
 from typing import Any, final
 
-from gateway.body_fields import screen_fields
 from gateway.dialects.allowlists import CHAT_PARTS, CHAT_TOOLS, EngineGrants, check_items_parts, check_tools_allowed
 from gateway.dialects.chat import CHAT, CONTENT, check_template_kwargs, render_chat
 from gateway.dialects.defaults import WholeAnswerOnly, never_streamed
 from gateway.dialects.text_prompt import render_text_prompt
 from gateway.engines import engine
 from gateway.errors import InvalidRequest
-from gateway.media import check_media_urls
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
-from gateway.tokens import TokenEstimator
-from gateway.validation import prompt_too_long
+from gateway.request.body_fields import screen_fields
+from gateway.request.media import check_media_urls
+from gateway.request.tokens import TokenEstimator
+from gateway.request.validation import prompt_too_long
 
 TOKENIZER_KEYS = "\x1dtokenizer\x1d"
 """Starts every rendered tokenizer prompt: its prefix keys never match a chat or completions

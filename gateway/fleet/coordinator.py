@@ -43,15 +43,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from gateway.backends import BackendPool, BackendState
 from gateway.clock import Clock
+from gateway.dispatch.backends import BackendPool, BackendState
+from gateway.dispatch.queueing import IDLE_GAP_S
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
 from gateway.fleet.quota import EMPTY, Quota, Share, TenantUse, at_most, fallback, paced, partition, shared
 from gateway.limitstore.lag import FreeTimeout, LoopLag
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.queueing import IDLE_GAP_S
 from gateway.shared.store import FAILURES
-from gateway.telemetry import Metrics
+from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

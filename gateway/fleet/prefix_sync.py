@@ -49,14 +49,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from gateway.backends import BackendPool
 from gateway.clock import Clock
+from gateway.dispatch.backends import BackendPool
 from gateway.fleet.prefix_wire import Decision, MalformedEntry, decode, encode, origin_of
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import PrefixLearner, Router, RoutingDecision
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.shared.store import FAILURES
-from gateway.telemetry import Metrics
+from gateway.telemetry.metrics import Metrics
 from gateway.types import InferenceRequest
 
 log = logging.getLogger(__name__)

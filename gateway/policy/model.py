@@ -40,9 +40,9 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.body_fields import TENSOR_PART_TYPES, owned_field_reason
-from gateway.media import MediaUrlRefused, parse_allowlist_entry
 from gateway.policy.groups import ModelGroup
+from gateway.request.body_fields import TENSOR_PART_TYPES, owned_field_reason
+from gateway.request.media import MediaUrlRefused, parse_allowlist_entry
 
 KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
@@ -110,7 +110,7 @@ class RequestLimits(Strict):
     The structural bounds (``max_json_containers``, ``max_json_keys``, ``max_content_parts``,
     ``max_tools``) bound the CPU one request can cost before it is refused: they are checked
     before the steps whose cost grows with them (parsing, the prompt estimate), see
-    ``gateway/json_bounds.py``. A generous legitimate chat body (512 messages with a few parts
+    ``gateway/request/json_bounds.py``. A generous legitimate chat body (512 messages with a few parts
     each, 128 tools with their schemas) holds well under 16,384 objects and arrays, and as many keys.
     """
 
@@ -160,10 +160,10 @@ class RequestLimits(Strict):
     naming the field."""
     media_tokens: MediaTokens = MediaTokens()
     extra_body_fields: frozenset[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]] = frozenset()
-    """Body fields clients may send beyond the default allowlist (``gateway/body_fields.py``),
+    """Body fields clients may send beyond the default allowlist (``gateway/request/body_fields.py``),
     e.g. ``[mm_processor_kwargs, documents]``; a field the gateway owns is refused here."""
     media_url_allowlist: tuple[str, ...] = ()
-    """URL prefixes an engine may fetch media from (``gateway/media.py``), e.g.
+    """URL prefixes an engine may fetch media from (``gateway/request/media.py``), e.g.
     ``["https://cdn.example.com/images/"]``; ``data:`` URLs are always accepted, nothing else is."""
 
     @field_validator("extra_body_fields")
@@ -326,7 +326,7 @@ class Backend(Strict):
     engine_priority: bool = False
     """Pass the class on as the request's ``priority`` (vLLM needs ``--scheduling-policy priority``)."""
     price_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None
-    """What one of its GPUs costs an hour (dollars); unset: the backend costs nothing (``gateway/cost.py``)."""
+    """What one of its GPUs costs an hour (dollars); unset: the backend costs nothing (``telemetry/cost.py``)."""
     gpus: PositiveInt = 1
     """GPUs the backend holds (tensor parallel, ...): it costs ``price_per_gpu_hour × gpus`` an hour."""
     tenants: Annotated[list[Name], Field(min_length=1)] | None = None
@@ -370,7 +370,7 @@ class Tenant(Strict):
     with a tool server runs them for the tenant (browses, runs code, calls an MCP server), so by
     default only ``function`` tools (Messages: custom tools) pass and any other is 400
     ``tool_type_not_allowed``. An ``mcp`` tool's ``server_url`` must still be https to a public
-    host (``gateway/media.py``). Usage: ``allow_builtin_tools: [web_search_preview]``."""
+    host (``gateway/request/media.py``). Usage: ``allow_builtin_tools: [web_search_preview]``."""
     allow_content_parts: frozenset[str] = frozenset()
     """Content-part types that hand the engine raw tensors which this tenant may send
     (``image_embeds``, ``audio_embeds``, ``prompt_embeds``: ``body_fields.TENSOR_PART_TYPES``).
@@ -469,7 +469,7 @@ class RetryPolicy(Strict):
                 migrate_streams: true}
 
     ``migrate_streams`` continues a stream whose backend died on another backend
-    (``gateway/migration.py``); a migration is a retry: same budget, same attempt bound.
+    (``gateway/pipeline/migration.py``); a migration is a retry: same budget, same attempt bound.
     """
 
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
@@ -537,7 +537,7 @@ class Lifecycle(Strict):
 
 
 class TracingConfig(Strict):
-    """OpenTelemetry traces (``gateway/tracing.py``): whether, how many, and where to.
+    """OpenTelemetry traces (``gateway/telemetry/tracing.py``): whether, how many, and where to.
 
     ``endpoint`` is the OTLP/HTTP traces URL (``http://collector:4318/v1/traces``); when None
     the exporter reads ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``.
@@ -582,7 +582,7 @@ def _otlp_headers(text: str) -> dict[str, str]:
 class Telemetry(Strict):
     """Label bounds: tenants beyond the ``top_tenants`` busiest are counted as ``other``.
 
-    Cost is charged per accounting interval of ``cost_interval_s`` seconds (``gateway/cost.py``):
+    Cost is charged per accounting interval of ``cost_interval_s`` seconds (``gateway/telemetry/cost.py``):
     a few times the typical E2E, so that a request rarely straddles two intervals."""
 
     top_tenants: Annotated[int, Field(ge=0, le=1000)] = 50

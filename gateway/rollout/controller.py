@@ -38,7 +38,7 @@ from typing import Any
 
 from gateway.clock import Clock
 from gateway.errors import ErrorCode
-from gateway.outcome import RequestOutcome, Result
+from gateway.pipeline.outcome import RequestOutcome, Result
 from gateway.policy.groups import ModelGroup, RolloutPolicy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.rollout.judge import (
@@ -55,8 +55,8 @@ from gateway.rollout.judge import (
 )
 from gateway.rollout.sprt import SIGNALS, rollback_threshold
 from gateway.rollout.store import RolloutStore, RolloutStoreUnavailable
-from gateway.targets import Role
-from gateway.telemetry import Metrics
+from gateway.routing.targets import Role
+from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The routing extension point: a ``Router`` chooses a backend among candidates with room.
 
-The dispatcher (``gateway/dispatch.py``) filters a model's backends by health and room, then
+The dispatcher (``gateway/dispatch/dispatcher.py``) filters a model's backends by health and room, then
 asks the model's ``Router`` to choose among them. Choosing is pure: ``pick`` reads state and
 returns a ``RoutingDecision``; learning (a prefix index insert, a round-robin cursor) happens
 in ``on_dispatch``, called once the request really goes to the chosen backend, so that a
@@ -17,7 +17,7 @@ from gateway.policy.model import Tenant
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.dispatch.backends import BackendState
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,26 +18,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.admission import resolve_class
-from gateway.auth import authenticate, authorize_model
-from gateway.backends import BackendPool, BackendState
-from gateway.capacity import has_room
 from gateway.clock import MonotonicClock
 from gateway.dialects.base import Dialect
 from gateway.dialects.registry import DIALECTS
-from gateway.dispatch import ModelQueues
+from gateway.dispatch.backends import BackendPool, BackendState
+from gateway.dispatch.capacity import has_room
+from gateway.dispatch.dispatcher import ModelQueues
 from gateway.errors import InvalidRequest
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import Backend, CacheIsolation, ModelPolicy, PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.request.admission import resolve_class
+from gateway.request.auth import authenticate, authorize_model
+from gateway.request.tokens import CharRatioEstimator
+from gateway.request.validation import build_request, require_model
 from gateway.routing.base import Router, RoutingDecision
 from gateway.routing.isolation import CacheSalter, isolation_fields, tenant_scope
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import build_routers
-from gateway.targets import TargetPicker, explain_group, lookup_public
-from gateway.tokens import CharRatioEstimator
+from gateway.routing.targets import TargetPicker, explain_group, lookup_public
 from gateway.types import InferenceRequest
-from gateway.validation import build_request, require_model
 
 _EXPLAIN_SALTER = CacheSalter(b"explain: the salt is never shown")
 _STATE_FIELDS = {"healthy": bool, "in_flight": int, "in_flight_tokens": int, "waiting": float, "kv_usage": float}

@@ -28,7 +28,7 @@ import xxhash
 from gateway.types import InferenceRequest, PrefixKeys
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.dispatch.backends import BackendState
 
 
 @dataclass(frozen=True, slots=True)

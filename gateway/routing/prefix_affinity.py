@@ -56,7 +56,7 @@ from gateway.routing.prefix_secret import PrefixSecret
 from gateway.types import InferenceRequest, PrefixKeys
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.dispatch.backends import BackendState
 
 
 class PrefixAffinityRouter:

@@ -15,7 +15,7 @@ from gateway.routing.base import RoutingDecision
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.dispatch.backends import BackendState
 
 
 class RoundRobinRouter:

@@ -26,7 +26,7 @@ from gateway.routing.prefix_secret import PrefixSecret
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.dispatch.backends import BackendState
 
 
 def session_key(request: InferenceRequest) -> str | None:

@@ -46,22 +46,22 @@ from typing import Any
 
 import orjson
 
-from gateway.backends import BackendState
 from gateway.clock import Clock
-from gateway.context import RequestContext
-from gateway.cost_meter import CostMeter
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai_answers import answer_text
-from gateway.dispatch import Dispatcher, Grant
+from gateway.dispatch.backends import BackendState
+from gateway.dispatch.dispatcher import Dispatcher, Grant
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.pipeline.context import RequestContext
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import ModelPolicy, PriorityClass
 from gateway.shadow.scorers import SCORERS, QualityScorer
-from gateway.telemetry import Metrics
+from gateway.telemetry.cost_meter import CostMeter
+from gateway.telemetry.metrics import Metrics
 from gateway.types import InferenceRequest
-from gateway.upstream import StreamChunks, UpstreamClient, new_engine_request_id
-from gateway.upstream_body import attempt_body, attempt_isolation, translated_request
-from gateway.upstream_errors import is_error_document
+from gateway.upstream.body import attempt_body, attempt_isolation, translated_request
+from gateway.upstream.client import StreamChunks, UpstreamClient, new_engine_request_id
+from gateway.upstream.errors import is_error_document
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ class ShadowRunner:
         return "completed"
 
     async def _read(self, shadow: _Shadow, chunks: StreamChunks) -> None:
-        """Read every event of the stream (SSE framing as ``gateway/streaming.py`` reads it)."""
+        """Read every event of the stream (SSE framing as ``gateway/pipeline/relay.py`` reads it)."""
         buffer = b""
         done = False
         async for data in chunks:

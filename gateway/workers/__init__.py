@@ -3,5 +3,5 @@
 ``supervisor.py`` starts and restarts the workers, owns the signals and serves the public
 operator listener (``operator.py``: probes, admin fan-out, ``/metrics`` merged by ``merge.py``);
 ``sockets.py`` binds every socket of the set; ``child.py`` is a worker (a full gateway built by
-``gateway/server.py``); ``spec.py`` is what the supervisor hands a worker.
+``gateway/server/serve.py``); ``spec.py`` is what the supervisor hands a worker.
 """

@@ -2,7 +2,7 @@
 
 The supervisor runs ``python -m gateway.workers.child INDEX`` with the ``WorkerSpec`` in
 ``GATEWAY_WORKER_SPEC`` (``spec.py``); nobody else should. The worker loads the policy file as
-it is now, builds its server with ``gateway/server.py`` (the same listeners, guards, drain and
+it is now, builds its server with ``gateway/server/serve.py`` (the same listeners, guards, drain and
 reload as a single gateway) from the two inherited sockets, and runs until it has drained.
 
 Three things differ from a single gateway, and why:
@@ -33,7 +33,7 @@ import sys
 import threading
 
 from gateway.policy.loader import PolicyError, load_policy
-from gateway.server import build_server
+from gateway.server.serve import build_server
 from gateway.workers.spec import DRAINED, SPEC_ENV, WorkerSpec
 
 log = logging.getLogger(__name__)

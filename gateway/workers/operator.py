@@ -47,10 +47,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Router
 from starlette.types import Receive, Scope, Send
 
-from gateway.admin import MAX_BODY_BYTES
 from gateway.app import OpenAIRoute, error_response, request_path, with_common_headers
 from gateway.errors import GatewayError, NotFound, Overloaded
-from gateway.intake import ClientDisconnected, read_body, read_headers
+from gateway.request.intake import ClientDisconnected, read_body, read_headers
+from gateway.server.admin import MAX_BODY_BYTES
 from gateway.workers.merge import merge_families, parse_pages, supervisor_families
 
 log = logging.getLogger(__name__)

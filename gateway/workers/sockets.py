@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import socket
 
-from gateway.server import API, BACKLOG, ListenerUnavailable, bind_socket
+from gateway.server.serve import API, BACKLOG, ListenerUnavailable, bind_socket
 
 
 def reuseport_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:

@@ -16,7 +16,7 @@ The rules, in the order of a supervisor's life:
    start. While a restart waits, the worker's API socket is out of the group (``sockets.py``).
 3. **Signals.** Only the supervisor gets the terminal's and the orchestrator's signals (each
    worker runs in its own session), and it forwards them: SIGTERM and SIGINT to every worker,
-   which drains as a single gateway does (``gateway/lifecycle.py``; a second signal cuts the
+   which drains as a single gateway does (``gateway/server/lifecycle.py``; a second signal cuts the
    drains); SIGHUP, on which every worker reloads its policy file. From the first SIGTERM or
    SIGINT on, the set is draining: the supervisor's ``/readyz`` fails, no worker is restarted,
    each worker's API socket leaves the group when the worker exits, and the supervisor exits 0
@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 import httpx
 import uvicorn
 
-from gateway.connections import ConnectionLimits, GuardedHttpToolsProtocol, Listener, Listeners
 from gateway.policy.loader import PolicyError, load_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.server import OPERATOR, base_url, listen_on
+from gateway.server.connections import ConnectionLimits, GuardedHttpToolsProtocol, Listener, Listeners
+from gateway.server.serve import OPERATOR, base_url, listen_on
 from gateway.settings import Settings
 from gateway.workers.operator import SupervisorApp
 from gateway.workers.sockets import WorkerSockets
@@ -59,7 +59,7 @@ STABLE_S = 30.0
 """A worker that ran this long before exiting is restarted at once, however often it did before."""
 MAX_RESTART_DELAY_S = 30.0
 STOP_GRACE_S = 60.0
-"""After a drain's timeout: uvicorn's own shutdown (up to 30 s, ``gateway/server.py``) and margin."""
+"""After a drain's timeout: uvicorn's own shutdown (up to 30 s, ``gateway/server/serve.py``) and margin."""
 
 
 def restart_delay(quick_exits: int) -> float:
@@ -172,7 +172,7 @@ class Supervisor:
         return _OperatorServer(config)
 
     async def _announce(self, server: _OperatorServer, serving: asyncio.Task[None]) -> None:
-        """The line ``serve`` logs once it listens (``gateway/server.py``), for the whole set."""
+        """The line ``serve`` logs once it listens (``gateway/server/serve.py``), for the whole set."""
         listening = asyncio.ensure_future(server.listening.wait())
         await asyncio.wait({listening, serving}, return_when=asyncio.FIRST_COMPLETED)
         listening.cancel()
@@ -322,7 +322,7 @@ class Supervisor:
 
     def _release_if_drained(self) -> None:
         """Once every worker of a draining set has drained (or exited), close every lifeline: each
-        worker then stops listening and exits (``gateway/lifecycle.py``, ``after_drain``)."""
+        worker then stops listening and exits (``gateway/server/lifecycle.py``, ``after_drain``)."""
         if not self.draining or any(w.lifeline is not None and not w.drained for w in self._workers):
             return
         for worker in self._workers:

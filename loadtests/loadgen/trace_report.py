@@ -1,7 +1,7 @@
 """The report of request records over time: per class, tenant and backend, with PNG plots.
 
 ``inference-gateway report TRACE.jsonl...`` writes it from the gateway's request trace log
-(``gateway/tracelog.py``); any file of load-generator records works too, since both share
+(``gateway/telemetry/tracelog.py``); any file of load-generator records works too, since both share
 ``RequestRecord``. Where the load-test report (``report.py``) compares runs at fixed rates,
 this one follows one stretch of real traffic: it reuses the same arithmetic
 (``summary.summarise_class``, ``stats.Distribution``) on three groupings and on time buckets.

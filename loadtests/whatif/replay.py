@@ -21,11 +21,11 @@ policy under test declares that class (else none, and the tenant's default appli
 
 **Records**, one per request of the trace, as the load generator's (``RequestRecord``):
 ``class_name`` is the class the gateway serves the request in, resolved as the gateway does
-(``gateway.admission.resolve_class``: the tenant's default, or a lower class asked for);
+(``gateway.request.admission.resolve_class``: the tenant's default, or a lower class asked for);
 ``ttft_s``, ``itl_s``, ``e2e_s`` and ``lateness_s`` are measured by the client and multiplied by
 the speed; ``t_send`` is the replay's start (epoch) plus the trace time since then. ``extra``
 holds ``trace_index``, ``offset_s`` (the recorded arrival) and ``sent_offset_s`` (when it went
-out, trace time). ``slo_met`` is the gateway's own goodput rule (``gateway/goodput.py``
+out, trace time). ``slo_met`` is the gateway's own goodput rule (``gateway/telemetry/goodput.py``
 ``meets_slo``) with the class's SLO from the policy as written: completed, E2E within its
 objective, TTFT within its objective for a stream, and the mean gap between output chunks within
 the ITL objective (MLPerf's TPOT); a non-streamed answer is judged on E2E alone. Unlike the
@@ -54,9 +54,9 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.admission import resolve_class
-from gateway.goodput import meets_slo
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.request.admission import resolve_class
+from gateway.telemetry.goodput import meets_slo
 from loadtests.harness import labelled, metrics
 from loadtests.loadgen.client import Exchange, make_session, send_request
 from loadtests.loadgen.records import RECORDS_FILE, RequestRecord, write_records

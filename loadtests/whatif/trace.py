@@ -3,7 +3,7 @@
 Three formats are accepted, told apart by the first line of each file (every later line must be
 of the same format, every file of a folder too):
 
-* **gateway**: the gateway's request trace log (``gateway/tracelog.py``): a line with
+* **gateway**: the gateway's request trace log (``gateway/telemetry/tracelog.py``): a line with
   ``t_arrival`` and ``outcome``. Rotated logs are read whole: give the folder, or the base
   path (``trace.jsonl`` reads ``trace.jsonl.N`` ... ``trace.jsonl.1`` then ``trace.jsonl``).
 * **loadgen**: the load generator's ``records.jsonl`` (``loadtests/loadgen/records.py``): a line
@@ -64,8 +64,8 @@ from typing import Any
 
 import orjson
 
-from gateway.prefix_signature import DEFAULT_BLOCK_TOKENS, private_scope, scoped_block_id, session_hash
-from gateway.tracelog import rotated_files
+from gateway.telemetry.prefix_signature import DEFAULT_BLOCK_TOKENS, private_scope, scoped_block_id, session_hash
+from gateway.telemetry.tracelog import rotated_files
 from loadtests.whatif.model import Recorded, ReplayRequest, Trace
 
 GATEWAY = "gateway"

@@ -27,7 +27,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import Overloaded
-from gateway.response_affinity import ResponseAffinity
+from gateway.responses.affinity import ResponseAffinity
 from loadtests.delay_proxy import DelayProxy
 from loadtests.sim import build_engine_app
 from tests.conftest import StartGateway

@@ -1,4 +1,4 @@
-"""Sealed response ids (``gateway/response_ids.py``): what an id says, and that nothing else opens.
+"""Sealed response ids (``gateway/responses/ids.py``): what an id says, and that nothing else opens.
 
 An id opens only for the tenant it was handed to, under the secret that sealed it, before it
 expires, while the policy still serves its holder; any other string, including every id with one
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.response_ids import MAX_UPSTREAM_ID, PREFIX, ResponseIds
+from gateway.responses.ids import MAX_UPSTREAM_ID, PREFIX, ResponseIds
 
 ENGINE_ID = "resp_4f9c2a7e0b1d4c3a8e6f5d2c1b0a9e8f"
 

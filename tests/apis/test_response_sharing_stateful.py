@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from gateway.errors import Overloaded
-from gateway.response_affinity import ResponseAffinity
+from gateway.responses.affinity import ResponseAffinity
 from loadtests.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix

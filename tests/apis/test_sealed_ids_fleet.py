@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.response_ids import PREFIX, TOKEN_CHARS, ResponseIds
+from gateway.responses.ids import PREFIX, TOKEN_CHARS, ResponseIds
 from loadtests.delay_proxy import DelayProxy
 from loadtests.sim import build_engine_app
 from tests.apis.test_responses import MODEL, policy

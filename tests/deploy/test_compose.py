@@ -45,8 +45,8 @@ import pytest
 import redis
 import yaml
 
-from gateway.keys import hash_api_key
 from gateway.policy.loader import load_policy
+from gateway.request.keys import hash_api_key
 from tests.deploy.compose_file import COMPOSE, Stack, flag_value, load
 from tests.deploy.compose_stack import (
     Running,
@@ -525,15 +525,15 @@ def _break_streams_on_sim_a(running: Running, api: str, model: str, sim_a: str) 
 
 
 def _every_broken_stream_went_on(admin: str, sim_a: str, model: str) -> None:
-    """What the design guarantees when an engine breaks streams (``gateway/retry.py``,
-    ``gateway/migration.py``): each stream it broke is continued on the other engine while the
+    """What the design guarantees when an engine breaks streams (``gateway/pipeline/retry.py``,
+    ``gateway/pipeline/migration.py``): each stream it broke is continued on the other engine while the
     retry budget has room, and it has: sim-a breaks at most what it carries until its breaker
     opens (5 in a row), far less than the budget's reserve of 30 a window, however young the
     gateway. So no stream ends with an error event, and the budget refuses nothing. (The issue's
     flaky run was the old budget's floor of 3 retries in one second refusing the ninth of nine
     breaks at once, a second after the gateway started.) The gateway counts no more breaks than
     the engine made: a whole answer the engine dropped may count twice there, the wire's retry of
-    a reused connection closed before its answer being one (``gateway/wire.py``)."""
+    a reused connection closed before its answer being one (``gateway/upstream/wire.py``)."""
     made = metric(sim_a, "sim:faults_injected_total", mode="close_mid_stream")
     ended = {
         verdict: metric(admin, "gateway_stream_migrations_total", model=model, outcome=verdict)

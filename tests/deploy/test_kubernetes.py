@@ -7,7 +7,7 @@ repository holds none, so the overlay renders nowhere else). Every built-in obje
 kubernetes-validate against the strict schema of each minor version it knows from 1.27 on; the
 PodMonitor, a CRD those schemas lack, is checked field by field. What the manifests promise is then
 checked against the gateway's own code and files rather than restated: the grace period against
-the drain the policy allows and uvicorn's shutdown as ``gateway/server.py`` configures it, the
+the drain the policy allows and uvicorn's shutdown as ``gateway/server/serve.py`` configures it, the
 policy's mount against the Dockerfile's entrypoint, the policy through the gateway's loader, the
 Redis URL against the Secret and a real ``redis-server`` started with the manifest's arguments, the
 autoscaler's metric against a running gateway's ``/metrics``.
@@ -34,11 +34,11 @@ import yaml
 from kubernetes_validate.utils import all_versions  # type: ignore[import-untyped]
 
 from gateway.limitstore.factory import redis_config
-from gateway.otlp import BatchExporter
 from gateway.policy.loader import load_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.server import build_server
+from gateway.server.serve import build_server
 from gateway.settings import Settings
+from gateway.telemetry.otlp import BatchExporter
 from gateway.workers.supervisor import STOP_GRACE_S
 from tests.conftest import run_gateway
 from tests.deploy.conftest import DEPLOY
@@ -304,7 +304,7 @@ def test_the_grace_period_outlasts_the_prestop_pause_the_drain_and_the_servers_o
     overlay: list[Doc], tmp_path: Path
 ) -> None:
     """Each term read where it is decided: the pause from the manifest, the drain from the deployed
-    policy, uvicorn's shutdown from the server ``gateway/server.py`` builds, the trace exporter's
+    policy, uvicorn's shutdown from the server ``gateway/server/serve.py`` builds, the trace exporter's
     flush from its code; with workers, the supervisor's kill deadline instead of the last two.
     Raising the drain (or any of them) without the grace period fails here."""
     policy, path = overlay_policy(overlay, tmp_path)

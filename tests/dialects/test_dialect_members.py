@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway import errors, upstream_errors
+from gateway import errors
 from gateway.dialects import (
     chat,
     completions,
@@ -33,7 +33,8 @@ from gateway.dialects import (
 from gateway.dialects.base import Dialect
 from gateway.dialects.messages import MESSAGES
 from gateway.dialects.registry import DIALECTS
-from gateway.output_length import OUTPUT_LENGTH_FIELDS
+from gateway.request.output_length import OUTPUT_LENGTH_FIELDS
+from gateway.upstream import errors as upstream_errors
 from tests.dialects.test_dialect_roles import protocol_members
 
 

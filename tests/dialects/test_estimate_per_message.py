@@ -1,7 +1,7 @@
 """The Messages and Responses estimates count each message's texts in one pass.
 
 Every ``estimator.count`` call has a fixed cost (about 2 us with the piece count of
-``gateway/text_shape.py``), so a body of thousands of one-letter blocks counted block by block
+``gateway/request/text_shape.py``), so a body of thousands of one-letter blocks counted block by block
 cost tens of milliseconds of CPU before it could be refused: a shape that costs more than its
 size. Counted as one text per message (as ``tokens.parts_tokens`` does for chat), the cost
 follows the bytes. A function call's output given as parts is counted, not skipped.
@@ -16,7 +16,7 @@ import pytest
 from gateway.dialects.messages import MESSAGES
 from gateway.dialects.responses import RESPONSES
 from gateway.policy.model import ModelPolicy, RequestLimits
-from gateway.tokens import CharRatioEstimator
+from gateway.request.tokens import CharRatioEstimator
 
 BLOCKS = 200
 LIMITS = RequestLimits(max_content_parts=BLOCKS, max_messages=8)

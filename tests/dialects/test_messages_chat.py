@@ -20,8 +20,8 @@ from gateway.dialects.messages import MESSAGES
 from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT, chat_body, messages_answer
 from gateway.policy.model import Backend, BackendKind
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.tokens import CharRatioEstimator
-from gateway.validation import build_request
+from gateway.request.tokens import CharRatioEstimator
+from gateway.request.validation import build_request
 from tests.dialects.samples import MESSAGES as SAMPLES
 from tests.dialects.samples import MODEL
 from tests.dialects.test_dialect_conformance import snapshot  # noqa: F401 (the fixture)

@@ -3,7 +3,7 @@
 A hypothesis state machine plays 2 to 5 gateway processes sharing one backend of capacity 4
 (400 tokens, batch limited to half) through the real ledger script on the real Redis, each
 with the real coordinator (``gateway/fleet/coordinator.py``), the real backend state and the
-real room rule (``gateway/capacity.py``). Time is a ``FakeClock`` that both the ledger's script
+real room rule (``gateway/dispatch/capacity.py``). Time is a ``FakeClock`` that both the ledger's script
 and the processes read. A sync is three steps that other steps may come between: the report is
 written (``begin_sync``), the script runs in Redis (``run_sync``, or fails: the process is cut
 off, or Redis is down), its answer is applied (``apply_sync``) or lost to a timeout
@@ -30,14 +30,14 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from gateway.backends import BackendPool, BackendState
-from gateway.capacity import has_room
+from gateway.dispatch.backends import BackendPool, BackendState
+from gateway.dispatch.capacity import has_room
 from gateway.fleet.coordinator import FleetCoordinator
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
 from gateway.fleet.quota import TenantUse
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.telemetry import Metrics
+from gateway.telemetry.metrics import Metrics
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
 from tests.policy_builder import NOWHERE, backend, build_policy

@@ -10,7 +10,7 @@ import pytest
 from gateway.policy.loader import PolicyError, parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.explain import explain
-from gateway.targets import Role, TargetPicker, lookup_public, unready_public
+from gateway.routing.targets import Role, TargetPicker, lookup_public, unready_public
 from tests.policy_builder import KEY_ACME, KEY_GLOBEX, NOWHERE, backend, build_policy, model, tenant
 
 

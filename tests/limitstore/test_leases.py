@@ -38,12 +38,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.admission import TenantLimiter
 from gateway.dialects.chat import CHAT
 from gateway.limitstore.base import Adjust, Ask, Bucket, Settlement, Take, Verdict
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
+from gateway.request.admission import TenantLimiter
 from gateway.types import InferenceRequest
 from loadtests.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock

@@ -9,7 +9,7 @@ limits), 33-36 tenant globex.
 
 from __future__ import annotations
 
-from gateway.keys import hash_api_key
+from gateway.request.keys import hash_api_key
 from tests.policy_builder import KEY_ACME, KEY_GLOBEX
 
 SOURCE = "policies/prod.yaml"

@@ -10,7 +10,7 @@ from gateway.policy.snapshot import PolicySnapshot
 from gateway.rollout.controller import Rollouts
 from gateway.rollout.judge import Action
 from gateway.rollout.store import FileRolloutStore
-from gateway.telemetry import Metrics
+from gateway.telemetry.metrics import Metrics
 from tests.fake_clock import FakeClock
 from tests.policy_builder import KEY_ACME, NOWHERE, backend, build_policy, model, tenant
 

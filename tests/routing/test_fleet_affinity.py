@@ -10,7 +10,7 @@ whole history was computed again elsewhere (issue 28).
 
 from __future__ import annotations
 
-from gateway.backends import BackendState
+from gateway.dispatch.backends import BackendState
 from gateway.routing.framework import load_bound
 from gateway.routing.prefix_affinity import continuation_slack
 from tests.routing.conftest import chat_request, load, states, tenant

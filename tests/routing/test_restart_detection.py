@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from gateway.backends import BackendPool
 from gateway.clock import MonotonicClock
+from gateway.dispatch.backends import BackendPool
+from gateway.dispatch.scrape import SaturationScraper, parse_saturation, restarted
 from gateway.policy.loader import parse_policy
-from gateway.scrape import SaturationScraper, parse_saturation, restarted
 from loadtests.harness import process
 from tests.policy_builder import OMIT, backend, build_policy, model
 from tests.servers import free_port

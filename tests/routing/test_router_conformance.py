@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from gateway.backends import BackendState
+from gateway.dispatch.backends import BackendState
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import LoadBounded, Router, RoutingDecision

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends import BackendPool, BackendState
+from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.framework import Cycle, Scorer

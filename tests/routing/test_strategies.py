@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.backends import BackendState
 from gateway.clock import Clock
+from gateway.dispatch.backends import BackendState
 from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import Router
@@ -215,7 +215,7 @@ ForgetSpy = Callable[[str], None]
 async def test_the_pool_tells_routers_to_forget_a_backend_that_goes_down() -> None:
     import httpx
 
-    from gateway.backends import BackendPool
+    from gateway.dispatch.backends import BackendPool
 
     forgotten: list[str] = []
     snapshot = strategy("prefix_affinity")

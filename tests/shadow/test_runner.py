@@ -23,29 +23,29 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.backends import BackendPool, BackendState
 from gateway.clock import MonotonicClock
-from gateway.context import RequestContext
-from gateway.cost_meter import CostMeter
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.embeddings import EMBEDDINGS
-from gateway.dispatch import Dispatcher
+from gateway.dispatch.backends import BackendPool, BackendState
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.pipeline.context import RequestContext
 from gateway.policy.groups import ModelGroup
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.request.tokens import CharRatioEstimator
+from gateway.request.validation import build_request
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.least_load import LeastLoadRouter
+from gateway.routing.targets import TargetChoice
 from gateway.runtime import Runtime, RuntimeBuilder
 from gateway.shadow.runner import ShadowHandle, ShadowRunner
-from gateway.targets import TargetChoice
-from gateway.telemetry import Metrics
-from gateway.tokens import CharRatioEstimator
-from gateway.tracing import INERT_REQUEST
+from gateway.telemetry.cost_meter import CostMeter
+from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.tracing import INERT_REQUEST
 from gateway.types import InferenceRequest
-from gateway.upstream import UpstreamClient
-from gateway.validation import build_request
+from gateway.upstream.client import UpstreamClient
 from loadtests.sim import build_engine_app
 from tests.fake_backend import FakeBackend
 from tests.fake_clock import FakeClock

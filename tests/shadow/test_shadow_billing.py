@@ -29,7 +29,7 @@ from tests.servers import serve_gateway_in_thread, serve_in_thread, wait_until
 
 GROUP, PRIMARY, CANDIDATE, PLAIN = "chat", "pub", "cand", "plain"
 SHADOW_TENANT = f"~shadow:{GROUP}"
-"""The tenant label the group's copies are charged under (``gateway/cost_meter.py``)."""
+"""The tenant label the group's copies are charged under (``gateway/telemetry/cost_meter.py``)."""
 PER_SECOND = 1.0
 INTERVAL_S = 10.0
 PROMPT_TOKENS = 7  # what the fake backend reports for every prompt

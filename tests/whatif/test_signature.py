@@ -10,7 +10,12 @@ import pytest
 from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
 from gateway.policy.model import ModelPolicy, RequestLimits, Routing, Tenant
-from gateway.prefix_signature import (
+from gateway.request.tokens import CharRatioEstimator
+from gateway.request.validation import build_request
+from gateway.routing.isolation import tenant_scope
+from gateway.routing.prefix_keys import prefix_keys
+from gateway.routing.prefix_secret import PrefixSecret
+from gateway.telemetry.prefix_signature import (
     DEFAULT_BLOCK_TOKENS,
     MAX_SIGNATURE_BLOCKS,
     body_signature,
@@ -20,12 +25,7 @@ from gateway.prefix_signature import (
     scoped_block_id,
     session_hash,
 )
-from gateway.routing.isolation import tenant_scope
-from gateway.routing.prefix_keys import prefix_keys
-from gateway.routing.prefix_secret import PrefixSecret
-from gateway.tokens import CharRatioEstimator
 from gateway.types import InferenceRequest, PrefixKeys
-from gateway.validation import build_request
 from loadtests.loadgen.prompts import RequestFactory
 from loadtests.loadgen.workload import parse_workload
 

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from gateway.dialects.chat import render_chat as gateway_render
+from gateway.request.tokens import CharRatioEstimator
 from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
-from gateway.tokens import CharRatioEstimator
 from loadtests.sim.protocol import Endpoint, parse_request
 from loadtests.sim.tokenizer import count_tokens
 from loadtests.whatif.model import ReplayRequest

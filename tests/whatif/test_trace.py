@@ -20,8 +20,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.prefix_signature import PrefixSignature, private_scope, scoped_block_id, session_hash
-from gateway.tracelog import TraceLog, trace_line
+from gateway.telemetry.prefix_signature import PrefixSignature, private_scope, scoped_block_id, session_hash
+from gateway.telemetry.tracelog import TraceLog, trace_line
 from loadtests import harness
 from loadtests.loadgen.records import RequestRecord, read_records
 from loadtests.loadgen.runner import RunConfig, run_sync, run_workload

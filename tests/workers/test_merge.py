@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.telemetry import Metrics
+from gateway.telemetry.metrics import Metrics
 from gateway.workers.merge import merge_families, parse_pages, supervisor_families
 from tests.deploy.conftest import binary
 

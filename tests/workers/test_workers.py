@@ -302,7 +302,7 @@ def test_sigterm_drains_a_stream_in_flight_in_every_worker_then_exits_zero(
             fresh.child.proc.send_signal(signal.SIGTERM)
             assert fresh.admin_get("/readyz", None).json() == {"ready": False, "reason": "draining"}
             wait_until(
-                lambda: sum("gateway.lifecycle draining" in line for line in fresh.child.lines) == 2,
+                lambda: sum("gateway.server.lifecycle draining" in line for line in fresh.child.lines) == 2,
                 what="both workers to drain",
             )
             wait_until(

@@ -9,7 +9,7 @@ from gateway.routing.framework import Cycle, scraped_signal
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from gateway.backends import BackendState
+    from gateway.dispatch.backends import BackendState
 
 
 class QueueDepthScorer:

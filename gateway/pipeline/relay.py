@@ -1,0 +1,555 @@
+"""Server-sent-event relay: pass chunks through as they arrive, and time the tokens in them.
+
+Every upstream read is split into complete SSE events; the complete ones are forwarded in a
+single ``send`` before the next read, so the client sees each chunk before the gateway asks
+the backend for the next one (nothing is buffered beyond an incomplete event). Each event's
+JSON is parsed once, and read by the request's dialect (``Dialect.read_chunk``,
+``gateway/dialects/``) to learn:
+
+* whether it carries generated output (for the OpenAI APIs a content, reasoning or tool-call
+  delta, or a completions ``text``): its arrival time feeds TTFT and the inter-token gaps.
+  vLLM's first, role-only chunk carries none, so it does not count;
+* the usage totals (the gateway always asks for them, ``Dialect.stream_usage_fields``); the
+  usage-only chunk (``"choices": []``) is dropped when the client did not ask for it;
+* the finish reasons;
+
+and, before the dialect, by the relay itself:
+
+* an upstream error event (``data: {"error": ...}``, or llama.cpp's ``error: {...}`` field):
+  it ends this upstream, and the client gets the gateway's own error event in its place
+  (``gateway/upstream/errors.py``: gateway code, sanitised message), never the backend's text.
+
+Framing follows the SSE specification, not one engine: lines may end in CRLF, LF or CR (the
+client always gets LF); the common event, one ``data:`` line, takes the fast path; any other
+(comments, ``event``/``id``/``retry`` fields, several ``data:`` lines) is parsed field by field
+and relayed as one ``data:`` line, its ``event``/``id``/``retry`` fields dropped (a client
+must not reconnect on a backend's say-so). A comment-only event (a keep-alive) becomes the
+gateway's own ``: keep-alive`` comment, so the connection stays warm and the backend's text
+does not reach the client; it is no output and never starts TTFT. A ``data:`` payload that is
+not a JSON object, and anything after ``[DONE]``, is dropped. An event that grows past
+``MAX_EVENT_BYTES`` without ending, or output holding a credential of the gateway's, ends the
+upstream as a protocol error.
+
+The stream the client sees ends as its API's streams end: ``data: [DONE]`` for the OpenAI
+choice-chunk APIs, the final typed event for Responses and Messages. When the upstream fails or
+closes early, the API's error event comes first (OpenAI-style ``data: {"error": ...}`` as vLLM
+reports a failure, the typed ``error`` event of Responses and Messages).
+
+A translated request (Messages answered through chat completions) is read as the upstream's
+API and written as the client's: each upstream event goes through the translation's stream
+translator (``gateway/dialects/messages_chat.py``), which may make several events of one.
+
+A broken stream can also be *continued* on another backend (``gateway/pipeline/migration.py``): the
+relay then remembers what the client has seen (choice 0's text, the exact token count from
+vLLM's per-chunk ``continuous_usage_stats``), and after ``resume`` it splices the next
+upstream into the same client stream: the new role-only chunk is dropped, the chunk ``id`` is
+the first upstream's, and usage counts from the original prompt and the tokens already sent.
+Tracking and splicing read OpenAI choice chunks: only a dialect that streams them may say a
+stream can be continued (``Dialect.can_continue``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from enum import Enum
+from typing import Any
+
+import orjson
+from starlette.types import Send
+
+from gateway.clock import Clock
+from gateway.dialects.base import ChunkReading, Dialect, StreamTranslator
+from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
+from gateway.errors import GatewayError, UpstreamError, UpstreamRejected
+from gateway.pipeline.outcome import TokenStats
+from gateway.upstream.errors import ERROR_EVENT_TYPES, Redactor, UpstreamFault, event_error
+
+DONE_EVENT = b"data: [DONE]\n\n"
+KEEP_ALIVE_EVENT = b": keep-alive\n\n"
+MAX_EVENT_BYTES = 4 << 20  # one event of n choices with top logprobs stays far below
+_NO_REDACTION = Redactor()
+_EVENT_NAME = re.compile(rb"[A-Za-z0-9_.]{1,64}")
+"""An SSE event name relayed as is: the typed events' names (``response.output_text.delta``,
+``content_block_delta``); anything else is not passed on."""
+
+
+class StreamEnd(Enum):
+    """How a relayed stream ended; the label of ``gateway_requests_total{outcome}``."""
+
+    COMPLETED = "completed"
+    UPSTREAM_ERROR = "upstream_error"
+
+
+class TokenTimer:
+    """Arrival times of output chunks: TTFT from the request's arrival, then every gap."""
+
+    __slots__ = ("_on_first", "arrival", "finish_reasons", "first_output", "gaps", "last_output", "usage")
+
+    def __init__(self, arrival: float, on_first: Callable[[], None] | None = None) -> None:
+        self._on_first = on_first
+        self.arrival = arrival
+        self.first_output: float | None = None
+        self.last_output = 0.0
+        self.gaps: list[float] = []
+        self.usage: Mapping[str, Any] | None = None
+        self.finish_reasons: list[str] = []
+
+    def on_output(self, t: float) -> None:
+        if self.first_output is None:
+            self.first_output = t
+            if self._on_first is not None:
+                self._on_first()
+        else:
+            self.gaps.append(t - self.last_output)
+        self.last_output = t
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_output is None else self.first_output - self.arrival
+
+    def stats(self) -> TokenStats:
+        """What was timed, frozen (the request's outcome keeps it)."""
+        return TokenStats(self.arrival, self.first_output, self.gaps, self.usage, tuple(self.finish_reasons))
+
+
+class StreamProgress:
+    """What the client of a stream has seen so far: enough to continue it elsewhere.
+
+    ``tokens`` and ``prompt_tokens`` come from the latest per-chunk usage (None until one was
+    seen: without it the count is unknown and the stream cannot be continued exactly).
+    ``continuable`` turns False for what a partial assistant message cannot express: several
+    choices, tool calls or reasoning in progress, or a finish reason already sent.
+    """
+
+    __slots__ = ("base_tokens", "chunk_id", "continuable", "pieces", "prompt_tokens", "tokens")
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.tokens: int | None = None
+        self.prompt_tokens: int | None = None
+        self.base_tokens = 0
+        self.chunk_id: str | None = None
+        self.continuable = True
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+class SseRelay:
+    """Relays upstream SSE bodies to one client, feeding a ``TokenTimer``.
+
+    ``run`` relays one upstream and closes the client's stream. A caller that may continue a
+    broken stream elsewhere calls ``forward`` (relay one upstream, return its failure), then
+    ``resume`` and ``forward`` again with the next upstream, and ``finish`` once.
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_client_done",
+        "_clock",
+        "_done_marker",
+        "_error_event",
+        "_failure",
+        "_keep_continuous",
+        "_named",
+        "_on_event",
+        "_on_resumed_output",
+        "_read",
+        "_redactor",
+        "_rename",
+        "_report",
+        "_resumed",
+        "_send",
+        "_strip_usage",
+        "_timer",
+        "_translator",
+        "dropped_events",
+        "progress",
+        "saw_done",
+        "saw_error",
+    )
+
+    def __init__(
+        self,
+        send: Send,
+        timer: TokenTimer,
+        clock: Clock,
+        *,
+        dialect: Dialect,
+        strip_usage: bool,
+        track: bool = False,
+        keep_continuous: bool = True,
+        redactor: Redactor = _NO_REDACTION,
+        rename: tuple[tuple[bytes, bytes], ...] = (),
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        client: Dialect | None = None,
+        translator: StreamTranslator | None = None,
+    ) -> None:
+        """``dialect`` reads the events (the API the backend answers); ``client`` is the client's API
+        when it is another (a translated request): its error events and end, and ``translator``
+        turns each upstream event into its events; ``track`` records ``progress``; ``keep_continuous=False``
+        removes per-chunk usage; ``rename`` (from ``renaming``) gives the events the model name the
+        client called instead of the engine's; ``on_event`` sees every relayed event's JSON (a
+        shadow's quality scorer collects the primary's text through it).
+
+        ``redactor`` (``UpstreamClient.redactor``) sanitises upstream error events and knows the
+        credentials no relayed byte may hold.
+        """
+        self._send = send
+        self._timer = timer
+        self._clock = clock
+        self._read = dialect.read_chunk
+        self._named = dialect.sse_event_names
+        self._error_event = (client or dialect).error_event
+        self._done_marker = dialect.ends_with_done
+        self._client_done = (client or dialect).ends_with_done
+        self._translator = translator
+        self._strip_usage = strip_usage
+        self._keep_continuous = keep_continuous
+        self._buffer = b""
+        self._resumed = False
+        self._on_resumed_output: Callable[[], None] | None = None
+        self._redactor = redactor
+        self._rename = rename
+        self._on_event = on_event
+        self._report: Callable[[UpstreamFault], None] | None = None
+        self._failure: GatewayError | None = None
+        self.saw_done = False
+        self.saw_error = False
+        self.dropped_events = 0
+        self.progress: StreamProgress | None = StreamProgress() if track else None
+
+    async def run(
+        self, chunks: AsyncIterator[bytes], report: Callable[[UpstreamFault], None] | None = None
+    ) -> StreamEnd:
+        """Relay until the upstream ends; then close the client's stream properly."""
+        return await self.finish(await self.forward(chunks, report))
+
+    async def forward(
+        self, chunks: AsyncIterator[bytes], report: Callable[[UpstreamFault], None] | None = None
+    ) -> GatewayError | None:
+        """Relay one upstream body; return why it ended early, or None when it finished.
+
+        An upstream error event ends it (the rest of the body is not read): its fault goes to
+        ``report`` (``upstream_errors.FaultLog``), the gateway's error is returned.
+        """
+        self._report = report
+        send, take = self._send, self._take
+        try:
+            async for chunk in chunks:
+                # _relay_chunk written out: no coroutine per relayed chunk
+                if out := take(chunk):
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if self._failure is not None:
+                    return self._take_failure()
+            # The body ended: a last CR is a line end, not half a CRLF.
+            if self._buffer.endswith(b"\r") and (failure := await self._relay_chunk(b"\n")) is not None:
+                return failure
+        except GatewayError as exc:
+            return exc
+        finally:
+            if isinstance(chunks, AsyncGenerator):
+                await chunks.aclose()  # now, not at garbage collection: it may hold a timeout
+        if not self.saw_done and not self.saw_error and (self._done_marker or not self._timer.finish_reasons):
+            return UpstreamError("The backend closed the stream before it finished.", code="upstream_protocol_error")
+        return None
+
+    async def _relay_chunk(self, chunk: bytes) -> GatewayError | None:
+        """Send the complete events ``chunk`` completes; the failure they end with, if any."""
+        if out := self._take(chunk):
+            await self._send({"type": "http.response.body", "body": out, "more_body": True})
+        return self._take_failure()
+
+    def _take(self, chunk: bytes) -> bytes:
+        """The complete events ``chunk`` completes, ready to send (nothing if they hold a credential)."""
+        out = self._feed(chunk, self._clock.now())
+        if out and self._redactor.leaks(out):
+            self._fail_protocol("the stream holds a credential of the gateway")
+            return b""
+        if self._rename:
+            for served, public in self._rename:
+                out = out.replace(served, public)
+        return out
+
+    def rename_also(self, old: bytes, new: bytes) -> None:
+        """Replace ``old`` by ``new`` in every byte relayed from now on, the events being relayed
+        included (``on_event`` runs before they are sent): a stored answer's id, by its sealed one.
+        ``old`` is a whole JSON string (quotes included), which only a JSON value can be."""
+        self._rename = (*self._rename, (old, new))
+
+    def _take_failure(self) -> GatewayError | None:
+        failure, self._failure = self._failure, None
+        return failure
+
+    def resume(self, on_output: Callable[[], None] | None = None) -> None:
+        """The next ``forward`` continues the stream: splice it in; ``on_output`` at its first output."""
+        progress = self.progress
+        assert progress is not None
+        assert progress.tokens is not None
+        progress.base_tokens = progress.tokens
+        self._buffer = b""
+        self._resumed = True
+        self._on_resumed_output = on_output
+        self._failure = None
+        self.saw_done = self.saw_error = False
+
+    async def finish(self, failure: GatewayError | None) -> StreamEnd:
+        """Close the client's stream: its API's end (``[DONE]`` for the OpenAI choice-chunk APIs, a
+        translation's closing events), after an error event when ``failure``."""
+        done = DONE_EVENT if self._client_done else b""
+        if failure is not None:
+            tail = self._error_event(failure) + done
+        elif self._translator is not None:
+            tail = self._translator.end()
+        else:
+            tail = done
+        await self._send({"type": "http.response.body", "body": tail, "more_body": False})
+        if failure is not None or self.saw_error:
+            return StreamEnd.UPSTREAM_ERROR
+        return StreamEnd.COMPLETED
+
+    def _feed(self, chunk: bytes, t: float) -> bytes:
+        data = self._buffer + chunk if self._buffer else chunk
+        if b"\r" in data:
+            data = _lf_only(data)
+        kept: list[bytes] = []
+        start = 0
+        while self._failure is None and (end := data.find(b"\n\n", start)) >= 0:
+            event = data[start : end + 2]
+            start = end + 2
+            kept_as = self._keep(event, t)
+            if kept_as is True:
+                kept.append(event)
+            elif kept_as:
+                kept.append(kept_as)
+        self._buffer = data[start:] if self._failure is None else b""
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            self._buffer = b""
+            self._fail_protocol(f"an event longer than {MAX_EVENT_BYTES} bytes")
+        return b"".join(kept)
+
+    def _keep(self, event: bytes, t: float) -> bytes | bool:
+        """Whether to forward ``event`` (True), drop it (False), or what to send instead."""
+        if self.saw_done:
+            return False  # nothing after [DONE]
+        if event.startswith(b"data:") and event.find(b"\n") == len(event) - 2:
+            return self._keep_data(event, event[5:].strip(), t)  # the common case: one data line
+        return self._keep_framed(event, t)
+
+    def _keep_framed(self, event: bytes, t: float) -> bytes | bool:
+        """Any other event, field by field (module docstring): data relayed, the rest not."""
+        data: list[bytes] = []
+        error: list[bytes] = []
+        comment = False
+        kind = b""
+        for line in event.split(b"\n"):
+            if not line:
+                continue
+            if line.startswith(b":"):
+                comment = True
+                continue
+            name, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if name == b"data":
+                data.append(value)
+            elif name == b"error":  # llama.cpp writes its stream errors as an ``error:`` field
+                error.append(value)
+            elif name == b"event" and self._named:
+                kind = value
+        if error:
+            return self._upstream_error(_json_or_text(b"\n".join(error)))
+        if not data:
+            return KEEP_ALIVE_EVENT if comment else False
+        payload = b" ".join(data).strip()  # JSON, so the line breaks between its lines were whitespace
+        canonical = b"data: " + payload + b"\n\n"
+        if kind and _EVENT_NAME.fullmatch(kind):  # a name clients dispatch on (Responses, Messages)
+            canonical = b"event: " + kind + b"\n" + canonical
+        kept = self._keep_data(canonical, payload, t)
+        return canonical if kept is True else kept
+
+    def _keep_data(self, event: bytes, payload: bytes, t: float) -> bytes | bool:
+        if payload == b"[DONE]":
+            self.saw_done = True
+            return False  # the relay writes its own [DONE] last
+        try:
+            document = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            document = None
+        if not isinstance(document, dict):
+            self.dropped_events += 1  # not an OpenAI chunk: no backend text reaches the client
+            return False
+        if document.get("error") or document.get("object") == "error" or document.get("type") in ERROR_EVENT_TYPES:
+            return self._upstream_error(document)
+        reading = self._read(document)
+        if self._on_event is not None:
+            self._on_event(document)
+        if self._translator is not None:
+            self._observe(reading, t)
+            return self._translator.event(document) or False
+        if self.progress is None:
+            return self._observe(reading, t)
+        return self._splice(event, document, reading, t)
+
+    def _upstream_error(self, document: Any) -> bool:
+        """End this upstream with the gateway's error in place of the backend's error event."""
+        error, fault = event_error(document, self._redactor)
+        self.saw_error = True
+        self._failure = error
+        if isinstance(error, UpstreamRejected) and self.progress is not None:
+            self.progress.continuable = False  # another engine would reject it too
+        if self._report is not None:
+            self._report(fault)
+        return False
+
+    def _fail_protocol(self, what: str) -> None:
+        self.saw_error = True
+        self._failure = UpstreamError(
+            "The backend sent a stream the gateway cannot use.", code="upstream_protocol_error"
+        )
+        if self.progress is not None:
+            self.progress.continuable = False
+        if self._report is not None:
+            self._report(UpstreamFault(200, what, "event"))
+
+    def _splice(self, event: bytes, chunk: dict[str, Any], reading: ChunkReading, t: float) -> bytes | bool:
+        """Inspect a chunk of a tracked stream; rewrite it when it must change on its way out."""
+        progress = self.progress
+        assert progress is not None
+        output, usage, reasons, _ = reading
+        choices = chunk.get("choices")
+        rewrite = False
+        if self._resumed:
+            if choices and not (output or reasons):
+                return False  # the continuation's own role chunk: the client had one already
+            if progress.chunk_id is not None and chunk.get("id") != progress.chunk_id:
+                chunk["id"] = progress.chunk_id
+                rewrite = True
+            if usage:
+                usage = chunk["usage"] = _spliced_usage(usage, progress)
+                reading = (output, usage, reasons, reading[3])
+                rewrite = True
+        elif progress.chunk_id is None and isinstance(chunk.get("id"), str):
+            progress.chunk_id = chunk["id"]
+        if usage and isinstance(usage.get("completion_tokens"), int):
+            progress.tokens = usage["completion_tokens"]
+            if progress.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
+                progress.prompt_tokens = usage["prompt_tokens"]
+        hide_usage = False
+        if choices:
+            _track(progress, choices)
+            hide_usage = bool(usage) and not self._keep_continuous
+        if not self._observe(reading, t):
+            return False
+        if output and self._on_resumed_output is not None:
+            hook, self._on_resumed_output = self._on_resumed_output, None
+            hook()
+        if hide_usage and not rewrite:
+            cut = _without_trailing_usage(event, null=not self._strip_usage)
+            if cut is not None:
+                return cut  # the common case: no re-serialisation of every token's chunk
+        if hide_usage:
+            if self._strip_usage:
+                del chunk["usage"]
+            else:
+                chunk["usage"] = None  # what the client gets without continuous stats
+            rewrite = True
+        return b"data: " + orjson.dumps(chunk) + b"\n\n" if rewrite else True
+
+    def _observe(self, reading: ChunkReading, t: float) -> bool:
+        """Time and count what ``reading`` says; False when the event is to be dropped (a
+        usage-only chunk nobody asked for)."""
+        output, usage, reasons, usage_only = reading
+        timer = self._timer
+        if usage:
+            if usage.get("prompt_tokens") is None and timer.usage:  # Messages: the prompt came first
+                usage = {**usage, "prompt_tokens": timer.usage.get("prompt_tokens")}
+            timer.usage = usage
+        if usage_only:
+            return not self._strip_usage
+        if reasons:
+            timer.finish_reasons.extend(reasons)
+        if output:
+            timer.on_output(t)
+        return True
+
+
+def renaming(served: object, public: str) -> tuple[tuple[bytes, bytes], ...]:
+    """Byte replacements that turn the engine's ``"model":"<served>"`` into the public name.
+
+    Safe on the raw events: in JSON, an unescaped ``"model":"x"`` occurs only as a key and its
+    value (inside a string every quote is escaped), and in a chunk the only ``model`` key is the
+    top-level one. Both spacings engines write (compact, and ``": "``) are covered."""
+    if not isinstance(served, str) or served == public:
+        return ()
+    old, new = orjson.dumps(served), orjson.dumps(public)
+    return ((b'"model":' + old, b'"model":' + new), (b'"model": ' + old, b'"model": ' + new))
+
+
+def _lf_only(data: bytes) -> bytes:
+    """CRLF and lone CR line ends as LF; a final CR stays (its LF may start the next read)."""
+    tail = data.endswith(b"\r")
+    body = data[:-1] if tail else data
+    body = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return body + b"\r" if tail else body
+
+
+def _json_or_text(payload: bytes) -> Any:
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return {"error": {"message": payload.decode(errors="replace")}}
+
+
+def _without_trailing_usage(event: bytes, *, null: bool) -> bytes | None:
+    """``event`` without the per-chunk usage the gateway asked for, cut out of the bytes.
+
+    vLLM serialises a chunk compactly with ``usage`` as its last field and a flat object
+    (``{"prompt_tokens":..,"total_tokens":..,"completion_tokens":..}``); then the field is
+    removed (or set to ``null``, what the client gets without continuous stats) without
+    parsing and re-serialising the chunk. Anything else returns None (the caller re-serialises);
+    the pattern cannot occur inside a JSON string, where quotes are escaped.
+    """
+    start = event.rfind(b',"usage":{')
+    if start < 0:
+        return None
+    end = event.find(b"}", start)
+    if end < 0 or event[end + 1 :] != b"}\n\n":
+        return None
+    return event[:start] + (b',"usage":null' if null else b"") + event[end + 1 :]
+
+
+def _track(progress: StreamProgress, choices: list[dict[str, Any]]) -> None:
+    """Add choice 0's text to ``progress``, or mark it not continuable."""
+    for choice in choices:
+        if not has_output(choice):
+            if choice.get("finish_reason"):
+                progress.continuable = False
+            continue
+        delta = choice.get("delta")
+        text = delta.get("content") if delta else choice.get("text")
+        plain = isinstance(text, str) and not (delta and _other_output(delta))
+        if choice.get("index", 0) != 0 or choice.get("finish_reason") or not plain:
+            progress.continuable = False
+        else:
+            progress.pieces.append(str(text))
+
+
+_OTHER_OUTPUT_KEYS = OUTPUT_DELTA_KEYS[1:]
+
+
+def _other_output(delta: dict[str, Any]) -> bool:
+    """Whether a delta carries output other than content (reasoning, tool calls); a loop, not a
+    generator, since it runs for every relayed chunk of a tracked stream."""
+    for key in _OTHER_OUTPUT_KEYS:  # noqa: SIM110 (see the docstring)
+        if delta.get(key):
+            return True
+    return False
+
+
+def _spliced_usage(usage: Mapping[str, Any], progress: StreamProgress) -> dict[str, Any]:
+    """A continuation's usage as the client's one stream: its prompt, all its tokens."""
+    completion = int(usage.get("completion_tokens") or 0) + progress.base_tokens
+    prompt = progress.prompt_tokens if progress.prompt_tokens is not None else int(usage.get("prompt_tokens") or 0)
+    return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

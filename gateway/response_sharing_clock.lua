@@ -1,7 +1,0 @@
--- Redis's clock for the shared responses' scripts: joined first into response_sharing_publish.lua
--- and response_sharing_lookup.lua (gateway/response_sharing.py), not a script of its own.
---
--- Defines now: Redis's TIME in microseconds (exact in a double until the year 2255), so that
--- entries written a millisecond apart keep their order.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
