@@ -1,0 +1,124 @@
+"""The gateway's floor plan in figures: files at the top, import chain, circles between stages.
+
+Usage::
+
+    python -m loadtests.architecture [ROOT]        # ROOT: a checkout (default: this one)
+
+Prints the modules of ``gateway/`` and their lines, the files at the top of ``gateway/`` (a
+stage folder is not one), the longest import chain (its length is the import graph's number of
+layers) and the chain itself, the circles between stages when each top-level module and each
+folder counts as one node (a stage order exists only without them), and how many modules have a
+test named after them. Every import counts, as in ``tests/test_import_graph.py``: at module level,
+under ``TYPE_CHECKING`` or inside a function. Issue 29 asks for these before and after (run it on
+two checkouts: ``git worktree add /tmp/base <commit>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+PACKAGE = "gateway"
+
+
+def modules(root: Path) -> dict[str, Path]:
+    found = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        found[".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")] = path
+    return found
+
+
+def imported(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def stage(module: str) -> str:
+    """A module's stage: its folder under ``gateway/``, or itself at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def stage_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of two stages or more (Tarjan), each sorted."""
+    edges: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        edges.setdefault(stage(source), set()).update(stage(t) for t in targets if stage(t) != stage(source))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in edges.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def report(root: Path) -> list[str]:
+    found = modules(root)
+    graph = {name: {t for t in imported(path) if t in found and t != name} for name, path in found.items()}
+
+    @cache
+    def depth(name: str) -> int:
+        return 1 + max((depth(t) for t in graph[name]), default=0)
+
+    longest = max(found, key=depth)
+    chain = [longest]
+    while graph[chain[-1]]:
+        chain.append(max(graph[chain[-1]], key=depth))
+    top = [p for p in (root / PACKAGE).glob("*.py")]
+    tests = {p.name for p in (root / "tests").rglob("test_*.py")}
+    named = [p for p in found.values() if not p.name.startswith("__")]
+    circles = stage_circles(graph)
+    return [
+        f"modules: {len(found)}, {sum(len(p.read_text().splitlines()) for p in found.values()):,} lines",
+        f"files at the top of gateway/: {len(top)}, {sum(len(p.read_text().splitlines()) for p in top):,} lines",
+        f"longest import chain (layers): {depth(longest)}",
+        "  " + " -> ".join(m.removeprefix(f"{PACKAGE}.") for m in chain),
+        "circles between stages: "
+        + ("none" if not circles else "; ".join(f"{len(c)} stages: {', '.join(c)}" for c in circles)),
+        f"modules with a test named after them: {sum(f'test_{p.stem}.py' in tests for p in named)} of {len(named)}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parent.parent))
+    args = parser.parse_args(argv)
+    sys.setrecursionlimit(10_000)
+    print("\n".join(report(Path(args.root))))
+
+
+if __name__ == "__main__":
+    main()
