@@ -25,14 +25,16 @@ from pathlib import Path
 PACKAGE = "gateway"
 
 
-def modules(root: Path) -> dict[str, Path]:
+def modules(root: Path, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of ``package`` under ``root`` by dotted name."""
     found = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in sorted((root / package).rglob("*.py")):
         found[".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")] = path
     return found
 
 
 def imported(path: Path) -> Iterator[str]:
+    """Every dotted name ``path`` imports (``from a.b import c`` yields ``a.b`` and ``a.b.c``)."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.module

@@ -11,11 +11,13 @@ Run it alone (``pytest tests/test_import_graph.py``) or as a script
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from loadtests.architecture import imported
+from loadtests.architecture import modules as package_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = "gateway"
@@ -24,28 +26,14 @@ BENCH = "loadtests"
 
 def modules(package: str) -> dict[str, Path]:
     """Every module of ``package`` by dotted name."""
-    found = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        found[name] = path
-    return found
-
-
-def imported_names(path: Path) -> Iterator[str]:
-    """Every dotted name ``path`` imports (``from a.b import c`` yields ``a.b`` and ``a.b.c``)."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
+    return package_modules(ROOT, package)
 
 
 def import_graph(package: str) -> dict[str, set[str]]:
     """Module to the modules of the same package it imports."""
     found = modules(package)
     return {
-        name: {target for target in imported_names(path) if target in found and target != name}
+        name: {target for target in imported(path) if target in found and target != name}
         for name, path in found.items()
     }
 
@@ -98,7 +86,7 @@ def test_the_gateway_s_modules_import_each_other_without_a_circle() -> None:
 
 def test_the_gateway_never_imports_the_bench() -> None:
     offenders = {
-        name: sorted(t for t in imported_names(path) if t == BENCH or t.startswith(BENCH + "."))
+        name: sorted(t for t in imported(path) if t == BENCH or t.startswith(BENCH + "."))
         for name, path in modules(PRODUCT).items()
     }
     assert {name: targets for name, targets in offenders.items() if targets} == {}
