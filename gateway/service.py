@@ -43,12 +43,12 @@ from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
 from gateway.rollout.store import open_rollout_store
 from gateway.routing.targets import TargetPicker
 from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
+from gateway.server.exposition import expose
 from gateway.server.lifecycle import Drainable, stop_loops
 from gateway.settings import Settings
 from gateway.shadow.runner import ShadowRunner
 from gateway.shared.store import SharedStore
 from gateway.telemetry.cost_meter import CostMeter
-from gateway.telemetry.exposition import expose
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracelog import TraceLog, TraceLogConfig
 from gateway.upstream.client import MissingCredential, UpstreamClient

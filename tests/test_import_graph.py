@@ -1,9 +1,13 @@
-"""The gateway's import graph has no circle, and the product never imports its bench.
+"""The gateway's import graph has no circle, its stages import only downwards (but for a shrinking
+list), and the product never imports its bench.
 
 Why a test: a circle between modules is how the request path's shape tangled before (app,
 proxy, cost meter and admin importing each other), and a product that imports its bench
 ships the simulator and matplotlib. Every import counts, at module level, under
 ``TYPE_CHECKING`` or inside a function: a circle in types is a circle in design.
+
+The stage order (``STAGE_ORDER``) is issue 29's walls: ``UPWARD_TODAY`` lists the imports that
+still climb, each a wall to build, and may only shrink.
 
 Run it alone (``pytest tests/test_import_graph.py``) or as a script
 (``python -m tests.test_import_graph``) to print the graph's circles.
@@ -16,7 +20,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from loadtests.architecture import imported
+from loadtests.architecture import imported, stage
 from loadtests.architecture import modules as package_modules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,9 +107,98 @@ def test_the_circle_finder_finds_a_circle() -> None:
     assert circles(graph) == [["a", "b", "c"]]
 
 
-if __name__ == "__main__":
-    for circle in circles(import_graph(PRODUCT)):
-        print(" -> ".join(circle))
+# The stages, bottom to top: a module may import its own stage and the ones below it. A stage is a
+# folder of gateway/, or a module at its top (issue 29). ``gateway`` is the package itself.
+STAGE_ORDER = (
+    "gateway",
+    "types",
+    "errors",
+    "clock",
+    "settings",
+    "policy",
+    "engines",
+    "shared",
+    "limitstore",
+    "telemetry",
+    "request",
+    "dialects",
+    "dispatch",
+    "routing",
+    "fleet",
+    "upstream",
+    "responses",
+    "runtime",
+    "pipeline",
+    "shadow",
+    "rollout",
+    "server",
+    "service",
+    "app",
+    "workers",
+    "commands",
+    "cli",
+    "__main__",
+)
+UPWARD_TODAY = frozenset(
+    {
+        ("dialects.defaults", "upstream.errors"),
+        ("dispatch.backends", "fleet.quota"),
+        ("dispatch.backends", "routing.reach"),
+        ("dispatch.dispatcher", "fleet.quota"),
+        ("dispatch.dispatcher", "routing.base"),
+        ("dispatch.queueing", "routing.base"),
+        ("dispatch.tenant_load", "fleet.quota"),
+        ("pipeline.handler", "server.connections"),
+        ("pipeline.handler", "shadow.runner"),
+        ("policy.loader", "routing.isolation"),
+        ("policy.loader", "routing.reach"),
+        ("policy.loader", "routing.registry"),
+        ("policy.loader", "shadow.scorers"),
+        ("policy.model", "request.body_fields"),
+        ("policy.model", "request.media"),
+        ("policy.snapshot", "routing.isolation"),
+        ("policy.snapshot", "routing.reach"),
+        ("request.output_length", "dialects.base"),
+        ("request.validation", "dialects.base"),
+        ("responses.sharing", "server.lifecycle"),
+        ("runtime", "pipeline.retry"),
+        ("server.serve", "app"),
+        ("telemetry.cost_meter", "pipeline.outcome"),
+        ("telemetry.goodput", "pipeline.outcome"),
+        ("telemetry.prefix_signature", "dialects.base"),
+        ("telemetry.prefix_signature", "request.tokens"),
+        ("telemetry.prefix_signature", "routing.prefix_keys"),
+        ("telemetry.prefix_signature", "routing.prefix_secret"),
+        ("telemetry.tracing", "dialects.base"),
+        ("types", "dialects.base"),
+        ("upstream.client", "pipeline.retry"),
+    }
+)
+"""The upward imports there still are (module, imported module; without ``gateway.``): each is a
+wall still to build (a value type to move down, a check to move up). A new one fails the test; so
+does an entry that is gone, so that the list only shrinks."""
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    found = modules(PRODUCT)
+    rank = {name: i for i, name in enumerate(STAGE_ORDER)}
+    return {
+        (name.removeprefix(f"{PRODUCT}."), target.removeprefix(f"{PRODUCT}."))
+        for name, path in found.items()
+        for target in imported(path)
+        if target in found and stage(target) != stage(name) and rank[stage(target)] > rank[stage(name)]
+    }
+
+
+def test_every_stage_has_its_place_in_the_order() -> None:
+    stages = {stage(name) for name in modules(PRODUCT)}
+    assert stages - set(STAGE_ORDER) == set(), "a new stage: give it its place in STAGE_ORDER"
+
+
+def test_no_module_imports_a_stage_above_its_own_but_the_ones_listed() -> None:
+    upward = upward_imports()
+    assert sorted(upward - UPWARD_TODAY) == [], "an import up the stages: move the value down or the check up"
+    assert sorted(UPWARD_TODAY - upward) == [], "an upward import is gone: take it off UPWARD_TODAY"
 
 
 def test_the_gateway_s_own_commands_load_no_bench_module() -> None:
@@ -119,3 +212,8 @@ def test_the_gateway_s_own_commands_load_no_bench_module() -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+if __name__ == "__main__":
+    for circle in circles(import_graph(PRODUCT)):
+        print(" -> ".join(circle))

@@ -40,8 +40,9 @@ from gateway.pipeline.client_response import ClientResponse
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.outcome import RequestOutcome, Result
 from gateway.pipeline.recorder import Recorder
+from gateway.pipeline.relay import TokenTimer
 from gateway.policy.model import Slo, Tenant
-from gateway.request.admission import TenantLimiter, charged_tokens, output_events, resolve_class
+from gateway.request.admission import TenantLimiter, charged_tokens, resolve_class
 from gateway.request.auth import authenticate, authorize_model
 from gateway.request.intake import (
     ClientDisconnected,
@@ -456,3 +457,11 @@ async def _until_disconnect_or(
             watcher.cancel()
         elif signal is not None:
             signal.clear()
+
+
+def output_events(timer: TokenTimer | None) -> int:
+    """Output chunks a client was sent (each carries at least one token): what a request that
+    ended early is charged for (``charged_tokens``)."""
+    if timer is None or timer.first_output is None:
+        return 0
+    return 1 + len(timer.gaps)

@@ -62,7 +62,6 @@ from gateway.limitstore.base import (
     Take,
     Verdict,
 )
-from gateway.pipeline.relay import TokenTimer
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.validation import choices
@@ -124,13 +123,6 @@ def requests_bucket(rpm: int) -> Bucket:
 
 def tokens_bucket(tpm: int) -> Bucket:
     return Bucket(TOKENS, tpm, tpm / 60)
-
-
-def output_events(timer: TokenTimer | None) -> int:
-    """Output chunks a client was sent (each carries at least one token)."""
-    if timer is None or timer.first_output is None:
-        return 0
-    return 1 + len(timer.gaps)
 
 
 def charged_tokens(

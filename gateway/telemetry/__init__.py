@@ -1,7 +1,8 @@
 """Telemetry: what the gateway measures and exports.
 
-Owns every metric name, label and bucket (``metrics.py``, ``labels.py``) and their exposition
-(``exposition.py``), goodput and its windows (``goodput.py``, ``window.py``), cost (``cost.py``,
+Owns every metric name, label and bucket (``metrics.py``, ``labels.py``; their exposition, which
+samples the dispatcher's live gauges, is the server's: ``gateway/server/exposition.py``), goodput
+and its windows (``goodput.py``, ``window.py``), cost (``cost.py``,
 ``cost_meter.py``), traces and their export (``tracing.py``, ``otlp.py``), and the request trace
 log with its prompt signatures (``tracelog.py``, ``prefix_signature.py``: hashed, never text).
 
