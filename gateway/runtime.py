@@ -30,7 +30,6 @@ from types import MappingProxyType
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool, PoolPlan
-from gateway.pipeline.retry import RetryBudget
 from gateway.policy.model import TracingConfig
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import ReloadRefused
@@ -41,6 +40,7 @@ from gateway.routing.registry import build_routers, update_routers
 from gateway.telemetry.labels import TenantLabels
 from gateway.telemetry.tracing import Tracing
 from gateway.upstream.client import MissingCredential, UpstreamClient, UpstreamTargets
+from gateway.upstream.retry import RetryBudget
 
 log = logging.getLogger(__name__)
 

@@ -161,7 +161,6 @@ UPWARD_TODAY = frozenset(
         ("request.output_length", "dialects.base"),
         ("request.validation", "dialects.base"),
         ("responses.sharing", "server.lifecycle"),
-        ("runtime", "pipeline.retry"),
         ("server.serve", "app"),
         ("telemetry.cost_meter", "pipeline.outcome"),
         ("telemetry.goodput", "pipeline.outcome"),
@@ -171,7 +170,6 @@ UPWARD_TODAY = frozenset(
         ("telemetry.prefix_signature", "routing.prefix_secret"),
         ("telemetry.tracing", "dialects.base"),
         ("types", "dialects.base"),
-        ("upstream.client", "pipeline.retry"),
     }
 )
 """The upward imports there still are (module, imported module; without ``gateway.``): each is a

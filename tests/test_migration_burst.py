@@ -4,7 +4,7 @@ The compose stack's test failed one CI run in several (issue 28): right after a 
 engine dropped every stream it carried, and one of them reached the client as "dropped the
 connection" instead of continuing elsewhere. The gateway was a few seconds old, so the retry
 budget's share of recent requests was small, and its floor was per second: three retries a
-second, whatever the burst. The budget now keeps a reserve per window (``gateway/pipeline/retry.py``),
+second, whatever the burst. The budget now keeps a reserve per window (``gateway/upstream/retry.py``),
 so a burst that fits in it continues whole. Proved here without Redis: a gateway just started,
 the default retry budget, and more streams broken at once than the old floor allowed.
 """

@@ -18,7 +18,9 @@ from pydantic import ValidationError
 
 from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, Overloaded, UpstreamError, UpstreamTimeout
-from gateway.pipeline.retry import (
+from gateway.policy.model import Backend, BackendKind, Timeouts
+from gateway.upstream.client import UpstreamClient
+from gateway.upstream.retry import (
     Failure,
     RetryBudget,
     RetryPolicy,
@@ -29,8 +31,6 @@ from gateway.pipeline.retry import (
     parse_retry_after,
     retry_delay,
 )
-from gateway.policy.model import Backend, BackendKind, Timeouts
-from gateway.upstream.client import UpstreamClient
 from gateway.upstream.wire import ConnectionFailed, ConnectTimeout, ReadTimeout
 from tests.fake_clock import FakeClock
 from tests.servers import free_port

@@ -1,6 +1,6 @@
 """The attempts of one request: a backend, a body for it, the answer relayed, and what to do on failure.
 
-The rule (``gateway/pipeline/retry.py`` states when a failure is retryable, ``gateway/pipeline/migration.py``
+The rule (``gateway/upstream/retry.py`` states when a failure is retryable, ``gateway/pipeline/migration.py``
 when a broken stream can be continued):
 
 1. Ask the dispatcher for a backend with room (it may queue, or refuse at once).
@@ -49,7 +49,6 @@ from gateway.pipeline.context import RequestContext
 from gateway.pipeline.migration import can_continue, continuation
 from gateway.pipeline.outcome import AttemptRecord
 from gateway.pipeline.relay import SseRelay, StreamEnd, TokenTimer, renaming
-from gateway.pipeline.retry import Failure, is_retryable, retry_delay
 from gateway.responses.affinity import ResponseAffinity
 from gateway.routing.base import RoutingDecision
 from gateway.routing.targets import fits, retarget
@@ -59,6 +58,7 @@ from gateway.types import InferenceRequest
 from gateway.upstream.body import attempt_body, attempt_isolation, translated_request
 from gateway.upstream.client import UpstreamClient, UpstreamResponse, new_engine_request_id
 from gateway.upstream.errors import FaultLog
+from gateway.upstream.retry import Failure, is_retryable, retry_delay
 
 log = logging.getLogger(__name__)
 

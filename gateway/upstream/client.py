@@ -46,9 +46,9 @@ from httpx_aiohttp import AiohttpTransport
 from gateway.dialects.base import Dialect
 from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
-from gateway.pipeline.retry import parse_retry_after
 from gateway.policy.model import Backend
 from gateway.upstream.errors import Redactor, UpstreamFault, answer_error, status_error
+from gateway.upstream.retry import parse_retry_after
 from gateway.upstream.wire import Connection, ConnectionFailed, ConnectionPool, Origin, head_prefix, request_head
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def map_upstream_errors(backend: str) -> Iterator[None]:
     """Translate transport failures talking to ``backend`` into gateway errors.
 
     Timeouts are ``UpstreamTimeout`` (504); a connect timeout keeps ``wire.ConnectTimeout`` as
-    its cause, which says the request was never sent (``gateway/pipeline/retry.py``). Every other failure
+    its cause, which says the request was never sent (``gateway/upstream/retry.py``). Every other failure
     of the connection (refused, reset, closed, a body cut short, an answer that is not HTTP) is
     ``UpstreamError`` with code ``upstream_connect_error``: the caller knows whether the headers
     had arrived, which decides whether it may be retried.

@@ -525,7 +525,7 @@ def _break_streams_on_sim_a(running: Running, api: str, model: str, sim_a: str) 
 
 
 def _every_broken_stream_went_on(admin: str, sim_a: str, model: str) -> None:
-    """What the design guarantees when an engine breaks streams (``gateway/pipeline/retry.py``,
+    """What the design guarantees when an engine breaks streams (``gateway/upstream/retry.py``,
     ``gateway/pipeline/migration.py``): each stream it broke is continued on the other engine while the
     retry budget has room, and it has: sim-a breaks at most what it carries until its breaker
     opens (5 in a row), far less than the budget's reserve of 30 a window, however young the
