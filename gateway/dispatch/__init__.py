@@ -5,6 +5,7 @@ across tenants, the grant of a backend's room, the wait estimate), the backends'
 state (``capacity.py``, ``backends.py``, ``tenant_load.py``), the engines' scraped saturation
 (``scrape.py``), and the circuit breakers (``breaker.py``).
 
-May import routing (the model's router picks among the backends with room), the fleet's view
-of capacity, the policy and the telemetry; never the pipeline or the upstream client.
+Below routing in the stage order (``tests/test_import_graph.py``): the routers read the
+backends' state from here. Its imports of routing's router protocol and of the fleet's quota are
+walls still to build (``UPWARD_TODAY``); it never imports the pipeline or the upstream client.
 """

@@ -6,5 +6,7 @@ and its windows (``goodput.py``, ``window.py``), cost (``cost.py``,
 ``cost_meter.py``), traces and their export (``tracing.py``, ``otlp.py``), and the request trace
 log with its prompt signatures (``tracelog.py``, ``prefix_signature.py``: hashed, never text).
 
-A leaf for the request path: it imports the policy and value types, and is imported by all.
+Low in the stage order, imported by nearly every stage; its few imports of higher stages (goodput
+and cost take the pipeline's outcome, traces and signatures read the dialects and the prefix keys)
+are listed in ``UPWARD_TODAY`` (``tests/test_import_graph.py``).
 """
