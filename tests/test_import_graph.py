@@ -141,7 +141,6 @@ STAGE_ORDER = (
 )
 UPWARD_TODAY = frozenset(
     {
-        ("dialects.defaults", "upstream.errors"),
         ("dispatch.backends", "fleet.quota"),
         ("dispatch.backends", "routing.reach"),
         ("dispatch.dispatcher", "fleet.quota"),

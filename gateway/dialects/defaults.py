@@ -30,6 +30,7 @@ from typing import Any
 
 from gateway.dialects.openai_answers import (
     answer_usage,
+    is_openai_answer,
     no_answer_id,
     no_previous_id,
     no_translation,
@@ -40,7 +41,6 @@ from gateway.dialects.openai_answers import (
 )
 from gateway.errors import InvalidRequest, sse_error_event
 from gateway.policy.model import BackendKind
-from gateway.upstream.errors import is_openai_answer
 
 
 class OpenAIDialect:

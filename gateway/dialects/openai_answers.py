@@ -19,7 +19,7 @@ carries none. Usage is the chunk's ``usage`` object (already in the gateway's sh
 usage-only chunk has ``"choices": []``.
 
 **Whole answers** are objects with ``choices`` (chat, completions) or ``data`` (embeddings)
-(``upstream_errors.is_openai_answer``), their usage in ``usage``.
+(``is_openai_answer``), their usage in ``usage``.
 """
 
 from __future__ import annotations
@@ -156,3 +156,9 @@ def serves_embeddings(kind: BackendKind) -> bool:
 def no_translation(backend: Backend, multi_scope: bool) -> Translation | None:
     """``Dialect.translation`` of an API every backend answers natively: always passed through."""
     return None
+
+
+def is_openai_answer(document: dict[str, Any]) -> bool:
+    """Whether a JSON object is shaped like an answer of the OpenAI APIs: ``choices`` (chat,
+    completions) or ``data`` (embeddings). Their dialects' ``is_answer``."""
+    return isinstance(document.get("choices"), list) or isinstance(document.get("data"), list)

@@ -3,9 +3,9 @@
 Owns the handler (``handler.py``: the sequence of calls, the only catch-all of the request
 path), the attempts of one request (``attempt.py``: retries before the first byte within the
 budget of ``gateway/upstream/retry.py``, fallbacks, migrations of a broken stream in
-``migration.py``), the relay of a stream (``relay.py``), the client's side of the response (``client_response.py``), the frozen
-request context and outcome (``context.py``, ``outcome.py``), and the one place that records an
-outcome (``recorder.py``).
+``migration.py``), the relay of a stream (``relay.py``), the client's side of the response
+(``client_response.py``), the frozen request context and outcome (``context.py``,
+``outcome.py``), and the one place that records an outcome (``recorder.py``).
 
 May import every stage below it (``STAGE_ORDER`` in ``tests/test_import_graph.py``).
 """

@@ -63,6 +63,7 @@ from urllib.parse import quote
 
 import orjson
 
+from gateway.dialects.openai_answers import is_openai_answer
 from gateway.errors import GatewayError, UpstreamError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -296,12 +297,6 @@ def event_error(document: Any, redactor: Redactor) -> tuple[GatewayError, Upstre
     shown = excerpt(message, redactor) if message is not None else ""
     error = mapped_error(status or 500, detail=shown, param=plain_param(param, redactor))
     return error, UpstreamFault(status, shown or excerpt(_text_of(orjson.dumps(document), redactor), redactor), "event")
-
-
-def is_openai_answer(document: dict[str, Any]) -> bool:
-    """Whether a JSON object is shaped like an answer of the OpenAI APIs: ``choices`` (chat,
-    completions) or ``data`` (embeddings). Their dialects' ``is_answer``."""
-    return isinstance(document.get("choices"), list) or isinstance(document.get("data"), list)
 
 
 def answer_error(
