@@ -163,10 +163,7 @@ UPWARD_TODAY = frozenset(
         ("server.serve", "app"),
         ("telemetry.cost_meter", "pipeline.outcome"),
         ("telemetry.goodput", "pipeline.outcome"),
-        ("telemetry.prefix_signature", "dialects.base"),
-        ("telemetry.prefix_signature", "request.tokens"),
-        ("telemetry.prefix_signature", "routing.prefix_keys"),
-        ("telemetry.prefix_signature", "routing.prefix_secret"),
+        ("telemetry.tracelog", "routing.prefix_signature"),
         ("telemetry.tracing", "dialects.base"),
         ("types", "dialects.base"),
     }

@@ -13,8 +13,8 @@ from gateway.dialects.chat import CHAT
 from gateway.policy.loader import parse_policy
 from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
 from gateway.routing.prefix_secret import PrefixSecret
+from gateway.routing.prefix_signature import session_hash
 from gateway.settings import Settings
-from gateway.telemetry.prefix_signature import session_hash
 from loadtests.loadgen.records import RequestRecord
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer
 from tests.fake_backend import FakeBackend

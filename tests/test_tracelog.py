@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gateway.policy.model import Slo
+from gateway.routing.prefix_signature import PrefixSignature
 from gateway.telemetry.goodput import meets_slo
-from gateway.telemetry.prefix_signature import PrefixSignature
 from gateway.telemetry.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_line
 from loadtests.loadgen.records import RequestRecord, iter_records
 from tests.servers import wait_until

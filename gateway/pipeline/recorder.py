@@ -18,7 +18,7 @@ What is recorded where:
 * the request's cost share (``gateway/telemetry/cost_meter.py``), its trace-log line
   (``gateway/telemetry/tracelog.py``) and its server span (``gateway/telemetry/tracing.py``).
 
-The trace-log line's prefix signature and session hash (``gateway/telemetry/prefix_signature.py``) are
+The trace-log line's prefix signature and session hash (``gateway/routing/prefix_signature.py``) are
 computed here, and only when a trace log is configured: without one no request pays the hashing.
 """
 
@@ -29,11 +29,11 @@ from collections.abc import Callable
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.outcome import RequestOutcome, TokenStats
 from gateway.routing.isolation import tenant_scope
+from gateway.routing.prefix_signature import PrefixSignature, request_session, request_signature, session_hash
 from gateway.telemetry.cost_meter import CostMeter
 from gateway.telemetry.goodput import judge
 from gateway.telemetry.labels import TenantLabels
 from gateway.telemetry.metrics import Metrics
-from gateway.telemetry.prefix_signature import PrefixSignature, request_session, request_signature, session_hash
 from gateway.telemetry.tracelog import ItlSummary, TraceLog, trace_line
 from gateway.telemetry.tracing import RequestSpan
 

@@ -63,7 +63,7 @@ TOKENIZERS: dict[str, Splitter] = {"words": _WORDS.findall}
 def scope_root(scope: str, model: str) -> int:
     """An *unkeyed* root, ``xxh64(scope ␀ model)``: only for tools that know no secret and compare
     chains among themselves (the load generator's and a what-if replay's synthetic signatures,
-    ``gateway/telemetry/prefix_signature.py``). The gateway's roots are ``PrefixSecret.root``."""
+    ``gateway/routing/prefix_signature.py``). The gateway's roots are ``PrefixSecret.root``."""
     return xxhash.xxh64_intdigest(f"{scope}\x00{model}".encode())
 
 

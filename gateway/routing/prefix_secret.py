@@ -2,7 +2,7 @@
 
 Why: a prompt's block-hash chain (``prefix_keys.py``) leaves the process in two places, the
 fleet's prefix view (a Redis stream every replica reads, ``gateway/fleet/prefix_sync.py``) and
-the request trace log (``gateway/telemetry/prefix_signature.py``). A chain anyone can compute lets whoever
+the request trace log (``gateway/routing/prefix_signature.py``). A chain anyone can compute lets whoever
 reads either confirm a guessed prompt for a tenant. Keying the root alone is not enough: a
 chain hash is the seed of the next (``h_i = xxh64(block_i, seed=h_{i-1})``), so a reader who
 sees ``h_{i-1}`` checks a guessed block ``i`` with one xxh64 and no secret. So the secret

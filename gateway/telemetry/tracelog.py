@@ -18,7 +18,7 @@ null, or empty): ``api`` (the dialect's name, always), ``max_tokens`` (the outpu
 for, after the model's default and clamp), ``prompt_tokens_est`` (the gateway's estimate of the
 prompt, for requests the engine never answered, whose ``tokens_in`` is null),
 ``prefix_block_tokens`` and ``prefix_hashes`` (the prompt's tenant-scoped block-hash chain as
-16-hex-digit strings, keyed with the cache-salt secret, ``gateway/telemetry/prefix_signature.py``: shared
+16-hex-digit strings, keyed with the cache-salt secret, ``gateway/routing/prefix_signature.py``: shared
 prefixes share a head, two tenants' chains never meet, and without the secret no hash can be
 checked against a guessed prompt) and ``session`` (the client's conversation id, ``x-session-id``
 else the body's ``prompt_cache_key``, as a hash scoped by tenant; null when none was sent).
@@ -54,7 +54,7 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from gateway.telemetry.prefix_signature import PrefixSignature, signature_fields
+from gateway.routing.prefix_signature import PrefixSignature, signature_fields
 
 log = logging.getLogger(__name__)
 

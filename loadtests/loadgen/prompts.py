@@ -16,7 +16,7 @@ built ahead of its send time, and the memory held is that of the open conversati
 
 Each planned request also carries what a what-if replay needs of it (``trace_fields``, written
 to the record's extras under the names of the gateway's trace log): its prefix signature,
-computed with the gateway's own function on the body sent (``gateway/telemetry/prefix_signature.py``)
+computed with the gateway's own function on the body sent (``gateway/routing/prefix_signature.py``)
 under the tenant's private scope, ``max_tokens``, the API, and for a multi-turn workload its
 conversation's id as ``session`` (hashed per tenant, as the gateway hashes ``x-session-id``).
 The private scope is the gateway's scope of every tenant that shares no cache scope, and a
@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from gateway.dialects.registry import DIALECTS
-from gateway.telemetry.prefix_signature import DEFAULT_BLOCK_TOKENS, body_signature, private_scope, session_hash
+from gateway.routing.prefix_signature import DEFAULT_BLOCK_TOKENS, body_signature, private_scope, session_hash
 from loadtests.loadgen.workload import Fixed, Length, LogNormal, Normal, Uniform, Workload
 
 _SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")

@@ -64,7 +64,7 @@ from typing import Any
 
 import orjson
 
-from gateway.telemetry.prefix_signature import DEFAULT_BLOCK_TOKENS, private_scope, scoped_block_id, session_hash
+from gateway.routing.prefix_signature import DEFAULT_BLOCK_TOKENS, private_scope, scoped_block_id, session_hash
 from gateway.telemetry.tracelog import rotated_files
 from loadtests.whatif.model import Recorded, ReplayRequest, Trace
 

@@ -15,7 +15,7 @@ from gateway.request.validation import build_request
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.prefix_keys import prefix_keys
 from gateway.routing.prefix_secret import PrefixSecret
-from gateway.telemetry.prefix_signature import (
+from gateway.routing.prefix_signature import (
     DEFAULT_BLOCK_TOKENS,
     MAX_SIGNATURE_BLOCKS,
     body_signature,
