@@ -195,7 +195,7 @@ def test_every_transaction_keeps_its_keys_in_one_slot(recorded: Recorded) -> Non
 
 def test_every_key_a_script_touches_is_in_the_slot_of_its_declared_keys(recorded: Recorded) -> None:
     names = {name for name, _, _ in recorded.scripts}
-    assert {"ledger.SYNC", "response_sharing.PUBLISH", "response_sharing.LOOKUP", "store.LEAD"} <= names, names
+    assert {"ledger.SYNC", "sharing.PUBLISH", "sharing.LOOKUP", "store.LEAD"} <= names, names
     spread = sorted({name for name, declared, touched in recorded.scripts if len(slots(declared + touched)) > 1})
     assert not spread, f"scripts whose keys span several slots: {spread}"
 
