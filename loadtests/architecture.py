@@ -8,9 +8,10 @@ Prints the modules of ``gateway/`` and their lines, the files at the top of ``ga
 stage folder is not one), the longest import chain (its length is the import graph's number of
 layers) and the chain itself, the circles between stages when each top-level module and each
 folder counts as one node (a stage order exists only without them), and how many modules have a
-test named after them. Every import counts, as in ``tests/test_import_graph.py``: at module level,
-under ``TYPE_CHECKING`` or inside a function. Issue 29 asks for these before and after (run it on
-two checkouts: ``git worktree add /tmp/base <commit>``).
+test named after them (anywhere, and at the mirrored path). Every import counts, as in
+``tests/test_import_graph.py``: at module level, under ``TYPE_CHECKING`` or inside a function.
+Issue 29 asks for these before and after (run it on two checkouts: ``git worktree add /tmp/base
+<commit>``).
 """
 
 from __future__ import annotations
@@ -111,7 +112,15 @@ def report(root: Path) -> list[str]:
         "circles between stages: "
         + ("none" if not circles else "; ".join(f"{len(c)} stages: {', '.join(c)}" for c in circles)),
         f"modules with a test named after them: {sum(f'test_{p.stem}.py' in tests for p in named)} of {len(named)}",
+        f"modules with a test at the mirrored path: {sum(mirrored(root, p).exists() for p in named)} of {len(named)}",
     ]
+
+
+def mirrored(root: Path, module: Path) -> Path:
+    """Where a module's test lives when tests mirror the code: ``gateway/<stage>/<m>.py`` has
+    ``tests/<stage>/test_<m>.py``, a module at the top ``tests/test_<m>.py``."""
+    inside = module.relative_to(root / PACKAGE)
+    return root / "tests" / inside.parent / f"test_{inside.name}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,7 @@ def test_the_report_says_each_figure() -> None:
         "longest import chain (layers)",
         "circles between stages",
         "modules with a test named after them",
+        "modules with a test at the mirrored path",
     ]
 
 

@@ -7,7 +7,7 @@ costs $1 a second and serves the group's shadow model ``cand`` and globex's plai
 ``plain``; the group ``chat`` (acme's) answers from ``pub`` on the unpriced backend ``primary``
 and copies every request to ``cand``. The test closes the cost interval itself, ten seconds after
 it began on the gateway's clock (``CostMeter.close_interval``), once every request and copy is
-recorded, as ``tests/test_cost_wiring.py`` does.
+recorded, as ``tests/telemetry/test_cost_meter.py`` does.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer
 from tests.deploy.conftest import binary
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import admin_keys, session_policy
+from tests.server.test_lifecycle import Streamed
 from tests.servers import ChildServer, metric, process_runs, serve_in_process, wait_until
-from tests.test_lifecycle import Streamed
 
 ADMIN_KEY = "admin-key-for-workers"
 MESSAGES = [{"role": "user", "content": "Hello"}]

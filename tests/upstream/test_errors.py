@@ -2,7 +2,7 @@
 
 The mapping of upstream statuses, the excerpt (what it keeps, what it redacts, where it cuts),
 the error-body shapes of the engines, error events and 200s that are no answer. End to end,
-through real servers, the same rule is checked in ``tests/test_proxy_errors.py``.
+through real servers, the same rule is checked in ``tests/pipeline/test_handler.py``.
 """
 
 from __future__ import annotations

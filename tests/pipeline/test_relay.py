@@ -2,7 +2,7 @@
 
 An upstream here is a list of ``(time, bytes)`` pieces; a ``FakeClock`` reads each piece's time
 as it arrives, so TTFT and the gaps are exact. What the client got is every body ``send``
-joined. The same relay behind real servers is checked in ``tests/test_streaming.py``.
+joined. The same relay behind real servers is checked in ``tests/pipeline/test_relay_wired.py``.
 """
 
 from __future__ import annotations

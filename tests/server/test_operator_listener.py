@@ -19,7 +19,7 @@ from tests.servers import admin_url
     ("method", "path", "on_api", "on_admin"),
     [
         pytest.param("GET", "/metrics", 404, 200, id="metrics answer only on the operator listener"),
-        # 403: the test policy lists no admin key (gateway/server/admin.py); tests/test_lifecycle.py has one.
+        # 403: the test policy lists no admin key (gateway/server/admin.py); tests/server/test_lifecycle.py has one.
         pytest.param("GET", "/admin/policy", 404, 403, id="the policy status answers only there"),
         pytest.param("POST", "/admin/reload", 404, 403, id="a reload answers only there"),
         pytest.param("GET", "/healthz", 200, 200, id="liveness answers on both"),

@@ -24,7 +24,7 @@ import pytest
 from tests.policy_builder import session_policy
 from tests.servers import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30
 
 MODES = {"serve": (), "serve --workers 2": ("--workers", "2")}

@@ -1,7 +1,7 @@
 """Streaming: chunks pass through unbuffered, usage is always asked for and stripped when not
 wanted, the stream always ends with ``[DONE]``, and an upstream failure ends it OpenAI-style.
 What the backend's stream may hold (error events, CRLF framing, comments, fields) is relayed by
-the SSE specification; the relay alone, with exact times, is in ``tests/test_sse_relay.py``.
+the SSE specification; the relay alone, with exact times, is in ``tests/pipeline/test_relay.py``.
 """
 
 from __future__ import annotations

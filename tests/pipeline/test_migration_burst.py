@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
+from tests.pipeline.test_migration import faulted, faults, faulty_first
 from tests.resilience_harness import KEY, MODEL, engines, gateway
 from tests.servers import wait_until
-from tests.test_migration import faulted, faults, faulty_first
 
 STREAMS = 32
 """At once, round robin from the faulty engine: about half break there, ten more than the old
