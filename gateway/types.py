@@ -56,6 +56,9 @@ class InferenceRequest:
     pinned_backend: str | None = None
     """The one backend that may answer: it holds the earlier answer the request continues
     (``previous_response_id``, ``gateway/responses/affinity.py``)."""
+    public_previous_id: str | None = None
+    """The client's ``previous_response_id`` when it is sealed (``gateway/responses/ids.py``): the
+    body then carries the engine's own id, and the answer, which names it back, gets the client's."""
 
     @property
     def client_wants_continuous_usage(self) -> bool:

@@ -412,6 +412,13 @@ class Attempts:
                 if public_id != upstream_id:  # sealed: the client continues with the id that says where
                     document["id"] = public_id
                     body = orjson.dumps(document)
+                previous = request.public_previous_id
+                if (
+                    previous is not None
+                    and document.get("previous_response_id") == request.body["previous_response_id"]
+                ):
+                    document["previous_response_id"] = previous  # named back as the client named it
+                    body = orjson.dumps(document)
                 await self.deps.affinity.shared_now()  # a follow-up may come through another replica at once
         public = self.ctx.route.public_name
         if isinstance(document, dict) and document.get("model", public) != public:
@@ -484,7 +491,7 @@ class Attempts:
                 track=track,
                 keep_continuous=request.client_wants_continuous_usage,
                 redactor=deps.upstream.redactor,
-                rename=renaming(request.body.get("model"), self.ctx.route.public_name),
+                rename=renaming(request.body.get("model"), self.ctx.route.public_name) + previous_renaming(request),
                 on_event=self._on_event if self.texts is not None or request.api.keeps_state else None,
             )
             self.relay = relay
@@ -499,6 +506,15 @@ class Attempts:
         if await relay.finish(failure) is StreamEnd.COMPLETED:
             return None
         return code_of(failure) if failure is not None else ErrorCode.UPSTREAM_ERROR
+
+
+def previous_renaming(request: InferenceRequest) -> tuple[tuple[bytes, bytes], ...]:
+    """The byte replacement that names the earlier answer back as the client named it, when its
+    sealed id was swapped for the engine's own in the body (``InferenceRequest.public_previous_id``)."""
+    public = request.public_previous_id
+    if public is None:
+        return ()
+    return ((orjson.dumps(request.body["previous_response_id"]), orjson.dumps(public)),)
 
 
 def _lost_previous(request: InferenceRequest) -> NotFound:

@@ -268,6 +268,8 @@ class InferenceHandler:
             request = dataclasses.replace(request, session_id=session_id, body_modified=modified)
         if held is not None:
             request.pinned_backend = held.backend
+            if renamed:
+                request.public_previous_id = previous
         known.stream = request.stream
         span.describe(
             model=model, tenant=tenant.name, class_name=class_name, max_tokens=request.max_tokens, stream=request.stream

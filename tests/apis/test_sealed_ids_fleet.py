@@ -81,6 +81,7 @@ def test_a_whole_answer_is_continued_through_the_other_replica_on_its_holder_and
     assert [a.status_code for a in answers] == [200] * 4, answers[0].text
     assert sorted(moved) == [0, 4]  # every follow-up on the one engine that holds the response
     assert all(a.json()["id"].startswith(PREFIX) and a.json()["id"] != first.id for a in answers)
+    assert {a.json()["previous_response_id"] for a in answers} == {first.id}  # named back as the client named it
     assert stored == []  # no entry written: the id carries its holder
 
 
@@ -92,9 +93,17 @@ def test_a_streamed_answer_carries_its_sealed_id_in_every_event_and_is_continued
     ids = {e.response.id for e in events if hasattr(e, "response")}
     (public,) = ids
     continued = follow_up(fleet.two.url, public)
+    with sdk(fleet.two.url) as two:
+        streamed = list(
+            two.responses.create(
+                model=MODEL, input="More.", previous_response_id=public, max_output_tokens=3, stream=True
+            )
+        )
+    named_back = {e.response.previous_response_id for e in streamed if hasattr(e, "response")}
     assert {e.type for e in events if hasattr(e, "response")} >= {"response.created", "response.completed"}
     assert ResponseIds.sealed(public)
     assert continued.status_code == 200, continued.text
+    assert named_back == {public}  # every event names the earlier answer as the client did
 
 
 def test_another_tenants_use_of_an_id_is_the_404_of_an_id_nobody_issued(fleet: SlowFleet) -> None:
