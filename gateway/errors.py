@@ -44,9 +44,11 @@ the rule of ``gateway/upstream/errors.py``.
 Each error carries its HTTP ``status``, the OpenAI ``type`` the official SDK expects, a ``code``
 from the closed list ``ErrorCode`` (the ``outcome`` label of ``gateway_requests_total``) and an
 optional ``param``. Whether a failed attempt is retried is not the error's to say: it depends on
-what was sent and what came back (``gateway/upstream/retry.py``). The body is
-always the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``; tracebacks never
-go on the wire (the outermost handler in ``app.py`` logs them and answers a generic 500-free 502).
+what was sent and what came back (``gateway/upstream/retry.py``). ``body`` renders the OpenAI
+shape ``{"error": {"message", "type", "param", "code"}}``; an API with an error shape of its own
+renders it through its dialect (``Dialect.error_body``: Anthropic's for Messages). Tracebacks
+never go on the wire: the one catch-all of the request path (``gateway/pipeline/handler.py``)
+logs them and answers 500 ``internal_error`` (or ends a started stream with its error event).
 """
 
 from __future__ import annotations

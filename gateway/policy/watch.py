@@ -88,8 +88,8 @@ class PolicySource:
 
     Usage::
 
-        source = PolicySource("policies/prod.yaml")      # raises PolicyError if invalid
-        source.subscribe(pool.apply)
+        source = PolicySource("policies/prod.yaml", install=gateway.install)  # PolicyError if invalid
+        source.subscribe(on_swapped)                     # told after each swap (tests, tools)
         source.install_sighup(asyncio.get_running_loop())
         task = asyncio.create_task(source.watch(1.0))   # owned by the lifespan
         snapshot = source.current()                      # once per request
