@@ -151,7 +151,7 @@ class BackendReport:
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
+class LedgerGrant:
     """What the ledger lets this process hold of one backend, and what the others are doing there."""
 
     requests: int
@@ -178,7 +178,7 @@ class Sync:
     ledger's epoch, and the processes that are tombstones (silent past their lease)."""
 
     live: int
-    grants: Mapping[str, Grant]
+    grants: Mapping[str, LedgerGrant]
     epoch: str = ""
     tombstones: tuple[str, ...] = ()
 
@@ -270,9 +270,9 @@ def _ints(values: Any) -> dict[int, int]:
     return {int(rank): int(value) for rank, value in values.items()}
 
 
-def _grant(entry: dict[str, Any]) -> Grant:
+def _grant(entry: dict[str, Any]) -> LedgerGrant:
     hold = entry["hold"]
-    return Grant(
+    return LedgerGrant(
         requests=int(hold["req"]),
         tokens=int(hold["tok"]),
         prefills=_ints(hold.get("pf")),

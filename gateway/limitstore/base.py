@@ -24,7 +24,7 @@ minutes of refill for a per-minute limit: a usage figure that is wrong (a backen
 the output bound, or reported nonsense) must not lock a tenant out for hours.
 
 **A slot is given back where it was taken.** A store that keeps slots in more than one place
-(the Redis store's local fallback, while Redis is lost) says where in ``Verdict.slot_at``; the
+(the Redis store's local fallback, while Redis is lost) says where in ``LimitVerdict.slot_at``; the
 caller hands it back in ``Settlement.slot_at``. Releasing "a slot" wherever one is found would
 free a fallback slot for a request that holds one in Redis, and let a tenant run past its
 limit (issue 28: 12 for a limit of 4 on two replicas).
@@ -39,7 +39,7 @@ SlotAt = Literal["store", "local"]
 """Where a slot was taken: the store proper, or a local fallback of it."""
 
 UNAVAILABLE = "unavailable"
-"""``Verdict.refused_by`` when the store refuses because it cannot enforce the limits at all
+"""``LimitVerdict.refused_by`` when the store refuses because it cannot enforce the limits at all
 (``state.on_store_loss: closed`` while Redis is lost): a 503, not the tenant's 429."""
 
 
@@ -106,7 +106,7 @@ class BucketResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class LimitVerdict:
     """The answer to an ``Ask``: admitted (slot and every take done) or refused (nothing done).
 
     ``refused_by`` names the first limit that refused, in the order checked: ``"slot"``, then
@@ -152,13 +152,13 @@ class LimitStore(Protocol):
     of its budget, see ``RedisLimitStore``; None: a whole budget); past it, the call is answered
     from a local fallback instead. ``request_budget_s`` is the budget a request starts with
     (``inf`` for an in-process store). ``admit`` tells what it cost the budget in
-    ``Verdict.waited_s``, ``settle`` returns it. ``slots_in_use`` is the slots the fleet
+    ``LimitVerdict.waited_s``, ``settle`` returns it. ``slots_in_use`` is the slots the fleet
     holds for the scope (a lease's spare slots included).
     """
 
     request_budget_s: float
 
-    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict: ...
+    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> LimitVerdict: ...
 
     async def settle(self, settlement: Settlement, *, timeout_s: float | None = None) -> float: ...
 

@@ -48,7 +48,7 @@ import asyncio
 import math
 from dataclasses import dataclass, field
 
-from gateway.limitstore.base import Ask, Bucket, BucketResult, SlotAt, Verdict
+from gateway.limitstore.base import Ask, Bucket, BucketResult, LimitVerdict, SlotAt
 
 LEASE_S = 1.0
 """A lease aims at this many seconds of the process's own spending."""
@@ -242,7 +242,7 @@ class ScopeLease:
                 lacking[take.bucket.name] = take.amount - max(0.0, have)
         return lacking
 
-    def take(self, ask: Ask, now: float) -> Verdict:
+    def take(self, ask: Ask, now: float) -> LimitVerdict:
         """Spend the ask from the lease (the caller checked ``shortfall`` is empty)."""
         self.last_used = now
         if ask.slot_limit is not None and self.slots is not None:
@@ -256,9 +256,9 @@ class ScopeLease:
             b = take.bucket
             results.append(BucketResult.of(before, take.amount, b.capacity, b.refill_per_s, True))
         slot_at: SlotAt | None = "store" if ask.slot_limit is not None else None
-        return Verdict(True, None, tuple(results), slot_at=slot_at)
+        return LimitVerdict(True, None, tuple(results), slot_at=slot_at)
 
-    def refusal(self, ask: Ask, reply: Reply, sent: Sent, now: float) -> Verdict:
+    def refusal(self, ask: Ask, reply: Reply, sent: Sent, now: float) -> LimitVerdict:
         """The verdict of an ask that Redis refused (or that its answer did not cover)."""
         names = [b.name for b in sent.buckets]
         refused_by = "slot" if reply.refused == 1 else names[reply.refused - 2] if reply.refused else None
@@ -270,7 +270,7 @@ class ScopeLease:
             results.append(BucketResult.of(level, take.amount, b.capacity, b.refill_per_s, False))
             if refused_by is None and level < take.amount:
                 refused_by = take.bucket.name
-        return Verdict(False, refused_by or "slot", tuple(results))
+        return LimitVerdict(False, refused_by or "slot", tuple(results))
 
     def release(self) -> None:
         if self.slots is not None and self.slots.in_use > 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from gateway.clock import Clock, MonotonicClock
-from gateway.limitstore.base import Ask, Bucket, BucketResult, Settlement, Verdict, adjusted, refill
+from gateway.limitstore.base import Ask, Bucket, BucketResult, LimitVerdict, Settlement, adjusted, refill
 
 
 class MemoryLimitStore:
@@ -34,7 +34,7 @@ class MemoryLimitStore:
         else:
             self._buckets[(scope, bucket.name)] = (level, now)
 
-    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict:
+    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> LimitVerdict:
         now = self._clock.now()
         scope = ask.scope
         refused_by = None
@@ -54,7 +54,7 @@ class MemoryLimitStore:
             BucketResult.of(level, take.amount, take.bucket.capacity, take.bucket.refill_per_s, admitted)
             for take, level in zip(ask.takes, levels, strict=True)
         )
-        return Verdict(
+        return LimitVerdict(
             admitted, refused_by, results, slot_at="store" if admitted and ask.slot_limit is not None else None
         )
 

@@ -45,9 +45,9 @@ from gateway.limitstore.base import (
     Ask,
     Bucket,
     BucketResult,
+    LimitVerdict,
     Settlement,
     SlotAt,
-    Verdict,
     adjusted,
     refill,
 )
@@ -119,10 +119,10 @@ class LocalLimits:
             self.divisor = self._processes() or None  # the fleet may have been counted since
         return self.mode == "closed" or self.divisor is None
 
-    def admit(self, ask: Ask, *, held: int = 0) -> Verdict:
+    def admit(self, ask: Ask, *, held: int = 0) -> LimitVerdict:
         """The ask against this process's share; ``held``: slots of the scope it holds in Redis."""
         if self.refusing():
-            return Verdict(False, UNAVAILABLE, (), retry_after_s=self._retry_after_s)
+            return LimitVerdict(False, UNAVAILABLE, (), retry_after_s=self._retry_after_s)
         divisor = self.divisor or 1
         now, scope = self._clock.now(), ask.scope
         refused_by = None
@@ -145,7 +145,7 @@ class LocalLimits:
             for take, level, share in zip(ask.takes, levels, shares, strict=True)
         )
         slot_at: SlotAt | None = "local" if admitted and ask.slot_limit is not None else None
-        return Verdict(admitted, refused_by, results, slot_at=slot_at)
+        return LimitVerdict(admitted, refused_by, results, slot_at=slot_at)
 
     def settle(self, settlement: Settlement) -> None:
         """Release a slot taken here (``slot_at == "local"``) and apply the adjustments here."""

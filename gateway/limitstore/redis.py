@@ -20,7 +20,7 @@ concurrent calls, one per tenant.
 anything): its slots are freed, its tokens counted as spent. A live one keeps its slots for
 requests of any length. The sync writes the slots running as the truth (the fallback's ones
 included, once Redis is back: ``outage.py``), so a count that a lost answer left behind is
-repaired by the next sync. A slot is released where it was taken (``Verdict.slot_at``): in
+repaired by the next sync. A slot is released where it was taken (``LimitVerdict.slot_at``): in
 the lease, or in the fallback.
 
 **Failure: a local fallback, as the policy says** (``state.on_store_loss``,
@@ -65,7 +65,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.clock import Clock
-from gateway.limitstore.base import Adjust, Ask, Settlement, Verdict
+from gateway.limitstore.base import Adjust, Ask, LimitVerdict, Settlement
 from gateway.limitstore.lag import FreeTimeout, LoopLag, timed_out
 from gateway.limitstore.lease import WANTED_S, Reply, ScopeLease, Sent
 from gateway.limitstore.outage import LocalLimits, LossMode, Processes
@@ -339,7 +339,7 @@ class RedisLimitStore:
 
     # -- the LimitStore protocol ----------------------------------------------------------------
 
-    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> Verdict:
+    async def admit(self, ask: Ask, *, timeout_s: float | None = None) -> LimitVerdict:
         scope = ask.scope
         lease = self._lease(scope)
         lease.fit(ask)  # while Redis is lost too: the sync after knows the limit of the fallback's slots
@@ -348,7 +348,7 @@ class RedisLimitStore:
             if not lease.shortfall(ask, now, self._busy(scope)):
                 return lease.take(ask, now)
 
-        async def remote() -> Verdict:
+        async def remote() -> LimitVerdict:
             for _ in range(ADMIT_SYNCS):
                 now = self._time()
                 lacking = lease.shortfall(ask, now, self._busy(scope))
@@ -362,14 +362,14 @@ class RedisLimitStore:
                 return lease.take(ask, now)
             return lease.refusal(ask, reply, sent, now)
 
-        def local() -> Verdict:
+        def local() -> LimitVerdict:
             return self.fallback.admit(ask, held=self._running(scope))
 
         # The wait for another admission's sync of the tenant is not the request's wait on Redis:
         # that sync is bounded by its own budget, and its grant may cover this ask (no call).
         async with lease.lock:
             verdict, waited = await self._call("admit", remote, local, self._budget(timeout_s))
-        return Verdict(
+        return LimitVerdict(
             verdict.admitted, verdict.refused_by, verdict.buckets, verdict.slot_at, waited, verdict.retry_after_s
         )
 

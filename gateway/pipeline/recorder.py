@@ -31,7 +31,7 @@ from gateway.pipeline.outcome import RequestOutcome, TokenStats
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.prefix_signature import PrefixSignature, request_session, request_signature, session_hash
 from gateway.telemetry.cost_meter import CostMeter
-from gateway.telemetry.goodput import judge
+from gateway.telemetry.goodput import judge_slo
 from gateway.telemetry.labels import TenantLabels
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracelog import ItlSummary, TraceLog, trace_line
@@ -81,7 +81,7 @@ class Recorder:
             p.observe(m.routing_pick, (model, strategy), decision.pick_s)
             if decision.detail is not None:
                 p.observe(m.matched_blocks, (model, strategy), decision.matched_blocks)
-        verdict = judge(outcome)
+        verdict = judge_slo(outcome)
         tokens = outcome.tokens
         if verdict.judged:
             p.inc(m.slo_requests, model_api_class)

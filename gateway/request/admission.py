@@ -57,10 +57,10 @@ from gateway.limitstore.base import (
     Bucket,
     BucketResult,
     LimitStore,
+    LimitVerdict,
     Settlement,
     SlotAt,
     Take,
-    Verdict,
 )
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
@@ -249,7 +249,9 @@ class TenantLimiter:
             retry_after_s=retry_after_s,
         )
 
-    def _refusal(self, tenant: Tenant, verdict: Verdict, results: dict[str, BucketResult], reserved: int) -> Overloaded:
+    def _refusal(
+        self, tenant: Tenant, verdict: LimitVerdict, results: dict[str, BucketResult], reserved: int
+    ) -> Overloaded:
         limits = tenant.limits
         if verdict.refused_by == "slot":
             self._out_of_slots[tenant.name] = self._clock.now() + SLOT_REFUSAL_MEMORY_S

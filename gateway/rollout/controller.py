@@ -45,9 +45,9 @@ from gateway.rollout.judge import (
     Action,
     Observation,
     RolloutState,
+    RolloutVerdict,
     Status,
     Tally,
-    Verdict,
     force,
     judge,
     judged_steps,
@@ -117,7 +117,7 @@ class Canary:
     state: RolloutState | None = None
     tally: Tally = field(default_factory=Tally)
     due: float = 0.0
-    verdict: Verdict | None = None
+    verdict: RolloutVerdict | None = None
     history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     def percent(self) -> float | None:
@@ -273,7 +273,7 @@ class Rollouts:
         canary.state = new
         canary.tally = Tally()
         by = f"operator:{who}"
-        self._record(canary, Verdict(action, new, new.reason, {}, self._threshold(canary)), by=by)
+        self._record(canary, RolloutVerdict(action, new, new.reason, {}, self._threshold(canary)), by=by)
         self._export(canary)
         return self._describe(canary)
 
@@ -286,7 +286,7 @@ class Rollouts:
     def _threshold(self, canary: Canary) -> float:
         return rollback_threshold(canary.policy.test, judged_steps(canary.policy))
 
-    def _record(self, canary: Canary, verdict: Verdict, by: str, changed: bool = True) -> None:
+    def _record(self, canary: Canary, verdict: RolloutVerdict, by: str, changed: bool = True) -> None:
         """Count every verdict; log and keep in the history those that changed the rollout (a hold
         that keeps it as it was is counted, and logged at debug level: it comes every interval)."""
         canary.verdict = verdict

@@ -275,7 +275,7 @@ def judged_steps(policy: RolloutPolicy) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class RolloutVerdict:
     """What ``judge`` decided, the state after it, and why."""
 
     action: Action
@@ -310,22 +310,22 @@ def _moved(state: RolloutState, now: float, **changes: Any) -> RolloutState:
     return replace(state, updated_at=now, **changes)
 
 
-def judge(policy: RolloutPolicy, state: RolloutState, counts: Mapping[str, int], now: float) -> Verdict:
+def judge(policy: RolloutPolicy, state: RolloutState, counts: Mapping[str, int], now: float) -> RolloutVerdict:
     """The verdict on the current step from its summed ``counts`` (the rules: module docstring)."""
     threshold = rollback_threshold(policy.test, judged_steps(policy))
     if state.status in TERMINAL:
-        return Verdict(Action.CONTINUE, state, f"the rollout is over ({state.status})", {}, threshold)
+        return RolloutVerdict(Action.CONTINUE, state, f"the rollout is over ({state.status})", {}, threshold)
     share = policy.steps[state.step] / 100
     if share >= 1.0:
         done = _moved(state, now, status=Status.PROMOTED, by=CANARY, reason="at 100%: nothing left to judge")
-        return Verdict(Action.COMPLETE, done, done.reason, {}, threshold)
+        return RolloutVerdict(Action.COMPLETE, done, done.reason, {}, threshold)
     evidence = _evidence(counts, share, policy.test.relative_risk)
     worst = max(SIGNALS, key=lambda s: evidence[s])
     figures = _figures(worst, evidence[worst], threshold, counts)
     here = _at(policy, state.step)
     if evidence[worst] >= threshold:
         reason = f"rolled back at {here}: the candidate is worse on {figures}"
-        return Verdict(Action.ROLLBACK, _rollback(state, now, reason), reason, evidence, threshold)
+        return RolloutVerdict(Action.ROLLBACK, _rollback(state, now, reason), reason, evidence, threshold)
     suspicious = evidence[worst] >= threshold / 2
     requests = counts.get("candidate:requests", 0)
     age = now - state.step_started_at
@@ -341,21 +341,21 @@ def judge(policy: RolloutPolicy, state: RolloutState, counts: Mapping[str, int],
         return _hold(state, now, reason, True, evidence, threshold)
     if state.held_by_operator:
         reason = f"held at {here} by {state.by.removeprefix(OPERATOR)}: would promote (largest {figures})"
-        return Verdict(Action.HOLD, state, reason, evidence, threshold)
+        return RolloutVerdict(Action.HOLD, state, reason, evidence, threshold)
     reason = f"nothing looks worse after {requests} candidate requests and {age:.0f} s (largest {figures})"
     new = _advance(policy, state, now, CANARY, reason)
     action = Action.COMPLETE if new.status is Status.PROMOTED else Action.PROMOTE
-    return Verdict(action, new, new.reason, evidence, threshold)
+    return RolloutVerdict(action, new, new.reason, evidence, threshold)
 
 
 def _hold(
     state: RolloutState, now: float, reason: str, suspicious: bool, evidence: dict[str, float], threshold: float
-) -> Verdict:
+) -> RolloutVerdict:
     """HOLD: the status becomes holding when it looks worse, progressing when not (an operator's
     hold stays); the state object is kept when the status does not change."""
     status = Status.HOLDING if suspicious or state.held_by_operator else Status.PROGRESSING
     new = state if status is state.status else _moved(state, now, status=status, reason=reason)
-    return Verdict(Action.HOLD, new, reason, evidence, threshold)
+    return RolloutVerdict(Action.HOLD, new, reason, evidence, threshold)
 
 
 def _rollback(state: RolloutState, now: float, reason: str, by: str = CANARY) -> RolloutState:

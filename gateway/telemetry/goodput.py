@@ -19,12 +19,12 @@ from gateway.pipeline.outcome import RequestOutcome
 from gateway.policy.model import Slo
 
 
-class Verdict(NamedTuple):
+class SloVerdict(NamedTuple):
     judged: bool
     met: bool
 
 
-NOT_JUDGED = Verdict(judged=False, met=False)
+NOT_JUDGED = SloVerdict(judged=False, met=False)
 
 
 def meets_slo(*, ok: bool, ttft_s: float | None, itl_mean_s: float | None, e2e_s: float | None, slo: Slo) -> bool:
@@ -36,7 +36,7 @@ def meets_slo(*, ok: bool, ttft_s: float | None, itl_mean_s: float | None, e2e_s
     return itl_mean_s is None or itl_mean_s * 1000 <= slo.itl_ms
 
 
-def judge(outcome: RequestOutcome) -> Verdict:
+def judge_slo(outcome: RequestOutcome) -> SloVerdict:
     """Whether ``outcome`` is judged against its class's SLO, and whether it met it."""
     status, slo = outcome.status, outcome.slo
     if slo is None or not (status == 200 or status >= 500 or status == 408):
@@ -50,4 +50,4 @@ def judge(outcome: RequestOutcome) -> Verdict:
         e2e_s=outcome.e2e_s,
         slo=slo,
     )
-    return Verdict(judged=True, met=met)
+    return SloVerdict(judged=True, met=met)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.fleet.ledger import BackendReport, FleetLedger, Grant
+from gateway.fleet.ledger import BackendReport, FleetLedger, LedgerGrant
 from gateway.fleet.quota import Quota, Share, TenantUse
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
@@ -68,7 +68,7 @@ def report(
     ]
 
 
-async def grant(process: FleetLedger, **reported: object) -> Grant:
+async def grant(process: FleetLedger, **reported: object) -> LedgerGrant:
     return (await process.sync(report(**reported))).grants["b"]  # type: ignore[arg-type]
 
 
@@ -131,7 +131,7 @@ async def test_a_process_never_holds_less_than_it_uses(processes: list[FleetLedg
 
 async def test_the_holdings_never_sum_past_the_capacity_whatever_the_order(processes: list[FleetLedger]) -> None:
     rng = random.Random(7)
-    held: dict[int, Grant] = {}
+    held: dict[int, LedgerGrant] = {}
     for _ in range(400):
         index = rng.randrange(len(processes))
         before = held.get(index)

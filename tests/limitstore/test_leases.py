@@ -39,7 +39,7 @@ from hypothesis.stateful import (
 )
 
 from gateway.dialects.chat import CHAT
-from gateway.limitstore.base import Adjust, Ask, Bucket, Settlement, Take, Verdict
+from gateway.limitstore.base import Adjust, Ask, Bucket, LimitVerdict, Settlement, Take
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
@@ -60,7 +60,7 @@ MOST = 5
 
 @dataclasses.dataclass
 class Running:
-    verdict: Verdict
+    verdict: LimitVerdict
     tokens: int
 
 

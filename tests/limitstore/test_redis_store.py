@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from gateway.limitstore.base import Adjust, Ask, Bucket, Settlement, Take, Verdict
+from gateway.limitstore.base import Adjust, Ask, Bucket, LimitVerdict, Settlement, Take
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import (
@@ -42,7 +42,7 @@ def slot(limit: int, scope: str = "acme") -> Ask:
 RELEASE = Settlement(scope="acme", release_slot=True)
 
 
-def release(verdict: Verdict, scope: str = "acme") -> Settlement:
+def release(verdict: LimitVerdict, scope: str = "acme") -> Settlement:
     """The settlement giving back the slot ``verdict`` took, where it took it."""
     assert verdict.admitted
     assert verdict.slot_at is not None

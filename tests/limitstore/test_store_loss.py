@@ -17,7 +17,7 @@ import pytest
 
 from gateway.dialects.chat import CHAT
 from gateway.errors import Overloaded
-from gateway.limitstore.base import UNAVAILABLE, Adjust, Ask, Bucket, Settlement, Take, Verdict
+from gateway.limitstore.base import UNAVAILABLE, Adjust, Ask, Bucket, LimitVerdict, Settlement, Take
 from gateway.limitstore.outage import LossMode
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.loader import parse_policy
@@ -85,14 +85,14 @@ def slot(limit: int) -> Ask:
     return Ask(scope="acme", slot_limit=limit)
 
 
-def give_back(verdict: Verdict) -> Settlement:
+def give_back(verdict: LimitVerdict) -> Settlement:
     assert verdict.slot_at is not None
     return Settlement(scope="acme", release_slot=True, slot_at=verdict.slot_at)
 
 
-async def admit_all(store: RedisLimitStore, ask: Ask) -> list[Verdict]:
+async def admit_all(store: RedisLimitStore, ask: Ask) -> list[LimitVerdict]:
     """Every admission ``store`` grants for ``ask``, until the first refusal."""
-    admitted: list[Verdict] = []
+    admitted: list[LimitVerdict] = []
     while (verdict := await store.admit(ask)).admitted:
         admitted.append(verdict)
         assert len(admitted) < 1000, "never refused"
