@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -50,42 +50,56 @@ def stage(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def stage_circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected sets of two stages or more (Tarjan), each sorted."""
-    edges: dict[str, set[str]] = {}
-    for source, targets in graph.items():
-        edges.setdefault(stage(source), set()).update(stage(t) for t in targets if stage(t) != stage(source))
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan, iteratively)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
-    circles: list[list[str]] = []
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
 
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for other in edges.get(node, ()):
-            if other not in index:
-                visit(other)
-                low[node] = min(low[node], low[other])
-            elif other in on_stack:
-                low[node] = min(low[node], index[other])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                circles.append(sorted(component))
 
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return circles
+def stage_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles between stages: ``circles`` of the graph with each stage one node."""
+    edges: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        edges.setdefault(stage(source), set()).update(stage(t) for t in targets if stage(t) != stage(source))
+        for target in targets:
+            edges.setdefault(stage(target), set())
+    return circles(edges)
 
 
 def report(root: Path) -> list[str]:

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from loadtests.architecture import imported, stage
+from loadtests.architecture import circles, imported, stage
 from loadtests.architecture import modules as package_modules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,48 +39,6 @@ def import_graph(package: str) -> dict[str, set[str]]:
         name: {target for target in imported(path) if target in found and target != name}
         for name, path in found.items()
     }
-
-
-def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan, iteratively)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for root in graph:
-        if root in index:
-            continue
-        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
 
 
 def test_the_gateway_s_modules_import_each_other_without_a_circle() -> None:
