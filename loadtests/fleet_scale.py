@@ -513,9 +513,13 @@ class SimProcess:
             await asyncio.sleep(interval)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """As ``Gateway.aclose``: the loops stopped (cancelled again if a Redis call swallowed the
+        cancellation: ``stop_loops``), a graceful leave, then the stores and clients closed."""
+        from gateway.server.lifecycle import stop_loops
+
+        left = await stop_loops(self._tasks)
+        if left:
+            raise RuntimeError(f"loops of simulated process {self.index} ignored every cancellation: {left}")
         await under("ledger", self.coordinator.leave())  # as a gateway's graceful exit
         for closing in (self.store.aclose(), self.affinity.aclose(), self.rollouts.aclose()):
             with contextlib.suppress(Exception):  # best effort at the end of a bench
