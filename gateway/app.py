@@ -6,13 +6,17 @@ routing or middleware layers on the hot path, which cost about 0.1 ms a request)
 else (health, readiness, metrics, the model list, admin) goes through a starlette ``Router``.
 The ``Gateway`` (``gateway/service.py``) is built in the lifespan and its collaborators passed
 explicitly; there are no module globals.
+
+``build_server`` puts the app behind the gateway's server (``gateway/server/serve.py``), which
+sits below the app in the stage order and takes it from here rather than importing it.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -23,14 +27,15 @@ from gateway.dialects.registry import DIALECTS
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Overloaded
 from gateway.pipeline.client_response import COMMON_HEADERS
 from gateway.pipeline.handler import InferenceHandler
-from gateway.policy.loader import load_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.auth import authenticate
 from gateway.request.intake import check_headers, credential, read_headers
 from gateway.routing.targets import unready_public
 from gateway.server.admin import admin_routes
 from gateway.server.connections import is_operator_request
-from gateway.service import Gateway
+from gateway.server.lifecycle import Drainable
+from gateway.server.serve import GatewayServer, server_for
+from gateway.service import Gateway, load_policy
 from gateway.settings import Settings
 from gateway.telemetry.metrics import ConnectionCounts
 
@@ -148,6 +153,10 @@ class GatewayApp:
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
+    def drainable(self) -> Drainable | None:
+        """What a drain needs (``gateway/server/lifecycle.py``); None until the lifespan built the gateway."""
+        return self.gateway.drainable() if self.gateway else None
+
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
         try:
@@ -209,3 +218,21 @@ class GatewayApp:
     async def _not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = NotFound(f"No route for {scope.get('method', '')} {scope.get('path', '')}.")
         await error_response(error)(scope, receive, send)
+
+
+def build_server(
+    settings: Settings,
+    snapshot: PolicySnapshot | None = None,
+    *,
+    sockets: tuple[socket.socket, socket.socket] | None = None,
+    after_drain: Callable[[], Awaitable[None]] | None = None,
+) -> GatewayServer:
+    """This app behind the gateway's server, both listeners bound (``server_for``); ``OSError``
+    when a port is taken. A worker's (``gateway/workers/child.py``) gives ``sockets``, the API and
+    operator sockets its supervisor bound, and ``after_drain``, its wait for the other workers."""
+    return server_for(
+        settings,
+        lambda listeners: GatewayApp(settings, snapshot, connections=listeners),
+        sockets=sockets,
+        after_drain=after_drain,
+    )

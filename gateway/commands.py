@@ -16,10 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.loader import PolicyError, load_policy
+from gateway.app import build_server
+from gateway.policy.loader import PolicyError
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.keys import hash_api_key
-from gateway.server.serve import GatewayServer, build_server
+from gateway.server.serve import GatewayServer
+from gateway.service import load_policy
 from gateway.settings import DEFAULT_ADMIN_PORT, Settings
 from gateway.workers.supervisor import supervise
 

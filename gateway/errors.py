@@ -28,7 +28,7 @@ The tree (status, ``code``):
     │                               | response_lookup_unavailable (a follow-up whose holder Redis did not
     │                                 tell in time: retry, gateway/responses/affinity.py)
     │                               | limits_unavailable (a limited tenant while Redis is lost and
-    │                                 state.on_store_loss is closed: gateway/request/admission.py)
+    │                                 state.on_store_loss is closed: gateway/admission/tenant_limits.py)
     ├── InternalError          500  internal_error (a gateway bug; never caused by input)
     ├── NoHealthyBackend       503  no_healthy_backend | no_backend_for_tenant
     ├── UpstreamError          502  upstream_error | upstream_connect_error | upstream_protocol_error

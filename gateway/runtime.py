@@ -30,10 +30,10 @@ from types import MappingProxyType
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool, PoolPlan
+from gateway.dispatch.router import Router
 from gateway.policy.model import TracingConfig
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import ReloadRefused
-from gateway.routing.base import Router
 from gateway.routing.isolation import CacheSalter
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import build_routers, update_routers
@@ -112,6 +112,8 @@ class RuntimeBuilder:
             raise ReloadRefused(str(exc)) from exc
         if policy.state != old.state:
             log.warning("policy section 'state' changed: the limit store keeps its settings until a restart")
+        if policy.fleet.cell != old.fleet.cell:
+            log.warning("fleet.cell changed: this process stays in cell %r until a restart", old.fleet.cell)
         same_secret = policy.cache_isolation == old.cache_isolation
         secret = current.prefix_secret if same_secret else PrefixSecret.from_env(policy.cache_isolation.secret_env)
         routers = (

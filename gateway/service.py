@@ -19,6 +19,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from gateway.admission.tenant_limits import TenantLimiter
 from gateway.clock import Clock, MonotonicClock
 from gateway.dispatch.backends import BackendPool
 from gateway.dispatch.breaker import CircuitBreaker
@@ -26,27 +27,32 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.scrape import SaturationScraper
 from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replica_id
 from gateway.fleet.ledger import FleetLedger
-from gateway.fleet.prefix_sync import PrefixSync
+from gateway.fleet.prefix_sync import PrefixSync, prefix_view_key
 from gateway.limitstore.factory import build_limit_store
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.limitstore.redis import RedisLimitStore
 from gateway.pipeline.attempt import AttemptDeps
 from gateway.pipeline.handler import InFlight, PipelineDeps
 from gateway.pipeline.recorder import Recorder
+from gateway.policy.checks import PolicyChecks
+from gateway.policy.loader import PolicyLoader
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource, ReloadRefused
-from gateway.request.admission import TenantLimiter
 from gateway.request.tokens import CharRatioEstimator
 from gateway.responses.affinity import ResponseAffinity
 from gateway.responses.ids import ResponseIds
 from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
 from gateway.rollout.store import open_rollout_store
+from gateway.routing.isolation import check_isolation
+from gateway.routing.registry import routing_problems
 from gateway.routing.targets import TargetPicker
 from gateway.runtime import ReloadPlan, Runtime, RuntimeBuilder
 from gateway.server.exposition import expose
-from gateway.server.lifecycle import Drainable, stop_loops
+from gateway.server.lifecycle import Drainable
 from gateway.settings import Settings
 from gateway.shadow.runner import ShadowRunner
+from gateway.shadow.scorers import scorer_problems
+from gateway.shared.loops import stop_loops
 from gateway.shared.store import SharedStore
 from gateway.telemetry.cost_meter import CostMeter
 from gateway.telemetry.metrics import Metrics
@@ -54,6 +60,22 @@ from gateway.telemetry.tracelog import TraceLog, TraceLogConfig
 from gateway.upstream.client import MissingCredential, UpstreamClient
 
 log = logging.getLogger(__name__)
+
+POLICY_LOADER = PolicyLoader(
+    PolicyChecks(routing=routing_problems, shadow_scorer=scorer_problems, isolation=check_isolation)
+)
+"""The policy loader with every check (``gateway/policy/checks.py``): each entry point that reads a
+policy (serve, workers, ``policy validate`` and ``explain``, reloads, tests, benches) loads through it."""
+
+
+def load_policy(path: str | Path) -> PolicySnapshot:
+    """Read, validate, check and index a policy file (``POLICY_LOADER``); ``PolicyError`` lists every problem."""
+    return POLICY_LOADER.load(path)
+
+
+def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
+    """Like ``load_policy`` for text already in memory; ``source`` names it in every message."""
+    return POLICY_LOADER.parse(text, source)
 
 
 class Gateway:
@@ -84,7 +106,7 @@ class Gateway:
         self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
         self.fleet = self._fleet(settings, snapshot)
         self.prefix_view = self._prefix_view(snapshot)
-        self.source = PolicySource(settings.policy_path, initial=snapshot, install=self.install)
+        self.source = PolicySource(settings.policy_path, POLICY_LOADER, initial=snapshot, install=self.install)
         self.costs = CostMeter(self.metrics, snapshot.policy.backends, self.clock, share=1 / settings.workers)
         trace_log = TraceLog(TraceLogConfig(path=Path(settings.trace_log_path))) if settings.trace_log_path else None
         self.recorder = Recorder(
@@ -168,6 +190,7 @@ class Gateway:
             replica=replica_id(),
             lease_ttl_s=snapshot.policy.fleet.entry_ttl_s,
             drain_s=snapshot.policy.fleet_drain_s,
+            cell=snapshot.policy.fleet.cell,
         )
         coordinator = FleetCoordinator(ledger, self.pool, self.dispatcher, self.policy, self.clock, self.metrics)
         coordinator.adopt(snapshot)  # nothing is the whole capacity before the first sync
@@ -192,7 +215,7 @@ class Gateway:
             self.shared.client,
             # Replicas share a view only when they share the secret: with another secret, the same
             # tenant's blocks are another cache entry in the engines (another ``cache_salt``).
-            key=f"{snapshot.policy.state.key_prefix}fleet:prefix-view:{salter.salt('fleet-prefix-view')[:12]}",
+            key=prefix_view_key(snapshot.policy, salter.salt("fleet-prefix-view")[:12]),
             origin=self.fleet.ledger.replica,
             routers=lambda: self.runtime.routers,
             secret=self.runtime.prefix_secret,

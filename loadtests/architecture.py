@@ -92,39 +92,55 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def stage_circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The circles between stages: ``circles`` of the graph with each stage one node."""
+def stage_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph with each stage one node (a stage's imports of itself left out)."""
     edges: dict[str, set[str]] = {}
     for source, targets in graph.items():
         edges.setdefault(stage(source), set()).update(stage(t) for t in targets if stage(t) != stage(source))
         for target in targets:
             edges.setdefault(stage(target), set())
-    return circles(edges)
+    return edges
+
+
+def stage_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles between stages: ``circles`` of the graph with each stage one node."""
+    return circles(stage_graph(graph))
+
+
+def longest_chain(graph: Mapping[str, set[str]]) -> list[str]:
+    """The longest import chain of a graph without circles, from its top: its length is the layers."""
+
+    @cache
+    def depth(name: str) -> int:
+        return 1 + max((depth(t) for t in graph[name]), default=0)
+
+    chain = [max(graph, key=depth)]
+    while graph[chain[-1]]:
+        chain.append(max(graph[chain[-1]], key=depth))
+    return chain
 
 
 def report(root: Path) -> list[str]:
     found = modules(root)
     graph = {name: {t for t in imported(path) if t in found and t != name} for name, path in found.items()}
 
-    @cache
-    def depth(name: str) -> int:
-        return 1 + max((depth(t) for t in graph[name]), default=0)
-
-    longest = max(found, key=depth)
-    chain = [longest]
-    while graph[chain[-1]]:
-        chain.append(max(graph[chain[-1]], key=depth))
+    chain = longest_chain(graph)
     top = [p for p in (root / PACKAGE).glob("*.py")]
     tests = {p.name for p in (root / "tests").rglob("test_*.py")}
     named = [p for p in found.values() if not p.name.startswith("__")]
     circles = stage_circles(graph)
+    stage_lines: list[str] = []
+    if not circles:
+        path = longest_chain(stage_graph(graph))
+        stage_lines = [f"layers with each stage one node: {len(path)}", "  " + " -> ".join(path)]
     return [
         f"modules: {len(found)}, {sum(len(p.read_text().splitlines()) for p in found.values()):,} lines",
         f"files at the top of gateway/: {len(top)}, {sum(len(p.read_text().splitlines()) for p in top):,} lines",
-        f"longest import chain (layers): {depth(longest)}",
+        f"longest import chain (layers): {len(chain)}",
         "  " + " -> ".join(m.removeprefix(f"{PACKAGE}.") for m in chain),
         "circles between stages: "
         + ("none" if not circles else "; ".join(f"{len(c)} stages: {', '.join(c)}" for c in circles)),
+        *stage_lines,
         f"modules with a test named after them: {sum(f'test_{p.stem}.py' in tests for p in named)} of {len(named)}",
         f"modules with a test at the mirrored path: {sum(mirrored(root, p).exists() for p in named)} of {len(named)}",
     ]

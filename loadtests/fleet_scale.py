@@ -18,7 +18,7 @@ No HTTP and no engine: each simulated process drives the real state code of the 
 ``gateway/service.py`` wires it, and nothing else:
 
 * tenant limits: the ``LimitStore`` of ``gateway/limitstore/factory.py`` behind the real
-  ``TenantLimiter`` (``gateway/request/admission.py``): ``admit`` at arrival, ``settle`` at the end
+  ``TenantLimiter`` (``gateway/admission/tenant_limits.py``): ``admit`` at arrival, ``settle`` at the end
   (a usage that differs from the reservation, as real answers do), the store's background
   ``check``/``run``;
 * capacity: the real ``FleetCoordinator`` and ``FleetLedger`` over ``--backends`` backends,
@@ -90,7 +90,6 @@ from types import ModuleType
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 
 SOURCE: contextvars.ContextVar[str] = contextvars.ContextVar("fleet_scale_source", default="other")
@@ -258,10 +257,18 @@ class SimConfig:
     prompt_tokens: int = 1000
     max_tokens: int = 200
     rollout_interval_s: float = 5.0
+    fleet_cells: int = 1
+    """The fleet split into this many cells (``fleet.cell``), process ``i`` in cell ``i mod fleet_cells``:
+    each cell a ledger and a prefix view of its own; the tenant limits stay fleet-wide."""
 
 
-def sim_policy(config: SimConfig) -> str:
-    """The policy every simulated process loads: backends, tenants with limits, Redis state."""
+def fleet_cell_of(index: int, fleet_cells: int) -> str:
+    """The ``fleet.cell`` of simulated process ``index`` ('': the one unnamed cell)."""
+    return f"c{index % fleet_cells}" if fleet_cells > 1 else ""
+
+
+def sim_policy(config: SimConfig, cell: str = "") -> str:
+    """The policy a simulated process loads: backends, tenants with limits, Redis state, its cell."""
     import yaml
 
     from gateway.request.keys import hash_api_key
@@ -306,7 +313,7 @@ def sim_policy(config: SimConfig) -> str:
             "timeout_ms": 2000,
             "request_budget_ms": 2000,
         },
-        "fleet": {"timeout_ms": 2000},
+        "fleet": {"timeout_ms": 2000, "cell": cell},
     }
     if config.rollouts:
         policy["models"] = [{"name": MODEL}, {"name": f"{MODEL}-b"}]
@@ -327,26 +334,26 @@ class SimProcess:
     """One simulated gateway process (module docstring): the real state code, its own clients."""
 
     def __init__(self, index: int, config: SimConfig, shared: Shared) -> None:
+        from gateway.admission.tenant_limits import TenantLimiter
         from gateway.clock import MonotonicClock
         from gateway.dispatch.backends import BackendPool
         from gateway.fleet.coordinator import FleetCoordinator
         from gateway.fleet.ledger import FleetLedger
-        from gateway.fleet.prefix_sync import PrefixSync
+        from gateway.fleet.prefix_sync import PrefixSync, prefix_view_key
         from gateway.limitstore.factory import build_limit_store
-        from gateway.policy.loader import parse_policy
-        from gateway.request.admission import TenantLimiter
         from gateway.responses.affinity import ResponseAffinity
         from gateway.responses.ids import ResponseIds
         from gateway.rollout.store import RedisRolloutStore
         from gateway.routing.prefix_secret import PrefixSecret
+        from gateway.service import parse_policy
         from gateway.shared.connect import redis_client
         from gateway.telemetry.metrics import Metrics
 
         self.index = index
         self.config = config
         self.shared = shared
-        self._clients: list[aioredis.Redis] = []
-        self.snapshot = parse_policy(sim_policy(config), "fleet-scale.yaml")
+        self._clients: list[Any] = []
+        self.snapshot = parse_policy(sim_policy(config, fleet_cell_of(index, config.fleet_cells)), "fleet-scale.yaml")
         policy = self.snapshot.policy
         self.clock = MonotonicClock()
         self.random = random.Random(index)
@@ -368,6 +375,7 @@ class SimProcess:
             replica=f"sim-{os.getpid()}-{index}-{uuid.uuid4().hex[:6]}",
             lease_ttl_s=policy.fleet.entry_ttl_s,
             drain_s=policy.fleet_drain_s,
+            cell=policy.fleet.cell,
         )
         self.coordinator = FleetCoordinator(
             self.ledger, self.pool, NoDemand(), lambda: self.snapshot, self.clock, self.metrics
@@ -375,7 +383,7 @@ class SimProcess:
         self.coordinator.adopt(self.snapshot)
         self.view = PrefixSync(
             self._client(redis_client, "prefix"),
-            key=f"{config.key_prefix}fleet:prefix-view:sim",
+            key=prefix_view_key(policy, "sim"),
             origin=self.ledger.replica,
             routers=dict,
             secret=PrefixSecret(b"fleet-scale-secret"),
@@ -394,7 +402,7 @@ class SimProcess:
         self.rollouts = RedisRolloutStore(self._client(redis_client, "responses"), config.key_prefix, 2.0)
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def _client(self, factory: Callable[..., aioredis.Redis], family: str) -> Any:
+    def _client(self, factory: Callable[..., Any], family: str) -> Any:
         client = factory(self.config.urls[family], socket_connect_timeout=2.0, health_check_interval=0)
         self._clients.append(client)
         return client
@@ -515,7 +523,7 @@ class SimProcess:
     async def stop(self) -> None:
         """As ``Gateway.aclose``: the loops stopped (cancelled again if a Redis call swallowed the
         cancellation: ``stop_loops``), a graceful leave, then the stores and clients closed."""
-        from gateway.server.lifecycle import stop_loops
+        from gateway.shared.loops import stop_loops
 
         left = await stop_loops(self._tasks)
         if left:
@@ -545,7 +553,7 @@ class NoDemand:
 
 
 def _decision(state: Any) -> Any:
-    from gateway.routing.base import RoutingDecision
+    from gateway.dispatch.router import RoutingDecision
 
     return RoutingDecision(state=state, strategy="prefix", reason="sim")
 
@@ -614,6 +622,8 @@ class Cell:
     """``--tenants`` unless set (the lease cell's fewer tenants each spend faster)."""
     role: str = "fleet"
     """``fleet``: a cell the model fits; ``lease``: the admission cost at a replica's spending (``--lease-cell``)."""
+    fleet_cells: int = 1
+    """The processes split into this many fleet cells (``fleet.cell``: ``--split-cell``)."""
 
 
 class PrivateRedis:
@@ -671,6 +681,7 @@ def sim_config(servers: Mapping[str, PrivateRedis], cell: Cell, args: argparse.N
         rollouts=args.rollouts,
         limit_headroom=args.limit_headroom,
         sealed_ids=not args.shared_map,
+        fleet_cells=cell.fleet_cells,
     )
 
 
@@ -905,6 +916,8 @@ def summarize(
     total_rt = sum(rts.values())
     return {
         "processes": cell.processes,
+        "fleet_cells": cell.fleet_cells,
+        "processes_per_fleet_cell": cell.processes / cell.fleet_cells,
         "rate_per_process": cell.rate,
         "tenants": cell.tenants,
         "role": cell.role,
@@ -1002,8 +1015,9 @@ def model_of(cells: list[dict[str, Any]], blocks: int, calibrated: Mapping[str, 
     """The costs the cells measured, as functions of the fleet's size and rate (module docstring)."""
     lease_cells = [c for c in cells if c.get("role") == "lease"]
     cells = [c for c in cells if c.get("role", "fleet") == "fleet"]
-    smallest = min(c["processes"] for c in cells)
-    at_smallest = [c for c in cells if c["processes"] == smallest]
+    whole = [c for c in cells if c.get("fleet_cells", 1) == 1]
+    smallest = min(c["processes"] for c in whole)
+    at_smallest = [c for c in whole if c["processes"] == smallest]
     calls: dict[str, dict[str, float]] = {}
     for source in SOURCES:
         fixed, per_request = fit_line(
@@ -1026,16 +1040,19 @@ def model_of(cells: list[dict[str, Any]], blocks: int, calibrated: Mapping[str, 
         rts = sum(c["families"][family]["round_trips_per_s"] for c in cells)
         return ops / rts if rts else 0.0
 
-    ledger_a, ledger_b = fit_line((c["processes"], c["families"]["ledger"]["cpu_us_per_round_trip"]) for c in cells)
+    # A sync reads the entries of its own cell's processes; a decision reaches its own cell's readers.
+    ledger_a, ledger_b = fit_line(
+        (_per_cell(c), c["families"]["ledger"]["cpu_us_per_round_trip"]) for c in cells if c.get("fleet_cells", 1) == 1
+    )
     per_rt, per_delivered = fit_two(
         (
             c["families"]["prefix"]["round_trips_per_s"],
-            c["decisions_per_s"] * (c["processes"] - 1),
+            c["decisions_per_s"] * (_per_cell(c) - 1),
             c["families"]["prefix"]["cpu_cores"] * 1e6,
         )
-        for c in cells
+        for c in whole
     )
-    ledger_mem = fit_line((c["processes"], c["families"]["ledger"]["key_bytes"]) for c in cells)
+    ledger_mem = fit_line((c["processes"], c["families"]["ledger"]["key_bytes"]) for c in whole)
     entry_bytes = []
     for c in cells:
         prefix = c["families"]["prefix"]
@@ -1068,24 +1085,34 @@ def model_of(cells: list[dict[str, Any]], blocks: int, calibrated: Mapping[str, 
     }
 
 
-def fleet_at(model: Mapping[str, Any], replicas: int, rate: float, args: argparse.Namespace) -> dict[str, Any]:
-    """The Redis a fleet of ``replicas`` at ``rate`` requests/s each needs, by the model."""
+def _per_cell(cell: Mapping[str, Any]) -> float:
+    """The processes of one fleet cell in a measured cell (all of them when the fleet is one cell)."""
+    return float(cell.get("processes_per_fleet_cell", cell["processes"]))
+
+
+def fleet_at(
+    model: Mapping[str, Any], replicas: int, rate: float, args: argparse.Namespace, cell_size: int | None = None
+) -> dict[str, Any]:
+    """The Redis a fleet of ``replicas`` at ``rate`` requests/s each needs, by the model, as one
+    fleet cell or split into cells of ``cell_size`` replicas (each its own ledger and prefix view)."""
+    size = min(cell_size or replicas, replicas)
+    fleet_cells = math.ceil(replicas / size)
     rts: dict[str, float] = {}
     for source, c in model["round_trips"].items():
         rts[source] = replicas * (c["fixed_per_process_per_s"] + c["per_request"] * rate)
-    if "prefix" in rts:  # an exchange reads the others' entries READ_COUNT at a time
-        rts["prefix"] *= max(1, math.ceil((replicas - 1) / READ_COUNT))
+    if "prefix" in rts:  # an exchange reads the others' entries of its cell READ_COUNT at a time
+        rts["prefix"] *= max(1, math.ceil((size - 1) / READ_COUNT))
     family_rts: dict[str, float] = dict.fromkeys(FAMILIES, 0.0)
     for source, n in rts.items():
         family_rts[FAMILY_OF[source]] += n
     us = model["us_per_round_trip"]
     ledger_a, ledger_b = model["ledger_us_per_sync"]
     prefix = model["prefix_us"]
-    delivered = replicas * rate * (replicas - 1)
+    delivered = replicas * rate * (size - 1)
     cores = {
         "limits": family_rts["limits"] * us["limits"] / 1e6,
         "responses": family_rts["responses"] * us["responses"] / 1e6,
-        "ledger": family_rts["ledger"] * max(0.0, ledger_a + ledger_b * replicas) / 1e6,
+        "ledger": family_rts["ledger"] * max(0.0, ledger_a + ledger_b * size) / 1e6,
         "prefix": (family_rts["prefix"] * prefix["per_round_trip"] + delivered * prefix["per_decision_delivered"])
         / 1e6,
     }
@@ -1096,21 +1123,25 @@ def fleet_at(model: Mapping[str, Any], replicas: int, rate: float, args: argpars
     memory = {
         "limits": mem["limits_bytes"],
         "ledger": mem["ledger_bytes_per_process"] * replicas,
-        "prefix": entry * 10_000,
+        "prefix": entry * 10_000 * fleet_cells,
         "responses": mem["response_entry_bytes"] * responses_held,
     }
-    spreadable = cores["limits"] + cores["responses"]
-    one_slot = max(cores["ledger"], cores["prefix"])
+    # One slot holds one cell's ledger (its hash tag), another its prefix view (one key): the
+    # hottest single slot is the larger of the two of one cell.
+    one_slot = max(cores["ledger"], cores["prefix"]) / fleet_cells
     total = sum(cores.values())
     if total <= SAFE_CORE_SHARE:
         verdict = "one primary"
     elif one_slot <= SAFE_CORE_SHARE:
-        verdict = f"cluster: {math.ceil(spreadable / SAFE_CORE_SHARE)} shards for the tenants' keys + ledger and view"
+        verdict = f"cluster of about {math.ceil(total / SAFE_CORE_SHARE)} shards (tenants and cells spread by hash tag)"
     else:
         hot = "ledger" if cores["ledger"] >= cores["prefix"] else "prefix view"
-        verdict = f"no: the {hot} alone needs {one_slot:.1f} cores on one key (one slot, one shard)"
+        verdict = f"no: one cell's {hot} needs {one_slot:.1f} cores on one slot (one shard)"
     return {
         "replicas": replicas,
+        "cell_size": size,
+        "fleet_cells": fleet_cells,
+        "hottest_slot_cores": one_slot,
         "rate_per_replica": rate,
         "requests_per_s": replicas * rate,
         "round_trips_per_s": sum(rts.values()),
@@ -1129,7 +1160,37 @@ def fleet_at(model: Mapping[str, Any], replicas: int, rate: float, args: argpars
 
 
 def _procs(cell: Mapping[str, Any]) -> str:
-    return f"{cell['processes']}L" if cell.get("role") == "lease" else str(cell["processes"])
+    if cell.get("role") == "lease":
+        return f"{cell['processes']}L"
+    split = cell.get("fleet_cells", 1)
+    return f"{cell['processes']}/{split}c" if split > 1 else str(cell["processes"])
+
+
+def split_check(cells: list[dict[str, Any]], model: Mapping[str, Any]) -> list[str]:
+    """What splitting into fleet cells did, measured: Redis's time per ledger sync and per prefix
+    view exchange in each split cell, against the same processes as one cell and the model's. Per
+    call, not per request: a busy machine runs a large cell's loops below their nominal rate (the
+    column syncs/p/s), which lowers its cost per request without making a call cheaper."""
+    lines = []
+    la, lb = model["ledger_us_per_sync"]
+    for split in (c for c in cells if c.get("fleet_cells", 1) > 1):
+        size = _per_cell(split)
+        ledger, prefix = split["families"]["ledger"], split["families"]["prefix"]
+        line = (
+            f"  {split['processes']} processes in {split['fleet_cells']} cells of {size:g}: ledger "
+            f"{ledger['cpu_us_per_round_trip']:.0f} µs per sync (model for {size:g}: {la + lb * size:.0f}), "
+            f"prefix view {prefix['cpu_us_per_round_trip']:.0f} µs per exchange"
+        )
+        whole = [c for c in cells if c.get("fleet_cells", 1) == 1 and c["processes"] == split["processes"]]
+        if whole:
+            one = whole[0]["families"]
+            line += (
+                f"; as one cell of {split['processes']}: ledger {one['ledger']['cpu_us_per_round_trip']:.0f} µs "
+                f"(x{ledger['cpu_us_per_round_trip'] / max(one['ledger']['cpu_us_per_round_trip'], 1e-9):.2f}), "
+                f"prefix view {one['prefix']['cpu_us_per_round_trip']:.0f} µs"
+            )
+        lines.append(line)
+    return lines
 
 
 def report(
@@ -1211,21 +1272,25 @@ def report(
         f"{mem['prefix_bytes_per_decision']} B/decision (10,000 entries kept), response entry "
         f"{mem['response_entry_bytes']:.0f} B (10,000 per tenant at most)"
     )
+    checks = split_check(cells, model)
+    if checks:
+        lines += ["", "fleet cells (fleet.cell), measured:", *checks]
     lines += [
         "",
         f"extrapolated to {TARGET_RATE:g} req/s per replica (one Redis core = 1.0; safe at {SAFE_CORE_SHARE}):",
     ]
     lines.append(
-        f"{'replicas':>8} {'req/s':>9} {'RT/req':>7} {'RT/s':>10} {'cmds/s':>10} {'cores':>8} "
-        f"{'limits':>7} {'ledger':>8} {'prefix':>8} {'resp':>6} {'mem MB':>8}  verdict"
+        f"{'replicas':>8} {'cells':>9} {'req/s':>9} {'RT/req':>7} {'RT/s':>10} {'cmds/s':>10} {'cores':>8} "
+        f"{'limits':>7} {'ledger':>8} {'prefix':>8} {'resp':>6} {'slot':>6} {'mem MB':>8}  verdict"
     )
     for f in fleets:
         c = f["cores_by_family"]
+        cells_text = f"{f['fleet_cells']}x{f['cell_size']}" if f["fleet_cells"] > 1 else "1"
         lines.append(
-            f"{f['replicas']:>8} {f['requests_per_s']:>9.0f} {f['round_trips_per_request']:>7.3f} "
+            f"{f['replicas']:>8} {cells_text:>9} {f['requests_per_s']:>9.0f} {f['round_trips_per_request']:>7.3f} "
             f"{f['round_trips_per_s']:>10.0f} {f['commands_per_s']:>10.0f} {f['redis_cpu_cores']:>8.2f} "
             f"{c['limits']:>7.2f} {c['ledger']:>8.2f} {c['prefix']:>8.2f} {c['responses']:>6.2f} "
-            f"{f['memory_bytes'] / 1e6:>8.0f}  {f['verdict']}"
+            f"{f['hottest_slot_cores']:>6.2f} {f['memory_bytes'] / 1e6:>8.0f}  {f['verdict']}"
         )
     lines += [
         "",
@@ -1267,6 +1332,12 @@ def main(argv: list[str] | None = None) -> None:
         help="PROCESSES:RATE:TENANTS of the cell that measures admission at a replica's per-tenant spending "
         "('' for none; see model_of)",
     )
+    parser.add_argument(
+        "--split-cell",
+        default="100:10",
+        help="PROCESSES:CELLS of a cell whose processes are split into fleet cells (fleet.cell), at --rate ('' none)",
+    )
+    parser.add_argument("--cell-size", type=int, default=10, help="replicas per fleet cell in the split sizing")
     parser.add_argument("--calibrate-concurrency", type=int, default=64, help="0: no calibration")
     parser.add_argument("--label", default="latest")
     parser.add_argument("--out", default="loadtests/results/fleet_scale")
@@ -1280,6 +1351,9 @@ def main(argv: list[str] | None = None) -> None:
     cells = [Cell(n, args.rate) for n in sizes]
     if args.rate_high:
         cells.insert(1, Cell(min(sizes), args.rate_high))
+    if args.split_cell:
+        processes, split = args.split_cell.split(":")
+        cells.append(Cell(int(processes), args.rate, fleet_cells=int(split)))
     if args.lease_cell:
         processes, rate, tenants = args.lease_cell.split(":")
         cells.append(Cell(int(processes), float(rate), int(tenants), role="lease"))
@@ -1287,7 +1361,11 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     try:
         for cell in cells:
-            print(f"cell: {cell.processes} processes at {cell.rate:g} req/s each", file=sys.stderr, flush=True)
+            print(
+                f"cell: {cell.processes} processes in {cell.fleet_cells} fleet cell(s) at {cell.rate:g} req/s each",
+                file=sys.stderr,
+                flush=True,
+            )
             results.append(run_cell(servers, cell, args))
         calibration = calibrate(servers, args) if args.calibrate_concurrency else {}
     finally:
@@ -1295,6 +1373,8 @@ def main(argv: list[str] | None = None) -> None:
             server.close()
     model = model_of(results, args.blocks, calibration)
     fleets = [fleet_at(model, replicas, TARGET_RATE, args) for replicas in TARGET_FLEETS]
+    split = [replicas for replicas in TARGET_FLEETS if replicas > args.cell_size]
+    fleets += [fleet_at(model, replicas, TARGET_RATE, args, args.cell_size) for replicas in split]
     text = report(args.label, results, model, fleets, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

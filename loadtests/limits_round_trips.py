@@ -53,10 +53,10 @@ def percentile(values: list[float], q: float) -> float:
 
 async def drive(rate: float, seconds: float, warmup_s: float, tenants: int, hold_ms: float) -> dict[str, Any]:
     """The child: the limit path of one replica at ``rate`` (module docstring); this tree's or the baseline's code."""
+    from gateway.admission.tenant_limits import TenantLimiter
     from gateway.dialects.chat import CHAT
     from gateway.limitstore.redis import RedisConfig, RedisLimitStore
-    from gateway.policy.loader import parse_policy
-    from gateway.request.admission import TenantLimiter
+    from gateway.service import parse_policy
     from gateway.types import InferenceRequest
     from loadtests.delay_proxy import DelayProxy
     from tests.limitstore.redis_server import REDIS_URL, drop_keys

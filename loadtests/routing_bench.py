@@ -109,9 +109,9 @@ import httpx
 import orjson
 import redis
 
+from gateway.dispatch.router import RoutingDecision
 from gateway.policy.model import Tenant
 from gateway.request.keys import hash_api_key
-from gateway.routing.base import RoutingDecision
 from gateway.routing.framework import Cycle, Profile, Weighted, load_bound, rendezvous
 from gateway.routing.isolation import CacheSalter, tenant_scope
 from gateway.routing.registry import RouterSpec, register_strategy

@@ -20,18 +20,18 @@ import argparse
 import random
 import time
 
+from gateway.admission.build import build_request
 from gateway.clock import MonotonicClock
 from gateway.dialects.chat import CHAT
 from gateway.dispatch.backends import BackendPool
-from gateway.policy.loader import parse_policy
+from gateway.dispatch.router import Router
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.keys import hash_api_key
 from gateway.request.tokens import CharRatioEstimator
-from gateway.request.validation import build_request
-from gateway.routing.base import Router
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import RouterSpec, build_router
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from loadtests.loadgen.prompts import words
 

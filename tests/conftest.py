@@ -24,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.policy.loader import parse_policy
+from gateway.service import parse_policy
 from gateway.settings import Settings
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import (

@@ -30,8 +30,9 @@ from typing import IO, Any
 
 import uvicorn
 
+from gateway.app import build_server
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.server.serve import GatewayServer, build_server
+from gateway.server.serve import GatewayServer
 from gateway.settings import Settings
 from loadtests.harness import Labels, Samples, families, labelled, metric_sum, metrics
 

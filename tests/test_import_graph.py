@@ -68,7 +68,6 @@ def test_the_circle_finder_finds_a_circle() -> None:
 # folder of gateway/, or a module at its top (issue 29). ``gateway`` is the package itself.
 STAGE_ORDER = (
     "gateway",
-    "types",
     "errors",
     "clock",
     "settings",
@@ -79,6 +78,8 @@ STAGE_ORDER = (
     "telemetry",
     "request",
     "dialects",
+    "types",
+    "admission",
     "dispatch",
     "routing",
     "fleet",
@@ -96,35 +97,7 @@ STAGE_ORDER = (
     "cli",
     "__main__",
 )
-UPWARD_TODAY = frozenset(
-    {
-        ("dispatch.backends", "fleet.quota"),
-        ("dispatch.backends", "routing.reach"),
-        ("dispatch.dispatcher", "fleet.quota"),
-        ("dispatch.dispatcher", "routing.base"),
-        ("dispatch.queueing", "routing.base"),
-        ("dispatch.tenant_load", "fleet.quota"),
-        ("pipeline.handler", "server.connections"),
-        ("pipeline.handler", "shadow.runner"),
-        ("policy.loader", "routing.isolation"),
-        ("policy.loader", "routing.reach"),
-        ("policy.loader", "routing.registry"),
-        ("policy.loader", "shadow.scorers"),
-        ("policy.model", "request.body_fields"),
-        ("policy.model", "request.media"),
-        ("policy.snapshot", "routing.isolation"),
-        ("policy.snapshot", "routing.reach"),
-        ("request.output_length", "dialects.base"),
-        ("request.validation", "dialects.base"),
-        ("responses.sharing", "server.lifecycle"),
-        ("server.serve", "app"),
-        ("telemetry.cost_meter", "pipeline.outcome"),
-        ("telemetry.goodput", "pipeline.outcome"),
-        ("telemetry.tracelog", "routing.prefix_signature"),
-        ("telemetry.tracing", "dialects.base"),
-        ("types", "dialects.base"),
-    }
-)
+UPWARD_TODAY: frozenset[tuple[str, str]] = frozenset()
 """The upward imports there still are (module, imported module; without ``gateway.``): each is a
 wall still to build (a value type to move down, a check to move up). A new one fails the test; so
 does an entry that is gone, so that the list only shrinks."""

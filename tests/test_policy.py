@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.policy.loader import PolicyError, load_policy, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.request.keys import hash_api_key
+from gateway.service import load_policy, parse_policy
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, OTHER_MODEL
 from tests.policy_builder import session_policy
 
@@ -240,8 +241,8 @@ def test_the_same_text_gives_the_same_digest_and_an_edit_changes_it() -> None:
 
 
 def test_a_time_scaled_policy_keeps_the_files_digest_so_the_watcher_does_not_reload_it() -> None:
-    from gateway.policy.loader import load_policy
     from gateway.policy.timescale import scale_policy_time
+    from gateway.service import load_policy
 
     original = load_policy("policies/demo.yaml")
     scaled = scale_policy_time(original, 8)

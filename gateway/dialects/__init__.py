@@ -9,6 +9,6 @@ by path). The request path asks a request's dialect and never tests which API it
 
 It imports the policy model, the engine table (``gateway/engines.py``), the errors, and the
 request checks its rules apply (``body_fields``, ``media``, ``tokens``, ``output_length``,
-``validation``'s helpers); the pipeline's stations (attempt, relay, upstream) import it, never the
-reverse.
+``field_limits``); ``gateway/types.py`` (the request holds its dialect), admission and the
+pipeline's stations (attempt, relay, upstream) import it, never the reverse.
 """

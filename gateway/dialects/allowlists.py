@@ -46,7 +46,8 @@ from typing import Any, Protocol
 
 from gateway.dialects.counts import at_most
 from gateway.errors import InvalidRequest
-from gateway.request.body_fields import TENSOR_PART_TYPES, shown
+from gateway.policy.body_names import TENSOR_PART_TYPES
+from gateway.request.body_fields import shown
 from gateway.request.media import check_server_url
 
 

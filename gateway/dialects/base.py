@@ -17,15 +17,18 @@ reads of an API (every dialect is all of them). About in the order a request mee
 * ``ApiIdentity`` (``name``, ``path``, ``operation``): the routes and each backend's URL
   (``gateway/app.py``, ``gateway/upstream/client.py``), the ``api`` label of the metrics
   (``gateway/pipeline/recorder.py``), the request's span (``gateway/telemetry/tracing.py``), dispatch's 404 for an
-  API no backend of the model serves;
+  API no backend of the model serves. Declared in telemetry (``gateway/telemetry/api_identity.py``),
+  below this stage, since traces read it;
 * ``BodyRules`` (``fields``, ``screen``, ``stream_flags``, ``output_aliases``, ``prompt_field``,
   ``prompt_tokens``, ``render``, ``output_field``, ``stream_usage_fields``): the body. The
   handler screens it (``gateway/pipeline/handler.py``: what a client may send, with the tenant's opt-ins,
   ``allowlists.EngineGrants``), validation reads its flags, output bound and prompt size
-  (``gateway/request/validation.py``), routing hashes its canonical prompt
+  (``gateway/admission/build.py``), routing hashes its canonical prompt
   (``gateway/routing/prefix_keys.py``), and each attempt sets the bound in the one field its
   backend's kind obeys and asks the engine for usage in a stream (``gateway/request/output_length.py``,
-  ``gateway/upstream/body.py``);
+  ``gateway/upstream/body.py``). Output length, a stage below this one, takes only the two members
+  it reads (``output_aliases``, ``output_field``) as its own ``OutputBound``, which every
+  ``BodyRules`` is (mypy checks it where ``upstream/body.py`` hands it the request's dialect);
 * ``Translating`` (``serves``, ``translation``): which backends can answer it, and how; read by
   dispatch (``Dispatcher``: ``serves``) and each attempt's isolation
   (``upstream_body.attempt_isolation``: ``translation``);
@@ -80,6 +83,7 @@ from gateway.dialects.allowlists import EngineGrants
 from gateway.errors import GatewayError
 from gateway.policy.model import Backend, BackendKind, ModelPolicy, RequestLimits
 from gateway.request.tokens import TokenEstimator
+from gateway.telemetry.api_identity import ApiIdentity
 
 ChunkReading = tuple[bool, Mapping[str, Any] | None, tuple[str, ...], bool]
 """What one parsed stream event says, as the relay needs it (``Dialect.read_chunk``):
@@ -149,26 +153,6 @@ class Translation(Protocol):
 
     def stream(self) -> StreamTranslator:
         """A translator for one stream (it holds that stream's state)."""
-        ...
-
-
-class ApiIdentity(Protocol):
-    """Which API a request is (module docstring: the routes, the metrics, the trace)."""
-
-    @property
-    def name(self) -> str:
-        """Short lower-case name: the ``api`` label of the request metrics (``gateway_requests_total``,
-        the latency histograms, tokens, SLO and goodput counters), ``policy explain``'s wording."""
-        ...
-
-    @property
-    def path(self) -> str:
-        """The path clients POST to, and the path the request is forwarded to on a backend."""
-        ...
-
-    @property
-    def operation(self) -> str:
-        """``gen_ai.operation.name`` of the request's server span, and the span's name (OTel GenAI)."""
         ...
 
 

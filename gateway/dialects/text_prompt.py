@@ -17,8 +17,8 @@ import orjson
 
 from gateway.errors import InvalidRequest
 from gateway.policy.model import ModelPolicy
+from gateway.request.field_limits import prompt_too_long
 from gateway.request.tokens import TokenEstimator, prompt_input_tokens
-from gateway.request.validation import prompt_too_long
 
 _TOKEN_TYPES = {int}
 

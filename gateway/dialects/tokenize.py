@@ -53,9 +53,9 @@ from gateway.engines import engine
 from gateway.errors import InvalidRequest
 from gateway.policy.model import BackendKind, ModelPolicy, RequestLimits
 from gateway.request.body_fields import screen_fields
+from gateway.request.field_limits import prompt_too_long
 from gateway.request.media import check_media_urls
 from gateway.request.tokens import TokenEstimator
-from gateway.request.validation import prompt_too_long
 
 TOKENIZER_KEYS = "\x1dtokenizer\x1d"
 """Starts every rendered tokenizer prompt: its prefix keys never match a chat or completions

@@ -28,12 +28,21 @@ from types import MappingProxyType
 import httpx
 
 from gateway.dispatch.breaker import CircuitBreaker
-from gateway.fleet.quota import EMPTY, Quota
+from gateway.dispatch.quota import EMPTY, Quota
 from gateway.policy.model import Backend
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.routing.reach import serves
 
 log = logging.getLogger(__name__)
+
+
+def serves(backend: Backend, tenant: str) -> bool:
+    """Whether routing may offer ``backend`` to ``tenant`` (its ``tenants`` list, when it has one).
+
+    Here, beside the lanes it shapes (``BackendPool.lane``), and not with the reach that counts
+    every path to a backend (``gateway/routing/reach.py``): dispatch is where a tenant is kept off
+    the backends that are not its own, and routing, above dispatch, reads the same rule from here,
+    so that the cache-isolation check and the lanes cannot disagree."""
+    return backend.tenants is None or tenant in backend.tenants
 
 
 class BackendState:
@@ -75,7 +84,7 @@ class BackendState:
         self.kv_usage = 0.0
         self.scraped_at = -1e9
         self.quota: Quota | None = None
-        """This process's part of the backend's capacity (``gateway/fleet/quota.py``); None: all of it."""
+        """This process's part of the backend's capacity (``quota.py``, sized by ``gateway/fleet/``); None: all."""
         self.others_waiting: Mapping[int, int] = EMPTY
         """Requests other processes have waiting for this backend, by class rank (``gateway/fleet/``)."""
         self.others_prefilling: Mapping[int, int] = EMPTY

@@ -17,8 +17,8 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
   ``max_kv_usage``. These only tighten; with nothing in flight there a backend is always
   given work, so stale or pessimistic signals cannot starve a model.
 
-The budgets are this process's part of the backend's capacity (``state.quota``,
-``gateway/fleet/quota.py``): the whole of it for a process alone, a share when several
+The budgets are this process's part of the backend's capacity (``state.quota``, ``quota.py``,
+sized by ``gateway/fleet/quota.py``): the whole of it for a process alone, a share when several
 processes or replicas serve the same backends, so that their sum stays within the capacity;
 a part the ledger granted lets nothing start once its lease has run out (``Quota.until``), and
 may be smaller than what the process has in flight (its tenants hold more than their fair

@@ -50,12 +50,12 @@ from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool, BackendState, Lane
 from gateway.dispatch.capacity import has_room
 from gateway.dispatch.queueing import ClassQueue, DrainMeter, Ticket
+from gateway.dispatch.quota import TenantUse
+from gateway.dispatch.router import Router, RoutingDecision
 from gateway.dispatch.tenant_load import Others, TenantLoad
 from gateway.errors import NoHealthyBackend, NotFound, Overloaded
-from gateway.fleet.quota import TenantUse
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.routing.base import Router, RoutingDecision
 from gateway.types import InferenceRequest
 
 

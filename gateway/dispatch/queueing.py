@@ -30,13 +30,10 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import count
-from typing import TYPE_CHECKING
 
+from gateway.dispatch.router import RoutingDecision
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.types import InferenceRequest
-
-if TYPE_CHECKING:
-    from gateway.routing.base import RoutingDecision
 
 
 @dataclass(eq=False, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gateway.fleet.quota import TenantUse, busiest
+from gateway.dispatch.quota import TenantUse, busiest
 
 RECENT_S = 10.0
 """A tenant served this recently, idle now, is still reported to the fleet's ledger (headroom for its next arrival)."""

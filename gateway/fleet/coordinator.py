@@ -46,8 +46,9 @@ from typing import Protocol
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.queueing import IDLE_GAP_S
+from gateway.dispatch.quota import EMPTY, Quota, Share, TenantUse
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
-from gateway.fleet.quota import EMPTY, Quota, Share, TenantUse, at_most, fallback, paced, partition, shared
+from gateway.fleet.quota import at_most, fallback, paced, partition, shared
 from gateway.limitstore.lag import FreeTimeout, LoopLag
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.shared.store import FAILURES

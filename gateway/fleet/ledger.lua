@@ -1,11 +1,12 @@
 -- The fleet's capacity ledger: one process's sync, atomic (gateway/fleet/ledger.py states the rule).
 --
--- ARGV: 1 the process's id, 2 its lease (s), 3 its report (JSON), 4 the key prefix, 5 the drain
+-- ARGV: 1 the process's id, 2 its lease (s), 3 its report (JSON), 4 the keys' base (the key prefix
+-- and the cell's hash tag: 'gw:{fleet}', or 'gw:{fleet:eu-1}' for cell eu-1), 5 the drain
 -- (s), 6 ids to reap (JSON array: processes known dead), 7 the time (s; '' for Redis's own
 -- clock), 8 an epoch to create if the ledger has none, 9 how many tenants waiting elsewhere to name.
--- Keys, all under the {fleet} hash tag: replicas (zset: id -> time of its last sync), backends
+-- Keys, all under the cell's hash tag: replicas (zset: id -> time of its last sync), backends
 -- (set of names), b:<name> (hash: id -> its state), epoch (the ledger's identity).
-local me, ttl, report, prefix = ARGV[1], tonumber(ARGV[2]), cjson.decode(ARGV[3]), ARGV[4]
+local me, ttl, report, base = ARGV[1], tonumber(ARGV[2]), cjson.decode(ARGV[3]), ARGV[4]
 local drain, reap = tonumber(ARGV[5]), cjson.decode(ARGV[6])
 local tenants_reported = tonumber(ARGV[9]) or 8
 local now
@@ -15,9 +16,9 @@ if ARGV[7] == '' then
 else
   now = tonumber(ARGV[7])
 end
-local replicas = prefix .. '{fleet}:replicas'
-local backends = prefix .. '{fleet}:backends'
-local epoch_key = prefix .. '{fleet}:epoch'
+local replicas = base .. ':replicas'
+local backends = base .. ':backends'
+local epoch_key = base .. ':epoch'
 local keep_ms = math.ceil((ttl + drain) * 1000) + 60000
 
 local epoch = redis.call('GET', epoch_key)
@@ -37,7 +38,7 @@ for _, id in ipairs(reap) do
 end
 if #gone > 0 then
   for _, name in ipairs(redis.call('SMEMBERS', backends)) do
-    redis.call('HDEL', prefix .. '{fleet}:b:' .. name, unpack(gone))
+    redis.call('HDEL', base .. ':b:' .. name, unpack(gone))
   end
   redis.call('ZREM', replicas, unpack(gone))
 end
@@ -348,7 +349,7 @@ end
 
 local answer = {live = live, epoch = epoch, tombstones = tombstones, backends = {}}
 for _, entry in ipairs(report) do
-  local key = prefix .. '{fleet}:b:' .. entry.name
+  local key = base .. ':b:' .. entry.name
   redis.call('SADD', backends, entry.name)
   local states, ids, mine = {}, {}, nil
   local stored = redis.call('HGETALL', key)

@@ -78,7 +78,13 @@ have in flight there, so that routing weighs the fleet's load on each backend (i
 rule rounds up to whole requests: on one replica's part alone it would exclude a backend that
 holds a single request).
 
-All keys carry the ``{fleet}`` hash tag, so that a Redis Cluster keeps them on one slot.
+All keys carry the cell's hash tag, so that a Redis Cluster keeps them on one slot: ``{fleet}``,
+or ``{fleet:<cell>}`` for a named ``fleet.cell``. **Cells** are how a fleet grows past what one
+ledger serves: a sync reads every process's entry of the backends it reports, so one ledger's
+cost grows with the square of its processes (``deploy/README.md``, "Redis for many replicas").
+Each cell is a group of replicas with engines of its own and a ledger of its own, on its own
+slot, so a cluster spreads cells over its shards; the tenant limits stay fleet-wide (their keys
+carry the tenant's tag, not the cell's).
 """
 
 from __future__ import annotations
@@ -89,10 +95,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from gateway.clock import Clock
-from gateway.fleet.quota import NO_SHARE, TENANTS_REPORTED, Quota, Share, TenantUse
+from gateway.dispatch.quota import NO_SHARE, TENANTS_REPORTED, Quota, Share, TenantUse
+from gateway.shared.connect import RedisClient
 from gateway.shared.lua import lua_script
 
 SYNC = lua_script("gateway.fleet", "ledger.lua")
@@ -187,20 +193,23 @@ class FleetLedger:
     """Talks to the ledger's scripts (module docstring) for one process, ``replica``.
 
     ``clock``: when given, the scripts take their time from it instead of Redis's (tests drive
-    leases and drains on a ``FakeClock``)."""
+    leases and drains on a ``FakeClock``). ``cell``: the ``fleet.cell`` this process is in ('': the
+    one unnamed cell, whose keys are those of the ledger before cells)."""
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         key_prefix: str,
         replica: str,
         lease_ttl_s: float,
         drain_s: float = 600.0,
         clock: Clock | None = None,
+        cell: str = "",
     ) -> None:
         self.client = client
         self.key_prefix = key_prefix
+        self.base = ledger_base(key_prefix, cell)
         self.replica = replica
         self.lease_ttl_s = lease_ttl_s
         self.drain_s = drain_s
@@ -215,7 +224,7 @@ class FleetLedger:
             self.replica,
             self.lease_ttl_s,
             orjson.dumps([b.as_json() for b in report]),
-            self.key_prefix,
+            self.base,
             self.drain_s,
             orjson.dumps(list(reap)),
             "" if self.clock is None else repr(self.clock.now()),
@@ -236,15 +245,20 @@ class FleetLedger:
 
     async def leave(self) -> None:
         """Take this process out of the ledger (a graceful exit: nothing of it in flight any more)."""
-        await self._leave(keys=self._keys(sorted(self._reported)), args=[self.replica, self.key_prefix])
+        await self._leave(keys=self._keys(sorted(self._reported)), args=[self.replica, self.base])
 
     def _keys(self, backends: Iterable[str]) -> list[str]:
-        """The keys a script declares, all under the ``{fleet}`` tag: a Redis Cluster client routes
+        """The keys a script declares, all under the cell's tag: a Redis Cluster client routes
         the script to that slot's shard by them. The scripts also touch the hashes of backends
         other processes reported (reaping, leaving), named in the ledger's own set; they are in
         the same slot, so on the same shard, though not declared."""
-        fleet = f"{self.key_prefix}{{fleet}}:"
+        fleet = f"{self.base}:"
         return [f"{fleet}replicas", f"{fleet}backends", f"{fleet}epoch", *(f"{fleet}b:{name}" for name in backends)]
+
+
+def ledger_base(key_prefix: str, cell: str) -> str:
+    """The start of every key of ``cell``'s ledger: the key prefix and the cell's hash tag."""
+    return f"{key_prefix}{{fleet:{cell}}}" if cell else f"{key_prefix}{{fleet}}"
 
 
 def _applied(quota: Quota | None) -> dict[str, Any]:

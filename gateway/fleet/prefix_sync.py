@@ -47,14 +47,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool
+from gateway.dispatch.router import Router, RoutingDecision
 from gateway.fleet.prefix_wire import Decision, MalformedEntry, decode, encode, origin_of
+from gateway.policy.model import Policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.routing.base import PrefixLearner, Router, RoutingDecision
+from gateway.routing.base import PrefixLearner
 from gateway.routing.prefix_secret import PrefixSecret
+from gateway.shared.connect import RedisClient
 from gateway.shared.store import FAILURES
 from gateway.telemetry.metrics import Metrics
 from gateway.types import InferenceRequest
@@ -69,12 +70,23 @@ CATCH_UP_S = 2.0
 """What start-up waits for the catch-up at most; the reader goes on from where it stopped."""
 
 
+def prefix_view_key(policy: Policy, secret_digest: str) -> str:
+    """The stream of ``policy``'s cell for replicas sharing the secret whose digest is given.
+
+    One stream per cell: the replicas of a cell front its engines, and a decision about another
+    cell's engines is of no use to them. No hash tag: the whole key picks its cluster slot, so a
+    cell's stream and its ledger (``{fleet:<cell>}``) may land on different shards."""
+    cell = policy.fleet.cell
+    where = f"fleet:{cell}:prefix-view" if cell else "fleet:prefix-view"
+    return f"{policy.state.key_prefix}{where}:{secret_digest}"
+
+
 class PrefixSync:
     """Publishes this process's routing decisions and folds in the others' (module docstring)."""
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         key: str,
         origin: str,

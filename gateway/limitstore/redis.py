@@ -70,7 +70,7 @@ from gateway.limitstore.lag import FreeTimeout, LoopLag, timed_out
 from gateway.limitstore.lease import WANTED_S, Reply, ScopeLease, Sent
 from gateway.limitstore.outage import LocalLimits, LossMode, Processes
 from gateway.limitstore.scripts import IN_USE, SYNC
-from gateway.shared.connect import limits_client
+from gateway.shared.connect import RedisClient, redis_client
 from gateway.shared.store import FAILURES
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class RedisLimitStore:
         self._clock = clock
         self._on_error = on_error
         self._on_fallback = on_fallback
-        self._redis: aioredis.Redis | RedisCluster = limits_client(
+        self._redis: RedisClient = redis_client(
             config.url,
             socket_timeout=None,  # every call is bounded in free time instead (module docstring)
             socket_connect_timeout=None,

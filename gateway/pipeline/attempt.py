@@ -35,6 +35,7 @@ from gateway.dialects.openai_answers import answer_text
 from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.dispatcher import Dispatcher, Grant
+from gateway.dispatch.router import RoutingDecision
 from gateway.errors import (
     ErrorCode,
     GatewayError,
@@ -50,7 +51,6 @@ from gateway.pipeline.migration import can_continue, continuation
 from gateway.pipeline.outcome import AttemptRecord
 from gateway.pipeline.relay import SseRelay, StreamEnd, TokenTimer, renaming
 from gateway.responses.affinity import ResponseAffinity
-from gateway.routing.base import RoutingDecision
 from gateway.routing.targets import fits, retarget
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import AttemptSpan, RequestSpan

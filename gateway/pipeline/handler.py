@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
+from gateway.admission.build import build_request, require_model
+from gateway.admission.tenant_limits import TenantLimiter, charged_tokens, resolve_class
 from gateway.clock import Clock
 from gateway.dialects.base import Dialect
 from gateway.errors import (
@@ -38,11 +40,12 @@ from gateway.errors import (
 from gateway.pipeline.attempt import AttemptDeps, Attempts
 from gateway.pipeline.client_response import ClientResponse
 from gateway.pipeline.context import RequestContext
+from gateway.pipeline.disconnect import DisconnectSignal, disconnect_signal
 from gateway.pipeline.outcome import RequestOutcome, Result
 from gateway.pipeline.recorder import Recorder
 from gateway.pipeline.relay import TokenTimer
+from gateway.pipeline.shadowing import ShadowCopy, Shadows
 from gateway.policy.model import Slo, Tenant
-from gateway.request.admission import TenantLimiter, charged_tokens, resolve_class
 from gateway.request.auth import authenticate, authorize_model
 from gateway.request.intake import (
     ClientDisconnected,
@@ -55,12 +58,9 @@ from gateway.request.intake import (
     require_json_content_type,
 )
 from gateway.request.tokens import TokenEstimator
-from gateway.request.validation import build_request, require_model
 from gateway.responses.affinity import Holder
 from gateway.routing.targets import TargetChoice, TargetPicker, lookup_public
 from gateway.runtime import Runtime
-from gateway.server.connections import DisconnectSignal, disconnect_signal
-from gateway.shadow.runner import ShadowHandle, ShadowRunner
 from gateway.telemetry.metrics import UNKNOWN_LABEL
 from gateway.telemetry.tracing import RequestSpan
 
@@ -106,7 +106,7 @@ class PipelineDeps:
     recorder: Recorder
     in_flight: InFlight
     targets: TargetPicker
-    shadows: ShadowRunner
+    shadows: Shadows
 
 
 @dataclass(slots=True)
@@ -332,9 +332,9 @@ class _ShadowStart:
 
     __slots__ = ("attempts", "ctx", "handle", "shadows")
 
-    def __init__(self, shadows: ShadowRunner, ctx: RequestContext, attempts: Attempts) -> None:
+    def __init__(self, shadows: Shadows, ctx: RequestContext, attempts: Attempts) -> None:
         self.shadows, self.ctx, self.attempts = shadows, ctx, attempts
-        self.handle: ShadowHandle | None = None
+        self.handle: ShadowCopy | None = None
         attempts.on_dispatched = self.start
 
     def start(self) -> None:
@@ -418,7 +418,7 @@ async def _until_disconnect_or(
     """Run ``work``; cancel it the moment the client disconnects (closing the upstream), or once
     ``left_s`` seconds have passed.
 
-    One timer per request, and the server's ``signal`` (``gateway/server/connections.py``), both
+    One timer per request, and the server's ``signal`` (``gateway/pipeline/disconnect.py``), both
     cancelling the request's own task: cheaper than an ``asyncio.timeout`` around a second
     cancellation scope. Under a server without the signal, a watcher task waits on ``receive()``."""
     task = asyncio.current_task()

@@ -7,7 +7,10 @@ and hands it to ``gateway/pipeline/recorder.py``; nothing downstream can change 
 
 The values here are ``NamedTuple``s rather than frozen dataclasses: as immutable, and three
 times cheaper to build (a frozen dataclass sets each field through ``object.__setattr__``),
-which matters for values built once per request.
+which matters for values built once per request. The answer's timing and usage (``TokenStats``)
+is telemetry's value (``gateway/telemetry/token_stats.py``), as is what goodput and the cost meter
+read of a finished request (``judge_slo``'s ``JudgedRequest``, ``CostMeter.charge``'s
+``ChargedRequest``): telemetry is below the pipeline, and ``RequestOutcome`` is one of each.
 
 The ``outcome`` label of ``gateway_requests_total`` is ``label``: ``completed``,
 ``client_disconnected``, or the error code that ended the request (``queue_full``,
@@ -16,17 +19,17 @@ The ``outcome`` label of ``gateway_requests_total`` is ``label``: ``completed``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gateway.dialects.base import Dialect
 from gateway.errors import ErrorCode
+from gateway.telemetry.token_stats import TokenStats
 
 if TYPE_CHECKING:
+    from gateway.dispatch.router import RoutingDecision
     from gateway.pipeline.context import RequestContext
     from gateway.policy.model import Slo
-    from gateway.routing.base import RoutingDecision
     from gateway.telemetry.tracing import RequestSpan
 
 
@@ -37,39 +40,6 @@ class Result(StrEnum):
     CLIENT_DISCONNECTED = "client_disconnected"
     FAILED = "failed"
     """Ended by a ``GatewayError`` (its ``ErrorCode`` is the label) or an error event in a stream."""
-
-
-class TokenStats(NamedTuple):
-    """The output timing and usage of an answer: TTFT from arrival, every inter-chunk gap.
-
-    ``first_output`` is the clock time of the first output chunk (None: no output, or a
-    non-streamed answer); ``usage`` is the backend's usage object as reported (None if none).
-    """
-
-    arrival: float
-    first_output: float | None
-    gaps: Sequence[float]
-    usage: Mapping[str, Any] | None
-    finish_reasons: Sequence[str]
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_output is None else self.first_output - self.arrival
-
-    def usage_int(self, key: str) -> int | None:
-        value = self.usage.get(key) if self.usage else None
-        return value if isinstance(value, int) else None
-
-    @property
-    def cached_tokens(self) -> int | None:
-        details = self.usage.get("prompt_tokens_details") if self.usage else None
-        value = details.get("cached_tokens") if isinstance(details, dict) else None
-        return value if isinstance(value, int) else None
-
-    @property
-    def total_tokens(self) -> int:
-        """Prompt plus completion tokens as the backend reported them (0 without usage)."""
-        return (self.usage_int("prompt_tokens") or 0) + (self.usage_int("completion_tokens") or 0)
 
 
 class AttemptRecord(NamedTuple):

@@ -27,13 +27,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.pipeline.context import RequestContext
-from gateway.pipeline.outcome import RequestOutcome, TokenStats
+from gateway.pipeline.outcome import RequestOutcome
 from gateway.routing.isolation import tenant_scope
-from gateway.routing.prefix_signature import PrefixSignature, request_session, request_signature, session_hash
+from gateway.routing.prefix_signature import request_session, request_signature, session_hash
 from gateway.telemetry.cost_meter import CostMeter
 from gateway.telemetry.goodput import judge_slo
 from gateway.telemetry.labels import TenantLabels
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.prefix_signature import PrefixSignature
+from gateway.telemetry.token_stats import TokenStats
 from gateway.telemetry.tracelog import ItlSummary, TraceLog, trace_line
 from gateway.telemetry.tracing import RequestSpan
 

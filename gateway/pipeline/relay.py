@@ -62,7 +62,7 @@ from gateway.clock import Clock
 from gateway.dialects.base import ChunkReading, Dialect, StreamTranslator
 from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
 from gateway.errors import GatewayError, UpstreamError, UpstreamRejected
-from gateway.pipeline.outcome import TokenStats
+from gateway.telemetry.token_stats import TokenStats
 from gateway.upstream.errors import ERROR_EVENT_TYPES, Redactor, UpstreamFault, event_error
 
 DONE_EVENT = b"data: [DONE]\n\n"

@@ -4,10 +4,11 @@ Loading is four steps: reading the YAML strictly (a key written twice in one map
 refused, never resolved by "the last one wins": ``gateway/policy/yaml_source.py``); validation
 against ``policy.model.Policy`` (types, ranges, unknown keys); cross-checks between sections
 (names unique, every model served by a backend, every tenant's models and class declared, no
-key both a tenant's and an admin's, tenants of different cache scopes kept apart on unsalted
-engines: ``check_isolation``). Every problem is reported at once, each on a line of its own with
-the file, the line and column, and the path with entries by name
-(``gateway/policy/problems.py``), e.g.::
+key both a tenant's and an admin's); and the checks that need the stages above ``policy``,
+passed in as one ``PolicyChecks`` (``gateway/policy/checks.py``: the routing and shadow scorer
+names, tenants of different cache scopes kept apart on unsalted engines). Every problem is
+reported at once, each on a line of its own with the file, the line and column, and the path
+with entries by name (``gateway/policy/problems.py``), e.g.::
 
     policies/prod.yaml:41:7: tenants[acme].limits.rpm: must be greater than 0
     policies/prod.yaml:38:5: tenants[acme].limts: unknown key; did you mean 'limits'?
@@ -20,25 +21,28 @@ and at each reload, printed by ``policy validate``. The checks themselves write 
 
 The snapshot (``gateway/policy/snapshot.py``) holds the indexes the hot path needs (key hash
 to tenant, model to backends), built once here so that a request never scans a list.
+
+Usage (every entry point loads through the composition root's loader, which has every check)::
+
+    from gateway.service import load_policy, parse_policy
+    snapshot = load_policy("policies/prod.yaml")           # PolicyError lists every problem
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
+from gateway.policy.checks import PolicyChecks
 from gateway.policy.model import Policy
 from gateway.policy.paths import PolicyTree, position
 from gateway.policy.problems import Problem, from_duplicate, from_validation, from_yaml_error, located
 from gateway.policy.snapshot import PolicySnapshot, content_digest, index_policy
 from gateway.policy.yaml_source import YamlDocument, read_yaml
-from gateway.routing.isolation import check_isolation
-from gateway.routing.reach import policy_reach
-from gateway.routing.registry import routing_problems
-from gateway.shadow.scorers import scorer_problems
 
 
 class PolicyError(Exception):
@@ -52,32 +56,38 @@ class PolicyError(Exception):
         super().__init__("\n".join(problem.render(source) for problem in self.details))
 
 
-def load_policy(path: str | Path) -> PolicySnapshot:
-    """Read, validate and index a policy file; raise ``PolicyError`` listing every problem."""
-    source = str(path)
-    try:
-        text = Path(path).read_bytes()
-    except OSError as exc:
-        raise PolicyError(source, [f"cannot read: {exc.strerror or exc}"]) from exc
-    return parse_policy(text, source)
+@dataclass(frozen=True, slots=True)
+class PolicyLoader:
+    """Loads policy files with ``checks``, every one of them, on every load (module docstring)."""
 
+    checks: PolicyChecks
 
-def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
-    """Like ``load_policy`` for text already in memory (tests, admin reloads); ``source`` names
-    it in every message, as a file name would."""
-    document, tree = _read(text, source)
-    try:
-        policy = Policy.model_validate(document.data)
-    except ValidationError as exc:
-        raise PolicyError(source, [from_validation(error, tree, Policy) for error in exc.errors()]) from exc
-    reach = policy_reach(policy)
-    isolation = check_isolation(policy, reach)
-    problems = [*_cross_check(policy), *isolation.problems]
-    if problems:
-        raise PolicyError(source, [located(problem, tree) for problem in problems])
-    warnings = tuple(located(warning, tree).render(source, "warning: ") for warning in isolation.warnings)
-    raw_bytes = text.encode() if isinstance(text, str) else text
-    return index_policy(policy, source, content_digest(raw_bytes), warnings, reach)
+    def load(self, path: str | Path) -> PolicySnapshot:
+        """Read, validate and index a policy file; raise ``PolicyError`` listing every problem."""
+        source = str(path)
+        try:
+            text = Path(path).read_bytes()
+        except OSError as exc:
+            raise PolicyError(source, [f"cannot read: {exc.strerror or exc}"]) from exc
+        return self.parse(text, source)
+
+    def parse(self, text: bytes | str, source: str) -> PolicySnapshot:
+        """Like ``load`` for text already in memory (tests, admin reloads); ``source`` names it in
+        every message, as a file name would."""
+        document, tree = _read(text, source)
+        try:
+            policy = Policy.model_validate(document.data)
+        except ValidationError as exc:
+            raise PolicyError(source, [from_validation(error, tree, Policy) for error in exc.errors()]) from exc
+        isolation = self.checks.isolation(policy)
+        problems = [*_cross_check(policy, self.checks), *isolation.problems]
+        if problems:
+            raise PolicyError(source, [located(problem, tree) for problem in problems])
+        warnings = tuple(located(warning, tree).render(source, "warning: ") for warning in isolation.warnings)
+        raw_bytes = text.encode() if isinstance(text, str) else text
+        return index_policy(
+            policy, source, content_digest(raw_bytes), self.checks, warnings, isolation.multi_scope_backends
+        )
 
 
 def _read(text: bytes | str, source: str) -> tuple[YamlDocument, PolicyTree]:
@@ -95,7 +105,7 @@ def _read(text: bytes | str, source: str) -> tuple[YamlDocument, PolicyTree]:
     return document, tree
 
 
-def _cross_check(policy: Policy) -> Iterable[str]:
+def _cross_check(policy: Policy, checks: PolicyChecks) -> Iterable[str]:
     yield from _unique("models", [m.name for m in policy.models])
     yield from _unique("backends", [b.name for b in policy.backends])
     yield from _unique("tenants", [t.name for t in policy.tenants])
@@ -112,9 +122,9 @@ def _cross_check(policy: Policy) -> Iterable[str]:
         default = model_policy.default_max_tokens
         if default is not None and default > model_policy.max_output_tokens:
             yield f"models[{i}].default_max_tokens: must not exceed max_output_tokens"
-        for problem in routing_problems(model_policy.routing):
+        for problem in checks.routing(model_policy.routing):
             yield f"models[{i}].routing.{problem}"
-    yield from _check_groups(policy, model_names)
+    yield from _check_groups(policy, model_names, checks)
     groups = {g.name for g in policy.model_groups}
     internal = internal_models(policy)
     owners: dict[str, str] = {}
@@ -149,7 +159,7 @@ def internal_models(policy: Policy) -> dict[str, str]:
     return out
 
 
-def _check_groups(policy: Policy, model_names: set[str]) -> Iterable[str]:
+def _check_groups(policy: Policy, model_names: set[str], checks: PolicyChecks) -> Iterable[str]:
     yield from _unique("model_groups", [g.name for g in policy.model_groups])
     for i, group in enumerate(policy.model_groups):
         where = f"model_groups[{i}]"
@@ -164,7 +174,7 @@ def _check_groups(policy: Policy, model_names: set[str]) -> Iterable[str]:
         if group.shadow is not None:
             named.append(("shadow.model", group.shadow.model))
             if group.shadow.scorer is not None:
-                for problem in scorer_problems(group.shadow.scorer):
+                for problem in checks.shadow_scorer(group.shadow.scorer):
                     yield f"{where}.shadow.scorer: {problem}"
             if group.shadow.model in {t.model for t in group.targets}:
                 yield f"{where}.shadow.model: '{group.shadow.model}' is a target already (it would shadow itself)"

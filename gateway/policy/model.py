@@ -40,9 +40,9 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.policy.body_names import TENSOR_PART_TYPES, owned_field_reason
 from gateway.policy.groups import ModelGroup
-from gateway.request.body_fields import TENSOR_PART_TYPES, owned_field_reason
-from gateway.request.media import MediaUrlRefused, parse_allowlist_entry
+from gateway.policy.media_allowlist import MediaUrlRefused, parse_allowlist_entry
 
 KEY_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
@@ -373,7 +373,7 @@ class Tenant(Strict):
     host (``gateway/request/media.py``). Usage: ``allow_builtin_tools: [web_search_preview]``."""
     allow_content_parts: frozenset[str] = frozenset()
     """Content-part types that hand the engine raw tensors which this tenant may send
-    (``image_embeds``, ``audio_embeds``, ``prompt_embeds``: ``body_fields.TENSOR_PART_TYPES``).
+    (``image_embeds``, ``audio_embeds``, ``prompt_embeds``: ``body_names.TENSOR_PART_TYPES``).
     A tensor of the wrong shape can crash the engine (vLLM enables them for trusted users only),
     so they are 400 ``content_part_not_allowed`` unless listed. Usage: ``allow_content_parts: [image_embeds]``."""
 
@@ -636,6 +636,14 @@ class FleetPolicy(Strict):
     prefix_flush_s: Annotated[float, Field(ge=0.001, le=5)] = 0.05
     """How often a process publishes its batch of decisions (one stream entry) and reads the
     others' (one round trip for both)."""
+    cell: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,32}$")] = ""
+    """The cell this replica is in: replicas of one cell share its ledger and prefix view (keys
+    under its own hash tag, ``{fleet:<cell>}``), and should front engines of their own. Unset: the
+    one unnamed cell. A ledger's cost grows with the square of its replicas (every sync reads every
+    replica's entry), so past about 20 replicas at 2,000 req/s each, split the fleet into cells
+    and map each tenant to one cell at the load balancer (its cache entries are its own, so it
+    loses no prefix reuse); tenant limits stay fleet-wide. Read at start-up (``deploy/README.md``,
+    "Redis for many replicas")."""
     prefix_history: Annotated[int, Field(ge=100, le=10_000_000)] = 10_000
     """Stream entries kept, about: what a new process catches up on (those of the last index TTL
     among them). An entry is one process's flush: its decisions times their prompt blocks times
@@ -684,7 +692,7 @@ class StatePolicy(Strict):
     """
 
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: Annotated[str, Field(pattern=r"^(rediss?|unix|rediss?\+sentinel)://\S+$")] | None = None
+    redis_url: Annotated[str, Field(pattern=r"^(rediss?(\+sentinel|\+cluster)?|unix)://\S+$")] | None = None
     url_env: EnvName = "GATEWAY_REDIS_URL"
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,64}$")] = "gw:"
     timeout_ms: Annotated[float, Field(gt=0, le=5000)] = 50.0

@@ -1,8 +1,9 @@
 """The frozen value a policy file becomes: the validated policy plus the hot path's lookup tables.
 
 A module of its own, apart from the loader, so that every component can name the snapshot
-without importing the loader (which checks routing names against the routing registry, whose
-routers in turn name the backends' live state).
+without importing the loader. What the snapshot knows of the stages above ``policy`` (which
+backends tenants of several cache scopes reach) is handed to it by the loader's checks
+(``gateway/policy/checks.py``), never computed here.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gateway.policy.checks import PolicyChecks
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import Backend, ModelPolicy, Policy, PriorityClass, Tenant
-from gateway.routing.isolation import multi_scope_backends
-from gateway.routing.reach import Reach, policy_reach
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,9 @@ class PolicySnapshot:
     tenants_by_key_hash: Mapping[str, Tenant] = field(repr=False)
     models: Mapping[str, ModelPolicy] = field(repr=False)
     backends_by_model: Mapping[str, tuple[Backend, ...]] = field(repr=False)
+    checks: PolicyChecks = field(repr=False, compare=False)
+    """The checks this policy passed (``gateway/policy/checks.py``): a policy derived from it
+    (``gateway/policy/timescale.py``) is loaded with the same ones."""
     warnings: tuple[str, ...] = ()
     """Allowed but probably not meant, each as ``<file>:<line>:<column>: warning: <path>: <problem>``
     (``gateway/policy/loader.py``)."""
@@ -35,10 +38,8 @@ class PolicySnapshot:
     internal: frozenset[str] = frozenset()
     """Models that only serve groups (targets, fallbacks, shadows): never called, nor listed, by name."""
     multi_scope_backends: frozenset[str] = frozenset()
-    """Backends tenants of several cache scopes may reach, by any path (``isolation.multi_scope_backends``):
-    no request may reach one of these without its tenant's salt."""
-    reach: Reach | None = field(default=None, repr=False)
-    """Who reaches each backend, by every path (``gateway/routing/reach.py``)."""
+    """Backends tenants of several cache scopes may reach, by any path (``isolation.multi_scope_backends``,
+    computed by the isolation check): no request may reach one of these without its tenant's salt."""
     json_values: int | None = None
     """The bound on a body's array elements and object members (``RequestLimits.max_json_values``, or
     the default it derives from the models)."""
@@ -65,10 +66,15 @@ def content_digest(data: bytes) -> str:
 
 
 def index_policy(
-    policy: Policy, source: str, digest: str, warnings: tuple[str, ...] = (), reach: Reach | None = None
+    policy: Policy,
+    source: str,
+    digest: str,
+    checks: PolicyChecks,
+    warnings: tuple[str, ...],
+    multi_scope_backends: frozenset[str],
 ) -> PolicySnapshot:
-    """The snapshot of a validated ``policy``; ``reach`` is its ``policy_reach`` when the loader has it."""
-    reach = policy_reach(policy) if reach is None else reach
+    """The snapshot of a ``policy`` that passed ``checks``, with what they found (``warnings``,
+    ``multi_scope_backends``: ``IsolationReport``)."""
     by_key = {key_hash: tenant for tenant in policy.tenants for key_hash in tenant.key_hashes}
     by_model: dict[str, list[Backend]] = {}
     for backend in policy.backends:
@@ -81,11 +87,11 @@ def index_policy(
         tenants_by_key_hash=MappingProxyType(by_key),
         models=MappingProxyType({m.name: m for m in policy.models}),
         backends_by_model=MappingProxyType({m: tuple(bs) for m, bs in by_model.items()}),
+        checks=checks,
         warnings=warnings,
         groups=MappingProxyType({g.name: g for g in policy.model_groups}),
         internal=frozenset(m for g in policy.model_groups for m in g.members()),
-        multi_scope_backends=multi_scope_backends(policy, reach),
-        reach=reach,
+        multi_scope_backends=multi_scope_backends,
         json_values=json_values_bound(policy),
     )
 

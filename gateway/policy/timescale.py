@@ -14,13 +14,14 @@ from typing import Any
 
 import yaml
 
-from gateway.policy.loader import parse_policy
+from gateway.policy.loader import PolicyLoader
 from gateway.policy.snapshot import PolicySnapshot
 
 
 def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
     """``snapshot`` with every class's SLOs, ``max_wait_s`` and ``deadline_s``, and every backend's
-    first-byte and between-chunk timeouts, multiplied by ``k``; prices divided by ``k``."""
+    first-byte and between-chunk timeouts, multiplied by ``k``; prices divided by ``k``. Loaded again
+    with the checks ``snapshot`` passed (``PolicySnapshot.checks``)."""
     if k == 1:
         return snapshot
     data: dict[str, Any] = snapshot.policy.model_dump(mode="json", exclude_none=True)
@@ -36,7 +37,7 @@ def scale_policy_time(snapshot: PolicySnapshot, k: float) -> PolicySnapshot:
                 timeouts[name] *= k
         if backend.get("price_per_gpu_hour"):
             backend["price_per_gpu_hour"] /= k
-    scaled = parse_policy(yaml.safe_dump(data), f"{snapshot.source} (time scale {k:g})")
+    scaled = PolicyLoader(snapshot.checks).parse(yaml.safe_dump(data), f"{snapshot.source} (time scale {k:g})")
     # The file's digest, not the scaled text's: the hot-reload watcher compares digests and must
     # not take the scaling for an edit of the file (it would load the unscaled policy).
     return dataclasses.replace(scaled, digest=snapshot.digest)

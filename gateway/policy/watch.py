@@ -1,7 +1,8 @@
 """Policy hot reload: validate the new file, swap one reference, keep the last good one on error.
 
 A ``PolicySource`` holds the snapshot in force. ``reload(reason)`` reads the file and validates
-it with the loader (``parse_policy``, the second half of ``load_policy``) before anything
+it with the loader it was given (``PolicyLoader.parse``, with every check: the composition
+root's ``POLICY_LOADER``) before anything
 changes: an invalid file is logged, counted and reported, and the old snapshot stays; a file
 whose bytes have the digest of the snapshot in force is ``unchanged``. A valid new file is
 first handed to the ``install`` callable (the gateway builds everything the new policy needs
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from gateway.policy.loader import PolicyError, load_policy, parse_policy
+from gateway.policy.loader import PolicyError, PolicyLoader
 from gateway.policy.snapshot import PolicySnapshot, content_digest
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class PolicySource:
 
     Usage::
 
-        source = PolicySource("policies/prod.yaml", install=gateway.install)  # PolicyError if invalid
+        source = PolicySource("policies/prod.yaml", POLICY_LOADER, install=gateway.install)  # PolicyError if invalid
         source.subscribe(on_swapped)                     # told after each swap (tests, tools)
         source.install_sighup(asyncio.get_running_loop())
         task = asyncio.create_task(source.watch(1.0))   # owned by the lifespan
@@ -98,14 +99,17 @@ class PolicySource:
     def __init__(
         self,
         path: str | Path,
+        loader: PolicyLoader,
         *,
         initial: PolicySnapshot | None = None,
         install: Listener | None = None,
     ) -> None:
-        """``install(snapshot)`` applies a new policy before it becomes ``current()``; it may
-        raise ``ReloadRefused``, and must change nothing when it does."""
+        """``loader`` reads the file at start (without ``initial``) and at each reload;
+        ``install(snapshot)`` applies a new policy before it becomes ``current()``; it may raise
+        ``ReloadRefused``, and must change nothing when it does."""
         self.path = Path(path)
-        self._current = initial if initial is not None else load_policy(self.path)
+        self._loader = loader
+        self._current = initial if initial is not None else loader.load(self.path)
         self._install = install
         self._listeners: list[Listener] = []
         self._seen_stat: tuple[int, int, int] | None = None
@@ -178,7 +182,7 @@ class PolicySource:
             self.last_error = None
             return self._result(ReloadOutcome.UNCHANGED, reason)
         try:
-            snapshot = parse_policy(data, str(self.path))
+            snapshot = self._loader.parse(data, str(self.path))
         except PolicyError as exc:
             return self._reject(reason, exc)
         if self._install is not None:

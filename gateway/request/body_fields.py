@@ -11,7 +11,8 @@ decision, not a tenant's, so the gateway forwards only what it knows to be safe.
    ones). Each extra shapes only its own request's output, at a cost bounded by its tokens.
    Each API's list is its dialect's ``fields`` (``gateway/dialects/``), built from the shared
    sets here (``SAMPLING_EXTRAS``, ``OUTPUT_LENGTH_ALIASES``).
-2. A field the gateway owns is never taken from a client, whatever the policy says:
+2. A field the gateway owns is never taken from a client, whatever the policy says (the names
+   and reasons are the policy's too, ``gateway/policy/body_names.py``: it refuses them as extras):
    * stripped silently (``STRIPPED_FIELDS``) when the gateway itself provides what the field is
      for: the scheduling priority comes from the tenant's class (``engine_priority``), the
      prefix-cache salt from the tenant's scope, the request id from ``x-request-id``. Clients
@@ -40,17 +41,16 @@ are not in the default allowlist.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gateway.errors import InvalidRequest
+from gateway.policy.body_names import REFUSED_FIELDS, STRIPPED_FIELDS
 
 
 class BodyLimits(Protocol):
     """What screening reads of the policy's ``limits`` (``gateway.policy.model.RequestLimits``).
 
-    A protocol, not the policy class: the policy model validates its own fields with this
-    module's rules, so this module must not import it."""
+    A protocol, not the policy class: screening needs this one field of it."""
 
     @property
     def extra_body_fields(self) -> frozenset[str]: ...
@@ -82,52 +82,8 @@ validation normalises them into the request's one bound, refuses two that disagr
 model's cap, and each attempt sends the bound in the one field its engine obeys
 (``gateway/request/output_length.py``). None of them can bypass the cap."""
 
-STRIPPED_FIELDS: Mapping[str, str] = {
-    "priority": "the scheduling priority comes from the tenant's class",
-    "service_tier": "the service tier comes from the tenant's class",
-    "cache_salt": "the prefix-cache salt is derived from the tenant's cache scope",
-    "extra_key": "the prefix-cache key is derived from the tenant's cache scope (SGLang)",
-    "cache_prompt": "prompt caching is the gateway's per-backend decision (llama.cpp)",
-    "request_id": "the request id is the gateway's x-request-id",
-    "rid": "the request id is the gateway's x-request-id (SGLang)",
-}
-"""Owned fields dropped from a client's body; the gateway sets its own where it applies."""
-
-REFUSED_FIELDS: Mapping[str, str] = {
-    "kv_transfer_params": "it tells the engine to move KV cache to or from other hosts",
-    "bootstrap_host": "it points the engine at a prefill server (SGLang disaggregation)",
-    "bootstrap_port": "it points the engine at a prefill server (SGLang disaggregation)",
-    "bootstrap_room": "it joins a prefill transfer (SGLang disaggregation)",
-    "data_parallel_rank": "it pins the request to an engine rank",
-    "id_slot": "it pins the request to a llama.cpp slot and its cache",
-    "vllm_xargs": "it passes arguments to the engine's extensions",
-    "custom_logit_processor": "it ships code for the engine to run (SGLang)",
-    "lora_path": "it makes the engine load an adapter from a path (SGLang)",
-    "session_params": "it continues an engine-side session (SGLang)",
-    "chat_template": "a request may not bring its own template; the model's applies",
-}
-"""Owned fields refused with 400: they steer the engine beyond the client's own request."""
-
-OWNED_FIELDS = frozenset(STRIPPED_FIELDS) | frozenset(REFUSED_FIELDS)
-
-TENSOR_PART_TYPES: Mapping[str, str] = {
-    "image_embeds": "precomputed image embeddings",
-    "audio_embeds": "precomputed audio embeddings",
-    "prompt_embeds": "precomputed prompt embeddings",
-}
-"""Content-part types that hand the engine raw tensors (vLLM's ``image_embeds``, ``audio_embeds``,
-``prompt_embeds`` parts), by what they carry. An engine loads them as they come: a tensor of the
-wrong shape or type can crash it, and vLLM says to enable them for trusted users only. So they are
-refused unless a tenant's policy opts in (``tenants[].allow_content_parts``,
-``gateway/dialects/allowlists.py``)."""
-
 STREAM_OPTIONS_FIELDS = frozenset({"include_usage", "continuous_usage_stats"})
 _SHOWN_NAME_CHARS = 64
-
-
-def owned_field_reason(name: str) -> str | None:
-    """Why ``name`` is the gateway's (None when it is not): what a policy may never allow."""
-    return STRIPPED_FIELDS.get(name) or REFUSED_FIELDS.get(name)
 
 
 def screen_fields(allowed: frozenset[str], body: dict[str, Any], limits: BodyLimits) -> bool:

@@ -25,6 +25,9 @@ The rule, checked before any backend sees the request:
    A request naming such an address is refused like any unlisted URL, with a message that
    says why.
 
+Rules 3 and 4 are the allowlist's syntax too, read alike by the policy load: the URL reader and
+the hosts no entry may open are ``gateway/policy/media_allowlist.py``'s.
+
 No DNS lookup happens here (none on the request path): a host is matched by its name, so only
 hosts whose DNS the operator controls belong on the list. Redirects are the engine's to
 follow; pair this list with the engine's own (vLLM ``--allowed-media-domains`` and
@@ -38,57 +41,24 @@ operator lists those hosts, so the rule there is https to a public host.
 from __future__ import annotations
 
 import ipaddress
-import re
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import SplitResult, urlsplit
 
 from gateway.errors import InvalidRequest
+from gateway.policy.media_allowlist import (
+    AllowedPrefix,
+    MediaUrlRefused,
+    never_a_media_server,
+    parse_allowlist_entry,
+    split_url,
+    url_host,
+)
 
 MEDIA_URL_KEYS = ("image_url", "audio_url", "video_url")
 """Content-part keys whose value is a URL (or ``{"url": ...}``) the engine downloads."""
 
-DEFAULT_PORTS = {"http": 80, "https": 443}
-METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data"})
-METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200"))
-"""Metadata services outside the link-local range (AWS over IPv6, Alibaba Cloud)."""
 INTERNAL_NAME_SUFFIXES = (".localhost", ".local", ".internal", ".svc", ".lan", ".home.arpa")
 """Host-name endings that resolve only inside a host, a cluster or a site (``check_server_url``)."""
-_AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]|%2[eEfF]|%5[cC]")
-
-
-class MediaUrlRefused(ValueError):
-    """Why a URL (a request's or an allowlist entry's) cannot be used."""
-
-
-@dataclass(frozen=True, slots=True)
-class AllowedPrefix:
-    """One normalised allowlist entry: ``scheme://host:port/path``."""
-
-    scheme: str
-    host: str
-    port: int
-    path: str
-
-    def admits(self, url: SplitResult, port: int) -> bool:
-        if url.scheme.lower() != self.scheme or _host(url) != self.host or port != self.port:
-            return False
-        path = url.path or "/"
-        return self.path == "/" or path == self.path or path.startswith(self.path + "/")
-
-
-def parse_allowlist_entry(text: str) -> AllowedPrefix:
-    """An entry of ``limits.media_url_allowlist``, normalised; ``MediaUrlRefused`` says what is wrong."""
-    url, port = _split(text)
-    if url.query or url.fragment:
-        raise MediaUrlRefused("an entry is a prefix: no query string or fragment")
-    host = _host(url)
-    never = _never_a_media_server(host)
-    if never:
-        raise MediaUrlRefused(f"{host} is {never}; no entry may open it")
-    path = (url.path or "/").rstrip("/") or "/"
-    return AllowedPrefix(url.scheme.lower(), host, port, path)
 
 
 @lru_cache(maxsize=16)
@@ -188,10 +158,10 @@ def _check_url(url: str, param: str, allowlist: tuple[str, ...]) -> None:
     if url[:5].lower() == "data:":
         return
     try:
-        parsed, port = _split(url)
+        parsed, port = split_url(url)
     except MediaUrlRefused as why:
         raise _refused(param, str(why)) from None
-    never = _never_a_media_server(_host(parsed))
+    never = never_a_media_server(url_host(parsed))
     if never:
         raise _refused(param, f"it names {never}")
     if not any(prefix.admits(parsed, port) for prefix in compile_allowlist(allowlist)):
@@ -210,11 +180,11 @@ def check_server_url(url: Any, param: str) -> None:
     if not isinstance(url, str):
         raise InvalidRequest(f"'{param}' must be a string.", param=param)
     try:
-        parsed, _ = _split(url)
+        parsed, _ = split_url(url)
     except MediaUrlRefused as why:
         raise _server_refused(param, str(why)) from None
-    host = _host(parsed).lower()
-    never = _never_a_media_server(host) or _not_public(host)
+    host = url_host(parsed).lower()
+    never = never_a_media_server(host) or _not_public(host)
     if never:
         raise _server_refused(param, f"it names {never}")
     if parsed.scheme.lower() != "https":
@@ -240,49 +210,3 @@ def _server_refused(param: str, why: str) -> InvalidRequest:
 def _refused(param: str, why: str) -> InvalidRequest:
     message = f"The media URL in '{param}' is not allowed: {why}."
     return InvalidRequest(message, code="media_url_not_allowed", param=param)
-
-
-def _split(text: str) -> tuple[SplitResult, int]:
-    """The URL's parts and its port, or ``MediaUrlRefused`` when it is not plainly one http(s) URL."""
-    if _AMBIGUOUS.search(text):
-        raise MediaUrlRefused("it has whitespace, a control character, a backslash or an encoded dot or slash")
-    try:
-        url = urlsplit(text)
-        port = url.port
-    except ValueError:
-        raise MediaUrlRefused("it is not a valid URL") from None
-    scheme = url.scheme.lower()
-    if scheme not in DEFAULT_PORTS:
-        raise MediaUrlRefused(f"the scheme must be https (or http where allowed), not {scheme or 'none'!r}")
-    if "@" in url.netloc:
-        raise MediaUrlRefused("it carries user info ('@' before the host)")
-    if not url.hostname:
-        raise MediaUrlRefused("it has no host")
-    if any(segment in (".", "..") for segment in url.path.split("/")):
-        raise MediaUrlRefused("its path has '.' or '..' segments")
-    return url, DEFAULT_PORTS[scheme] if port is None else port
-
-
-def _host(url: SplitResult) -> str:
-    return (url.hostname or "").rstrip(".")
-
-
-def _never_a_media_server(host: str) -> str | None:
-    """What ``host`` is when it can never be a media server (a metadata service, ...), else None."""
-    if host in METADATA_HOSTS:
-        return "a cloud metadata host"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if address in METADATA_ADDRESSES:
-        return "a cloud metadata address"
-    if address.is_link_local:
-        return "a link-local address (where cloud metadata services listen)"
-    if address.is_loopback:
-        return "a loopback address"
-    if address.is_unspecified or address.is_multicast:
-        return "not a unicast address"
-    return None

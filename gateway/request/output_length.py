@@ -16,7 +16,7 @@ simulator     ``max_completion_tokens or max_tokens``  ``max_tokens``
 A gateway that checks one field and forwards the body as it came caps nothing: on
 ``/v1/completions``, ``{"max_completion_tokens": 1, "max_tokens": 3000}`` passed a check of the
 first and vLLM generated 3,000 tokens. So the bound is read once, from every alias
-(``requested_output_length``), capped once (``gateway/request/validation.py``), and each attempt's body
+(``requested_output_length``), capped once (``gateway/admission/build.py``), and each attempt's body
 carries exactly one field, the one its backend's kind obeys, set to the bound, with every other
 alias removed (``output_length_edits``). A request that named no bound gets one too: an engine's
 own default is its remaining context, far above any cap.
@@ -39,15 +39,25 @@ two values in one request are a client bug (or a probe) worth saying so. Equal v
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.dialects.base import Dialect
 from gateway.errors import InvalidRequest
 from gateway.policy.model import BackendKind
 
 OUTPUT_LENGTH_FIELDS = ("max_completion_tokens", "max_tokens", "n_predict")
 """Every request field an engine behind the gateway reads as the output bound on the OpenAI
 generating APIs (chat and completions: their dialects' ``output_aliases``)."""
+
+
+class OutputBound(Protocol):
+    """What this module reads of an API: the two output-bound members of a dialect's ``BodyRules``
+    (``gateway/dialects/base.py``, where they are documented), declared here because the dialects'
+    stage is above this one; every dialect is one."""
+
+    @property
+    def output_aliases(self) -> tuple[str, ...]: ...
+
+    def output_field(self, kind: BackendKind) -> str | None: ...
 
 
 def requested_output_length(
@@ -78,12 +88,12 @@ def requested_output_length(
     return value, name
 
 
-def obeyed_field(kind: BackendKind, api: Dialect) -> str | None:
+def obeyed_field(kind: BackendKind, api: OutputBound) -> str | None:
     """The one field a backend of ``kind`` reads as the output bound on ``api`` (None: embeddings)."""
     return api.output_field(kind)
 
 
-def output_length_edits(kind: BackendKind, api: Dialect, bound: int) -> dict[str, int | None]:
+def output_length_edits(kind: BackendKind, api: OutputBound, bound: int) -> dict[str, int | None]:
     """The body edits that give a backend of ``kind`` exactly ``bound``: alias -> None (remove), field -> bound.
 
     Pure: the caller applies them to its own copy of the body (``fit_output_length``)."""
@@ -95,7 +105,7 @@ def output_length_edits(kind: BackendKind, api: Dialect, bound: int) -> dict[str
     return edits
 
 
-def fit_output_length(body: dict[str, Any], kind: BackendKind, api: Dialect, bound: int) -> bool:
+def fit_output_length(body: dict[str, Any], kind: BackendKind, api: OutputBound, bound: int) -> bool:
     """Apply ``output_length_edits`` to ``body`` in place; True when it changed (re-serialise it)."""
     changed = False
     for name, value in output_length_edits(kind, api, bound).items():

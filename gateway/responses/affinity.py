@@ -43,12 +43,11 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from gateway.clock import Clock
 from gateway.errors import Overloaded
 from gateway.responses.ids import Named, ResponseIds
 from gateway.responses.sharing import Entry, SharedResponses, SharedUnavailable
+from gateway.shared.connect import RedisClient
 
 PER_TENANT = 10_000
 """The default bound per tenant (``Settings.responses_per_tenant``)."""
@@ -81,7 +80,7 @@ class ResponseAffinity:
         per_tenant: int = PER_TENANT,
         max_entries: int = MAX_ENTRIES,
         ttl_s: float = 3600.0,
-        shared: aioredis.Redis | None = None,
+        shared: RedisClient | None = None,
         key_prefix: str = "gw:",
         timeout_s: float = 0.05,
         ids: ResponseIds | None = None,

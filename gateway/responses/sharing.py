@@ -52,13 +52,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError
 
 from gateway.clock import Clock
 from gateway.limitstore.lag import FreeTimeout, LoopLag
-from gateway.server.lifecycle import stop_loops
+from gateway.shared.connect import RedisClient
+from gateway.shared.loops import stop_loops
 from gateway.shared.lua import lua_script
 from gateway.shared.store import FAILURES
 
@@ -129,7 +130,7 @@ class SharedResponses:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         clock: Clock,
         *,
         key_prefix: str,
@@ -254,7 +255,14 @@ class SharedResponses:
         *,
         also_load: Script | None = None,
     ) -> Any:
-        """``script`` in one round trip on a connection opened beforehand (module docstring)."""
+        """``script`` in one round trip on a connection opened beforehand (module docstring); on a
+        cluster, through the cluster client, which finds the tenant's node by the keys' hash tag
+        and connects to it on first use."""
+        if isinstance(self.client, RedisCluster):
+            async with FreeTimeout(self.lag, budget_s):
+                answer = await _evaluate_on_cluster(self.client, script, [*keys, *args], len(keys))
+            self._answered.set()
+            return answer
         pool = self.client.connection_pool
         async with FreeTimeout(self.lag, CONNECT_S):
             connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
@@ -275,6 +283,14 @@ class SharedResponses:
     def field(response_id: str) -> str:
         # A hash, not the id: the keyspace never holds an id a tenant could present.
         return hashlib.sha256(response_id.encode()).hexdigest()
+
+
+async def _evaluate_on_cluster(client: RedisCluster, script: Script, keys_and_args: list[Any], keys: int) -> Any:
+    """``EVALSHA``, else (``NOSCRIPT``: a node that has not seen it) ``EVAL``, on the keys' node."""
+    try:
+        return await client.evalsha(script.sha, keys, *keys_and_args)
+    except NoScriptError:
+        return await client.eval(script.text, keys, *keys_and_args)
 
 
 async def _evaluate(

@@ -63,8 +63,8 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import orjson
-import redis.asyncio as aioredis
 
+from gateway.shared.connect import RedisClient
 from gateway.shared.lua import lua_script
 from gateway.shared.store import FAILURES
 
@@ -191,7 +191,7 @@ class RedisRolloutStore:
     client of its own, which ``aclose`` closes. ``timeout_s`` bounds each call, connection included.
     """
 
-    def __init__(self, client: aioredis.Redis, prefix: str, timeout_s: float, *, owns_client: bool = False) -> None:
+    def __init__(self, client: RedisClient, prefix: str, timeout_s: float, *, owns_client: bool = False) -> None:
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
         self.prefix = prefix
@@ -412,7 +412,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def open_rollout_store(
-    state_backend: str, client: aioredis.Redis | None, prefix: str, directory: Path, timeout_s: float
+    state_backend: str, client: RedisClient | None, prefix: str, directory: Path, timeout_s: float
 ) -> RolloutStore:
     """The store for the policy's ``state.backend``: Redis for ``redis`` (on the process's shared
     client, ``gateway/shared/store.py``), files in ``directory`` for ``memory`` (or ``file``): one

@@ -1,94 +1,19 @@
-"""The routing extension point: a ``Router`` chooses a backend among candidates with room.
+"""What a router may offer beyond the ``Router`` protocol: capabilities the stages above it check.
 
-The dispatcher (``gateway/dispatch/dispatcher.py``) filters a model's backends by health and room, then
-asks the model's ``Router`` to choose among them. Choosing is pure: ``pick`` reads state and
-returns a ``RoutingDecision``; learning (a prefix index insert, a round-robin cursor) happens
-in ``on_dispatch``, called once the request really goes to the chosen backend, so that a
-decision that is not acted on (the request left the queue meanwhile) teaches nothing.
+The extension point itself, the ``Router`` protocol and the ``RoutingDecision`` it returns, is
+dispatch's (``gateway/dispatch/router.py``): the dispatcher calls it, and the consumer owns the
+protocol it calls (routing reads the backends' state from dispatch, so it sits above it). The
+protocols here are asked for with ``isinstance`` by the stages above routing: a router that
+learns from other processes' decisions (``PrefixLearner``, ``gateway/fleet/prefix_sync.py``),
+and one that applies the bounded-load rule (``LoadBounded``, ``framework.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
-from gateway.policy.model import Tenant
-from gateway.types import InferenceRequest
-
-if TYPE_CHECKING:
-    from gateway.dispatch.backends import BackendState
-
-
-@dataclass(frozen=True, slots=True)
-class RouteDetail:
-    """Everything a scored pick weighed, in candidate order (``policy explain`` prints it)."""
-
-    backends: tuple[str, ...]
-    matched: Sequence[int]
-    """Leading prefix blocks each candidate is expected to hold."""
-    prompt_blocks: int
-    by_scorer: Mapping[str, Sequence[float]]
-    totals: Sequence[float]
-    load_bound: int
-    """Most requests a candidate may hold after this one (bounded load); 0 when not applied."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingDecision:
-    """The chosen backend and why: the strategy, a reason code, matched prefix blocks, scores.
-
-    ``pick_s`` is the time ``pick`` took (seconds), for the routing-cost figures.
-    """
-
-    state: BackendState
-    strategy: str
-    reason: str
-    matched_blocks: int = 0
-    scores: Mapping[str, float] = field(default_factory=dict)
-    pick_s: float = 0.0
-    detail: RouteDetail | None = None
-
-
-class Router(Protocol):
-    """Chooses one backend for a request among candidates that are all healthy and have room.
-
-    The contract, checked for every registered strategy by ``tests/routing/test_router_conformance.py``:
-
-    * ``pick`` returns one of ``candidates`` in a decision that names the strategy (its registry
-      name), a reason code (a snake_case word from a small fixed set: it is a metric label) and
-      ``pick_s``, the seconds the pick took. A lone candidate is chosen, however loaded.
-    * ``pick`` is pure and deterministic: a function of the router's state and its arguments. It
-      may memoise what depends on its arguments alone (``InferenceRequest.prefix_keys``, a
-      ``ChainMemo``) but changes nothing a later decision depends on, so picking again without
-      ``on_dispatch`` gives the same decision. A strategy that wants randomness derives it from a
-      hash of the request, or advances its generator in ``on_dispatch``.
-    * Learning happens in ``on_dispatch`` only, in the router: the dispatcher owns the
-      ``BackendState`` counters (it has reserved the request before calling it).
-    * ``forget_backend(b)`` voids what the requests sent to ``b`` taught about their content (the
-      prefixes ``b`` holds): decisions are then those of a router whose dispatches to ``b`` carried
-      other prompts. Content-free state (a rotation cursor) may stay, as may what was learnt about
-      the other backends.
-    * Tenant isolation: what one tenant's requests taught never changes another tenant's decision
-      unless both share a cache scope (``isolation.tenant_scope``); tenants of one scope share it.
-    * A router that applies the bounded-load rule (``framework.py``) declares it (``LoadBounded``):
-      no backend it chooses then holds more than ``ceil((1 + epsilon) × (L + 1) / n)`` with it,
-      by this process's count; with other processes' requests in the figures, ``prefix_affinity``
-      lets the holder of a request's longest match go one over (its continuation slack: one of
-      those may be the turn the request continues, already answered).
-    """
-
-    def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
-        """Choose; ``candidates`` is never empty. Changes nothing a later decision depends on."""
-        ...
-
-    def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
-        """Learn from a decision that was acted on."""
-        ...
-
-    def forget_backend(self, backend: str) -> None:
-        """The backend restarted or left: whatever was learnt about it is void."""
-        ...
+from gateway.dispatch.backends import BackendState
 
 
 @runtime_checkable

@@ -18,21 +18,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.admission.build import build_request, require_model
+from gateway.admission.tenant_limits import resolve_class
 from gateway.clock import MonotonicClock
 from gateway.dialects.base import Dialect
 from gateway.dialects.registry import DIALECTS
 from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.capacity import has_room
 from gateway.dispatch.dispatcher import ModelQueues
+from gateway.dispatch.router import Router, RoutingDecision
 from gateway.errors import InvalidRequest
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import Backend, CacheIsolation, ModelPolicy, PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.request.admission import resolve_class
 from gateway.request.auth import authenticate, authorize_model
 from gateway.request.tokens import CharRatioEstimator
-from gateway.request.validation import build_request, require_model
-from gateway.routing.base import Router, RoutingDecision
 from gateway.routing.isolation import CacheSalter, isolation_fields, tenant_scope
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import build_routers

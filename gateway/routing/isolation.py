@@ -19,7 +19,8 @@ The engine's cache is a side channel: a tenant that gets a prompt back faster th
 computed learns that another tenant sent it (measured through a shared llama.cpp: 3,008 cached
 tokens in 24 ms against 141 ms). Engines without a salt (``llamacpp``, ``openai``) are kept
 apart by the policy's ``cache_isolation.unsalted`` (``UnsaltedMode``), checked at load by
-``check_isolation``; the rule, per backend, is:
+``check_isolation`` (one of the loader's ``PolicyChecks``, ``gateway/policy/checks.py``); the rule,
+per backend, is:
 
     isolating = engine(kind).salted
                 or (engine(kind).prompt_cache_switch and unsalted == no_prompt_cache)
@@ -43,12 +44,13 @@ import hmac
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
+from gateway.dispatch.backends import serves
 from gateway.engines import engine
+from gateway.policy.checks import IsolationReport
 from gateway.policy.model import Backend, BackendKind, Policy, Tenant, UnsaltedMode
-from gateway.routing.reach import Access, Reach, policy_reach, serves
+from gateway.routing.reach import Access, Reach, policy_reach
 
 log = logging.getLogger(__name__)
 
@@ -123,16 +125,9 @@ class CacheSalter:
         return f"CacheSalter(shared={self.shared}, scopes={len(self._memo)})"
 
 
-@dataclass(frozen=True, slots=True)
-class IsolationReport:
-    """What ``check_isolation`` found: ``problems`` refuse the policy, ``warnings`` are logged."""
-
-    problems: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-
 def check_isolation(policy: Policy, reach: Reach | None = None) -> IsolationReport:
-    """The load-time half of the rule in the module docstring, with a path in every message.
+    """The load-time half of the rule in the module docstring, with a path in every message, and
+    the policy's ``multi_scope_backends`` (the snapshot keeps them for the request path).
 
     ``reach``: the policy's ``policy_reach``, when the caller has computed it already."""
     reach = policy_reach(policy) if reach is None else reach
@@ -156,7 +151,7 @@ def check_isolation(policy: Policy, reach: Reach | None = None) -> IsolationRepo
         else:
             problems.append(_shared_problem(i, backend, accesses, mode))
     warnings.extend(_stranded_tenants(policy, reach))
-    return IsolationReport(tuple(problems), tuple(warnings))
+    return IsolationReport(tuple(problems), tuple(warnings), multi_scope_backends(policy, reach))
 
 
 def multi_scope_backends(policy: Policy, reach: Reach | None = None) -> frozenset[str]:

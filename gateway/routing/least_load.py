@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING
 
+from gateway.dispatch.router import RoutingDecision
 from gateway.policy.model import Tenant
-from gateway.routing.base import RoutingDecision
 from gateway.types import InferenceRequest
 
 if TYPE_CHECKING:

@@ -47,8 +47,8 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from gateway.clock import Clock
+from gateway.dispatch.router import RouteDetail, RoutingDecision
 from gateway.policy.model import Routing, Tenant
-from gateway.routing.base import RouteDetail, RoutingDecision
 from gateway.routing.framework import Cycle, Profile, load_bound, rendezvous
 from gateway.routing.prefix_index import BackendIndexes
 from gateway.routing.prefix_keys import ChainMemo, Splitter, prefix_keys

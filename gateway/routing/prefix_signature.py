@@ -1,4 +1,8 @@
-"""A request's prefix-structure signature: what a replay needs of its prompt, never its text.
+"""A request's prefix-structure signature, computed: what a replay needs of its prompt, never its text.
+
+The value (``PrefixSignature``) and the fields a trace writes of it are telemetry's
+(``gateway/telemetry/prefix_signature.py``, below this stage: the trace log writes it); computing
+one takes this stage's block chain and secret, so the functions that compute it are here.
 
 Why: a what-if replay (``loadtests/whatif/``) must send prompts that share prefixes exactly as
 the recorded ones did, and keep two tenants' prompts apart, without the trace ever holding a
@@ -45,7 +49,6 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -56,6 +59,7 @@ from gateway.policy.model import ModelPolicy, RequestLimits
 from gateway.request.tokens import CharRatioEstimator
 from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
 from gateway.routing.prefix_secret import PrefixSecret
+from gateway.telemetry.prefix_signature import PrefixSignature
 from gateway.types import InferenceRequest
 
 MAX_SIGNATURE_BLOCKS = 4096
@@ -67,32 +71,6 @@ SESSION_FIELD = "prompt_cache_key"
 
 _UNBOUNDED = ModelPolicy(name="signature", max_prompt_tokens=1 << 40)
 """A model without a prompt cap, for estimating a body client-side."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixSignature:
-    """A prompt's chain (``hashes``, 16 hex digits each) of ``block_tokens``-token blocks, and the
-    gateway's estimate of its size in tokens (``prompt_tokens_est``, the whole prompt's)."""
-
-    block_tokens: int
-    hashes: tuple[str, ...]
-    prompt_tokens_est: int
-
-    def fields(self) -> dict[str, Any]:
-        """The signature's fields of a trace-log line or a load-generator record."""
-        return {
-            "prefix_block_tokens": self.block_tokens,
-            "prefix_hashes": list(self.hashes),
-            "prompt_tokens_est": self.prompt_tokens_est,
-        }
-
-
-def signature_fields(signature: PrefixSignature | None) -> dict[str, Any]:
-    """``signature.fields()``; for a request that ended before it was validated (None), the same
-    fields empty."""
-    if signature is None:
-        return {"prefix_block_tokens": None, "prefix_hashes": [], "prompt_tokens_est": None}
-    return signature.fields()
 
 
 def private_scope(tenant: str) -> str:

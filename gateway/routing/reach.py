@@ -5,8 +5,9 @@ Why a module of its own: each decision that keeps cache scopes apart rests on th
 API passing a request through unsalted, a shadow copy doing the same), and a path it forgets
 is a cross-tenant cache leak. It once counted only the models a tenant names, so a backend
 that serves only a model group's targets counted as reached by nobody, and every tenant's
-Messages prompts met there unsalted. So it is computed once per policy, where the policy is
-built (``gateway/policy/loader.py``), kept on the snapshot, and read everywhere else.
+Messages prompts met there unsalted. So it is computed once per policy load, by the isolation
+check the loader runs (``isolation.check_isolation``), and what the request path needs of it
+(``multi_scope_backends``) is kept on the snapshot and read everywhere else.
 
 The paths, for a tenant ``t`` and a backend ``b``:
 
@@ -15,7 +16,7 @@ The paths, for a tenant ``t`` and a backend ``b``:
                                                 rollout), every class's fallbacks, its shadow
                  "*"                         -> every public name, hence every served model
     t reaches b  when t reaches one of b's models and b serves t (``b.tenants`` unset or
-                 naming t: ``serves``)
+                 naming t: ``serves``, the lanes' own rule in ``gateway/dispatch/backends.py``)
 
 A model that serves a group is never called by name (``loader.internal_models``), so naming
 it is not a path; ``"*"`` reaches it through its group. A follow-up pinned to the backend that
@@ -28,12 +29,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from gateway.dispatch.backends import serves
 from gateway.policy.model import Backend, Policy, Tenant
-
-
-def serves(backend: Backend, tenant: str) -> bool:
-    """Whether routing may offer ``backend`` to ``tenant`` (its ``tenants`` list, when it has one)."""
-    return backend.tenants is None or tenant in backend.tenants
 
 
 @dataclass(frozen=True, slots=True)

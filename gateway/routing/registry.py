@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.clock import Clock
+from gateway.dispatch.router import Router
 from gateway.policy.model import Routing
-from gateway.routing.base import Router
 from gateway.routing.framework import Profile, Scorer, Weighted
 from gateway.routing.least_load import LeastLoadRouter
 from gateway.routing.prefix_affinity import PrefixAffinityRouter

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
+from gateway.dispatch.router import RoutingDecision
 from gateway.policy.model import Tenant
-from gateway.routing.base import RoutingDecision
 from gateway.routing.framework import load_bound, rendezvous, within_bound
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.least_load import least_loaded

@@ -6,5 +6,6 @@ and the stop of the background loops (``lifecycle.py``), ``/admin/*`` (``admin.p
 ``/metrics`` page with the live gauges it samples at scrape time (``exposition.py``). The
 worker sets of ``serve --workers N`` are ``gateway/workers/``.
 
-Sits above the whole request path: it builds the app (``gateway/app.py``), which builds the rest.
+Sits above the whole request path, and below the app (``gateway/app.py``), which it is handed
+(``serve.server_for``) rather than imports: the app serves the operator's endpoints from here.
 """

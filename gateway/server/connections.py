@@ -53,9 +53,9 @@ Every close is counted by listener and reason (``Listeners.closed_connections``,
 
 The operator listener's connections carry the ASGI scope extension ``OPERATOR_EXTENSION``, which
 is how the application tells its two listeners apart (``is_operator_request``). Every request
-carries ``DISCONNECT_EXTENSION``, a ``DisconnectSignal``: the application learns that its client
-left from a callback, instead of a task per request waiting on ``receive()`` for
-``http.disconnect`` (``disconnect_signal``).
+carries a ``CycleDisconnectSignal`` under ``DISCONNECT_EXTENSION``: the application learns that its
+client left from a callback, instead of a task per request waiting on ``receive()`` for
+``http.disconnect`` (the protocol is the pipeline's: ``gateway/pipeline/disconnect.py``).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.errors import GatewayError, HeadersTooLarge, Overloaded, RequestTimeout
+from gateway.pipeline.disconnect import DISCONNECT_EXTENSION
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application
@@ -83,7 +84,6 @@ log = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 10.0
 OPERATOR_EXTENSION = "gateway.operator_listener"
-DISCONNECT_EXTENSION = "gateway.disconnect"
 REFUSAL_RETRY_AFTER_S = 1.0
 LINGER_S = 2.0
 """How long a connection refused for its head (or its header deadline) still reads, and drops,
@@ -120,13 +120,12 @@ def is_operator_request(scope: Scope) -> bool:
     return extensions is not None and OPERATOR_EXTENSION in extensions
 
 
-class DisconnectSignal:
-    """Calls its listener once, when the client's connection is lost before the response completed.
+class CycleDisconnectSignal:
+    """One response cycle's ``DisconnectSignal`` (``gateway/pipeline/disconnect.py``): calls its
+    listener once, when the client's connection is lost before the response completed.
 
-    Why not ``receive()``: waiting for ``http.disconnect`` takes a task per request, created,
-    woken and cancelled (a twentieth of a short request's CPU); a callback set on this object
-    costs an attribute. ``listen`` also resumes reading the socket, as ``receive()`` does, so
-    that the peer's close is seen even when uvicorn paused reading after a large body."""
+    ``listen`` also resumes reading the socket, as ``receive()`` does, so that the peer's close is
+    seen even when uvicorn paused reading after a large body."""
 
     __slots__ = ("_listener", "_resume_reading", "cycle", "fired")
 
@@ -154,12 +153,6 @@ class DisconnectSignal:
         listener, self._listener = self._listener, None
         if listener is not None:
             listener()
-
-
-def disconnect_signal(scope: Scope) -> DisconnectSignal | None:
-    """The request's ``DisconnectSignal``; None under another server (then wait on ``receive()``)."""
-    extensions = scope.get("extensions")
-    return extensions.get(DISCONNECT_EXTENSION) if extensions is not None else None
 
 
 class Guarded(Protocol):
@@ -389,7 +382,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: GatewayError | None = None  # the answer due before the close, once refused
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_kind = _NO_DEADLINE
-        self._signals: list[DisconnectSignal] = []  # of the requests whose response is not complete
+        self._signals: list[CycleDisconnectSignal] = []  # of the requests whose response is not complete
 
     # Connection events
 
@@ -526,7 +519,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # not an upgrade uvicorn answered itself
-            signal = DisconnectSignal(cycle, self.flow.resume_reading)
+            signal = CycleDisconnectSignal(cycle, self.flow.resume_reading)
             self._signals.append(signal)
             extensions: dict[str, Any] = self.scope["extensions"]  # uvicorn types its values narrowly
             extensions[DISCONNECT_EXTENSION] = signal

@@ -17,26 +17,21 @@ A worker of ``serve --workers N`` (``gateway/workers/``) waits once more between
 (``after_drain``): until every worker of the set has drained, so that the set keeps answering
 503 ``draining`` on the whole port until its last stream ends, as one gateway does.
 
-Once drained, the gateway's background loops are stopped by ``stop_loops``, which cancels a
-loop again when a cancellation was swallowed below it: a shutdown must end, whatever a library
-does with a ``CancelledError``.
+Once drained, the gateway's background loops are stopped by ``stop_loops``
+(``gateway/shared/loops.py``), which cancels a loop again when a cancellation was swallowed below
+it: a shutdown must end, whatever a library does with a ``CancelledError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
 
 log = logging.getLogger(__name__)
-
-STOP_ROUNDS = 10
-STOP_ROUND_S = 0.5
-"""A background loop gets ``STOP_ROUNDS`` cancellations ``STOP_ROUND_S`` apart to end at shutdown
-(``stop_loops``): 5 s at most, inside uvicorn's lifespan shutdown."""
 
 
 class Drainable:
@@ -102,23 +97,3 @@ class DrainingServer(uvicorn.Server):
         # Not super().handle_exit: uvicorn would re-raise the signal after shutdown and the
         # process would die of SIGTERM; a completed drain is a clean exit (status 0).
         self.should_exit = True
-
-
-async def stop_loops(tasks: Collection[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
-    """Cancel ``tasks`` and wait until they end, cancelling again (``STOP_ROUNDS`` times
-    ``STOP_ROUND_S`` at most) a task that swallowed its cancellation; the ones still running.
-
-    Why again: a cancellation that lands while a Redis call is being cut by its own timeout can be
-    consumed below the loop (seen: the prefix view's loop back asleep with its cancel request still
-    counted, ``Task.cancelling() == 1``), and a shutdown that waited for it once kept the process
-    alive for ever, a worker whose supervisor had died included."""
-    pending = set(tasks)
-    for round_ in range(STOP_ROUNDS):
-        if not pending:
-            break
-        if round_:
-            log.warning("shutdown: %d background loop(s) ignored cancellation; again", len(pending))
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=STOP_ROUND_S)
-    return pending

@@ -1,10 +1,16 @@
 """The one way the gateway's HTTP server is built: two listeners, guarded connections, a drain.
 
-``build_server(settings, snapshot)`` binds the API listener (``host:port``) and the operator
+``server_for(settings, make_app)`` binds the API listener (``host:port``) and the operator
 listener (``admin_host:admin_port``: ``/metrics``, ``/admin/*`` and the probes), and returns a
 ``GatewayServer`` whose ``run()`` (or ``await serve()``) serves both from one uvicorn server and
-one event loop. ``serve``, ``demo`` and the tests all go through it, so the tests exercise the
-production protocol (``gateway/server/connections.py``) and configuration.
+one event loop. ``serve``, ``demo`` and the tests all go through it (by ``gateway.app.build_server``,
+which hands it the gateway's app), so the tests exercise the production protocol
+(``gateway/server/connections.py``) and configuration.
+
+Why the app is handed in (``make_app``, given the listeners whose connections ``/metrics``
+counts) rather than imported: the app sits above the server in the stage order
+(``tests/test_import_graph.py``), since it serves the operator's endpoints from here; the server
+needs of it only an ASGI application and what a drain needs (``ServedApp``).
 
 With ``--workers N`` (``gateway/workers/``) each worker is built here too, from the two sockets
 its supervisor bound for it (``sockets=``): its share of the API port and its own operator
@@ -32,14 +38,14 @@ import resource
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import uvicorn
+from starlette.types import Receive, Scope, Send
 from uvicorn.config import LOGGING_CONFIG
 
-from gateway.app import GatewayApp
-from gateway.policy.snapshot import PolicySnapshot
 from gateway.server.connections import ConnectionLimits, GuardedHttpToolsProtocol, Listener, Listeners
-from gateway.server.lifecycle import DrainingServer
+from gateway.server.lifecycle import Drainable, DrainingServer
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -97,11 +103,22 @@ class ListenerUnavailable(OSError):
         return str(self.strerror)  # the line itself, without OSError's "[Errno 98] "
 
 
+class ServedApp(Protocol):
+    """What the server needs of the application it serves (``gateway.app.GatewayApp``)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
+
+    def drainable(self) -> Drainable | None:
+        """What a drain needs (``lifecycle.py``); None until the application has started."""
+        ...
+
+
 @dataclass
 class GatewayServer:
     """A built, bound, not yet running gateway server."""
 
-    app: GatewayApp
+    settings: Settings
+    app: ServedApp
     server: DrainingServer
     sockets: list[socket.socket]
     listeners: Listeners
@@ -121,7 +138,7 @@ class GatewayServer:
         """Where it listens, once (with port 0 the only way to learn the ports the kernel gave).
         A worker says it otherwise: "listening:" is the supervisor's line, with the public operator
         listener (``tests/servers.py`` reads it)."""
-        settings = self.app.settings
+        settings = self.settings
         if settings.workers > 1:
             log.info(
                 "worker %d of %d serving: API on %s, its operator listener on %s",
@@ -147,16 +164,17 @@ class GatewayServer:
         self.closed = True
 
 
-def build_server(
+def server_for(
     settings: Settings,
-    snapshot: PolicySnapshot | None = None,
+    make_app: Callable[[Listeners], ServedApp],
     *,
     sockets: tuple[socket.socket, socket.socket] | None = None,
     after_drain: Callable[[], Awaitable[None]] | None = None,
 ) -> GatewayServer:
-    """Bind both listeners and build the app and its server; ``OSError`` when a port is taken.
-    A worker's (``gateway/workers/child.py``) gives ``sockets``, the API and operator sockets its
-    supervisor bound, and ``after_drain``, its wait for the other workers (``DrainingServer``)."""
+    """Bind both listeners and build the app (``make_app(listeners)``) and its server; ``OSError``
+    when a port is taken. A worker's (``gateway/workers/child.py``) gives ``sockets``, the API and
+    operator sockets its supervisor bound, and ``after_drain``, its wait for the other workers
+    (``DrainingServer``)."""
     api_socket, admin_socket = sockets if sockets is not None else bind_listeners(settings)
     limits = ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
@@ -177,7 +195,7 @@ def build_server(
         max_connections=settings.admin_max_connections,
     )
     listeners.add(Listener("admin", admin_limits, operator=True), admin_socket.getsockname())
-    app = GatewayApp(settings, snapshot, connections=listeners)
+    app = make_app(listeners)
     config = uvicorn.Config(
         app,
         loop="uvloop",
@@ -192,9 +210,9 @@ def build_server(
         # A worker's uvicorn lines go through the root logger, so they carry its "[worker i]" too.
         log_config=LOGGING_CONFIG if settings.workers == 1 else None,
     )
-    server = DrainingServer(config, lambda: app.gateway.drainable() if app.gateway else None, after_drain)
+    server = DrainingServer(config, app.drainable, after_drain)
     listening = [api_socket, admin_socket]
-    return GatewayServer(app, server, listening, listeners, _url(api_socket), _url(admin_socket))
+    return GatewayServer(settings, app, server, listening, listeners, _url(api_socket), _url(admin_socket))
 
 
 def bind_listeners(settings: Settings) -> tuple[socket.socket, socket.socket]:

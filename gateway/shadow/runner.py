@@ -70,7 +70,8 @@ MAX_EVENT_BYTES = 4 << 20
 
 
 class ShadowHandle:
-    """The pipeline's side of one running copy: it hands over the primary's answer, nothing else.
+    """The pipeline's side of one running copy (its ``ShadowCopy``, ``gateway/pipeline/shadowing.py``):
+    it hands over the primary's answer, nothing else.
 
     ``primary_answered(text)`` once, when the primary ends: its output text, or None when not
     known (failed, not collected). With a scorer, the copy is scored once both texts are in,
@@ -146,7 +147,8 @@ class ShadowFailed(Exception):
 
 
 class ShadowRunner:
-    """Runs the shadow copies of every group (see the module docstring); one per gateway.
+    """Runs the shadow copies of every group (see the module docstring); one per gateway, the
+    pipeline's ``Shadows`` (``gateway/pipeline/shadowing.py``).
 
     Usage::
 

@@ -12,18 +12,18 @@ a host gives none); the client then talks to that master and asks again after a 
 connections fail, redis-py's ``SentinelConnectionPool`` looks the master up anew). The username
 and password are the master's; the sentinels are reached without them.
 
-**Redis Cluster**, for the limit store (``limits_client``)::
+**Redis Cluster**::
 
     redis+cluster://[[username]:password@]host:port[,host:port...]
     rediss+cluster://...      (TLS)
 
 The nodes listed are where the client starts; it learns the cluster's slots from them (port 6379
-when a host gives none). The limit store fits a cluster: every script touches the keys of one
-tenant, which share its hash tag (``gw:{acme}:held``, ...), so each runs on the one node of that
-slot, and its pipelines are split by node by redis-py's ``ClusterPipeline``. The other Redis
-users of the gateway (response affinity, rollouts, the fleet's ledger and prefix view) open
-``redis_client``, which refuses a cluster URL: until they are ported, the policy's
-``state.redis_url`` pattern refuses it too (``GATEWAY_REDIS_URL`` is the way to try the store alone).
+when a host gives none). Every user of the shared store fits a cluster, because every call
+touches the keys of one hash slot: the limit store's and the responses' keys carry their
+tenant's hash tag (``gw:{acme}:held``, ...), the capacity ledger's its cell's
+(``gw:{fleet}:...``, ``gw:{fleet:eu-1}:...``: ``gateway/fleet/ledger.py``), the prefix view is one
+stream and a rollout's calls one key each. A cluster spreads them over its shards by tenant and
+by cell (``tests/shared/test_cluster_users.py`` runs each against a real three-node cluster).
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SENTINEL_PORT = 26379
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 CLUSTER_PORT = 6379
+CLUSTER_DROPS = frozenset({"retry"})
+"""Connection options a cluster client does without: it retries on moved slots itself."""
+
+RedisClient = aioredis.Redis | RedisCluster
+"""What the shared store's users talk to: one server (directly or through Sentinel) or a cluster.
+Both run the commands the gateway sends; only a pipeline of scripts differs (a cluster's
+pipelines refuse ``EVALSHA``), which the one user that pipelines scripts checks for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,21 +122,6 @@ def parse_cluster_url(url: str) -> ClusterURL:
     )
 
 
-def limits_client(url: str, **options: Any) -> aioredis.Redis | RedisCluster:
-    """``redis_client``, or a ``RedisCluster`` for a ``redis+cluster://`` URL (the limit store's)."""
-    if url.partition("://")[0] not in CLUSTER_SCHEMES:
-        return redis_client(url, **options)
-    where = parse_cluster_url(url)
-    options.pop("retry", None)  # the cluster client retries on moved slots itself
-    return RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in where.nodes],
-        username=where.username,
-        password=where.password,
-        ssl=where.tls,
-        **options,
-    )
-
-
 class SentinelMaster(aioredis.Redis):
     """The client of a Sentinel's master, which closes its connections to the sentinels with its own."""
 
@@ -143,10 +135,11 @@ class SentinelMaster(aioredis.Redis):
                 await client.aclose()
 
 
-def redis_client(url: str, **options: Any) -> aioredis.Redis:
-    """An asyncio client for ``url`` with redis-py's connection ``options`` (timeouts, retry)."""
+def redis_client(url: str, **options: Any) -> RedisClient:
+    """An asyncio client for ``url`` with redis-py's connection ``options`` (timeouts, retry): a
+    ``RedisCluster`` for a cluster URL, the master's client for a Sentinel URL."""
     if url.partition("://")[0] in CLUSTER_SCHEMES:
-        raise ValueError("a Redis Cluster URL is accepted by the tenant limit store only (module docstring)")
+        return _cluster_client(parse_cluster_url(url), options)
     if url.partition("://")[0] not in SENTINEL_SCHEMES:
         return aioredis.Redis.from_url(url, **options)
     where = parse_sentinel_url(url)
@@ -162,6 +155,17 @@ def redis_client(url: str, **options: Any) -> aioredis.Redis:
     )
     master.sentinels_of = sentinel
     return master
+
+
+def _cluster_client(where: ClusterURL, options: dict[str, Any]) -> RedisCluster:
+    options = {key: value for key, value in options.items() if key not in CLUSTER_DROPS}
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in where.nodes],
+        username=where.username,
+        password=where.password,
+        ssl=where.tls,
+        **options,
+    )
 
 
 def _sentinel_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,8 @@ Why one: the ledger, the prefix view, response affinity and the rollouts' store 
 open a client from the policy's ``state`` by hand (three in ``service.py``, one in the rollout
 store), with the same URL test written four times and the same tuple of failures five times;
 adding Sentinel or a second kind of store meant editing every one. Now ``SharedStore.from_state``
-reads ``state`` once, opens one client (``redis://``, ``rediss://``, ``unix://`` or
-``redis+sentinel://``: ``gateway/shared/connect.py``), and every feature gets that client;
+reads ``state`` once, opens one client (``redis://``, ``rediss://``, ``unix://``,
+``redis+sentinel://`` or ``redis+cluster://``: ``gateway/shared/connect.py``), and every feature gets that client;
 redis-py's pool gives each concurrent call its own connection, so one feature's slow script does
 not hold another's command. Features never close it: ``aclose`` here does, once, at shutdown.
 
@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.policy.model import StatePolicy
-from gateway.shared.connect import redis_client
+from gateway.shared.connect import RedisClient, redis_client
 
 FAILURES = (RedisError, OSError, TimeoutError)
 """What a call to the shared store may end in when the store, not the caller, failed: Redis's
@@ -43,7 +42,7 @@ def store_url(state: StatePolicy) -> str | None:
 class SharedStore:
     """The shared store of one process (module docstring); ``client`` is None when state is in memory."""
 
-    client: aioredis.Redis | None
+    client: RedisClient | None
     key_prefix: str
     timeout_s: float
     """The policy's ``state.timeout_ms``: one call's budget, unless a feature needs a longer one."""

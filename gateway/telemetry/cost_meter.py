@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from gateway.clock import Clock
-from gateway.pipeline.outcome import RequestOutcome
 from gateway.telemetry.cost import CostAccountant, CostKey, CostTotal, Priced, prices_per_hour
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.token_stats import TokenStats
 
 SHADOW_LABEL = "~shadow:"
 """The tenant label's prefix of a group's shadow copies: ``~shadow:<group>`` (module docstring)."""
@@ -53,6 +54,21 @@ SHADOW_LABEL = "~shadow:"
 
 def shadow_label(group: str) -> str:
     return SHADOW_LABEL + group
+
+
+class ChargedRequest(Protocol):
+    """What the cost meter reads of a finished request (``gateway/pipeline/outcome.py``'s
+    ``RequestOutcome`` is one): declared here, since the pipeline that builds the outcome is above
+    telemetry. ``backend`` is the last attempt's ('' when none was dispatched)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def class_name(self) -> str: ...
+    @property
+    def tokens(self) -> TokenStats | None: ...
 
 
 class CostMeter:
@@ -69,7 +85,7 @@ class CostMeter:
         self.accountant = CostAccountant(prices, now=clock.now())
         self._show_prices(prices)
 
-    def charge(self, outcome: RequestOutcome, tenant: str, goodput: bool) -> None:
+    def charge(self, outcome: ChargedRequest, tenant: str, goodput: bool) -> None:
         """One finished request, under its tenant *label*; one that reached no backend used no GPU time."""
         backend = outcome.backend
         if not backend:

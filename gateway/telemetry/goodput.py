@@ -13,10 +13,10 @@ The rule, written once (the recorder, the cost meter and the trace log all use i
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from gateway.pipeline.outcome import RequestOutcome
 from gateway.policy.model import Slo
+from gateway.telemetry.token_stats import TokenStats
 
 
 class SloVerdict(NamedTuple):
@@ -25,6 +25,22 @@ class SloVerdict(NamedTuple):
 
 
 NOT_JUDGED = SloVerdict(judged=False, met=False)
+
+
+class JudgedRequest(Protocol):
+    """What goodput reads of a finished request (``gateway/pipeline/outcome.py``'s ``RequestOutcome``
+    is one): declared here, since the pipeline that builds the outcome is above telemetry."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def slo(self) -> Slo | None: ...
+    @property
+    def tokens(self) -> TokenStats | None: ...
+    @property
+    def completed(self) -> bool: ...
+    @property
+    def e2e_s(self) -> float: ...
 
 
 def meets_slo(*, ok: bool, ttft_s: float | None, itl_mean_s: float | None, e2e_s: float | None, slo: Slo) -> bool:
@@ -36,7 +52,7 @@ def meets_slo(*, ok: bool, ttft_s: float | None, itl_mean_s: float | None, e2e_s
     return itl_mean_s is None or itl_mean_s * 1000 <= slo.itl_ms
 
 
-def judge_slo(outcome: RequestOutcome) -> SloVerdict:
+def judge_slo(outcome: JudgedRequest) -> SloVerdict:
     """Whether ``outcome`` is judged against its class's SLO, and whether it met it."""
     status, slo = outcome.status, outcome.slo
     if slo is None or not (status == 200 or status >= 500 or status == 408):

@@ -54,7 +54,7 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from gateway.routing.prefix_signature import PrefixSignature, signature_fields
+from gateway.telemetry.prefix_signature import PrefixSignature, signature_fields
 
 log = logging.getLogger(__name__)
 

@@ -55,8 +55,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.dialects.base import Dialect
 from gateway.policy.model import TracingConfig
+from gateway.telemetry.api_identity import ApiIdentity
 from gateway.telemetry.otlp import (
     SPAN_KIND_CLIENT,
     SPAN_KIND_INTERNAL,
@@ -435,7 +435,9 @@ class Tracing:
         else:
             self._exporter = BatchExporter(encoder, sender, on_dropped=on_dropped, background=False)
 
-    def start_request(self, *, t: float, request_id: str, api: Dialect, traceparent: str | None = None) -> RequestSpan:
+    def start_request(
+        self, *, t: float, request_id: str, api: ApiIdentity, traceparent: str | None = None
+    ) -> RequestSpan:
         """The server span of a request arriving at ``t``; the client's ``traceparent`` is linked."""
         if self._exporter is None:
             return INERT_REQUEST

@@ -32,8 +32,9 @@ import socket
 import sys
 import threading
 
-from gateway.policy.loader import PolicyError, load_policy
-from gateway.server.serve import build_server
+from gateway.app import build_server
+from gateway.policy.loader import PolicyError
+from gateway.service import load_policy
 from gateway.workers.spec import DRAINED, SPEC_ENV, WorkerSpec
 
 log = logging.getLogger(__name__)

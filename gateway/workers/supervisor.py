@@ -44,10 +44,11 @@ from dataclasses import dataclass, field
 import httpx
 import uvicorn
 
-from gateway.policy.loader import PolicyError, load_policy
+from gateway.policy.loader import PolicyError
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.server.connections import ConnectionLimits, GuardedHttpToolsProtocol, Listener, Listeners
 from gateway.server.serve import OPERATOR, base_url, listen_on
+from gateway.service import load_policy
 from gateway.settings import Settings
 from gateway.workers.operator import SupervisorApp
 from gateway.workers.sockets import WorkerSockets

@@ -236,7 +236,7 @@ def _guarded(command: Callable[[], int]) -> int:
 def _read(args: argparse.Namespace) -> Trace:
     """The trace, scaled by ``--traffic``; a minimal trace's lines without a tenant or a model
     are the policy's first tenant's and first model's (a Mooncake trace names neither)."""
-    from gateway.policy.loader import load_policy
+    from gateway.service import load_policy
     from loadtests.whatif.trace import read_trace
 
     policy = load_policy(args.policy).policy

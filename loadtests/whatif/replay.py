@@ -21,7 +21,7 @@ policy under test declares that class (else none, and the tenant's default appli
 
 **Records**, one per request of the trace, as the load generator's (``RequestRecord``):
 ``class_name`` is the class the gateway serves the request in, resolved as the gateway does
-(``gateway.request.admission.resolve_class``: the tenant's default, or a lower class asked for);
+(``gateway.admission.tenant_limits.resolve_class``: the tenant's default, or a lower class asked for);
 ``ttft_s``, ``itl_s``, ``e2e_s`` and ``lateness_s`` are measured by the client and multiplied by
 the speed; ``t_send`` is the replay's start (epoch) plus the trace time since then. ``extra``
 holds ``trace_index``, ``offset_s`` (the recorded arrival) and ``sent_offset_s`` (when it went
@@ -54,8 +54,8 @@ from pathlib import Path
 
 import aiohttp
 
+from gateway.admission.tenant_limits import resolve_class
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.request.admission import resolve_class
 from gateway.telemetry.goodput import meets_slo
 from loadtests.harness import labelled, metrics
 from loadtests.loadgen.client import Exchange, make_session, send_request

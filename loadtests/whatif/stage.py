@@ -49,11 +49,11 @@ from typing import Any
 
 import yaml
 
-from gateway.policy.loader import load_policy
 from gateway.policy.model import Backend, ModelPolicy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.timescale import scale_policy_time
 from gateway.request.keys import hash_api_key
+from gateway.service import load_policy
 from loadtests.harness import ADMIN_PORT_OFFSET, GATEWAY, admin_args, admin_url, bindable, labelled, metrics, process
 from loadtests.sim.profiles import profile_names
 from loadtests.whatif.model import StageSettings

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.policy.loader import load_policy
+from gateway.service import load_policy
 from gateway.settings import Settings
 from loadtests.sim import build_engine_app
 from tests.conftest import StartGateway

@@ -23,8 +23,8 @@ import pytest
 import redis
 import yaml
 
-from gateway.policy.loader import load_policy
 from gateway.policy.model import Policy
+from gateway.service import load_policy
 from tests.deploy.compose_file import Stack, flag_value, set_flag
 from tests.deploy.conftest import binary
 from tests.deploy.prometheus import Prometheus, logged_process, run_prometheus

@@ -45,8 +45,8 @@ import pytest
 import redis
 import yaml
 
-from gateway.policy.loader import load_policy
 from gateway.request.keys import hash_api_key
+from gateway.service import load_policy
 from tests.deploy.compose_file import COMPOSE, Stack, flag_value, load
 from tests.deploy.compose_stack import (
     Running,

@@ -33,10 +33,10 @@ import redis
 import yaml
 from kubernetes_validate.utils import all_versions  # type: ignore[import-untyped]
 
+from gateway.app import build_server
 from gateway.limitstore.factory import redis_config
-from gateway.policy.loader import load_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.server.serve import build_server
+from gateway.service import load_policy
 from gateway.settings import Settings
 from gateway.telemetry.otlp import BatchExporter
 from gateway.workers.supervisor import STOP_GRACE_S

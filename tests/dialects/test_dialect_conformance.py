@@ -16,18 +16,18 @@ import orjson
 import pytest
 from starlette.types import Message
 
+from gateway.admission.build import build_request
 from gateway.dialects.allowlists import NO_GRANTS
 from gateway.dialects.base import Dialect
 from gateway.dialects.registry import DIALECTS, register_dialect
 from gateway.errors import InvalidRequest
 from gateway.pipeline.relay import SseRelay, StreamEnd, TokenTimer
-from gateway.policy.loader import parse_policy
+from gateway.policy.body_names import OWNED_FIELDS
 from gateway.policy.model import BackendKind, RequestLimits
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.request.body_fields import OWNED_FIELDS
 from gateway.request.tokens import CharRatioEstimator
-from gateway.request.validation import build_request
 from gateway.routing.prefix_keys import prefix_keys
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from tests.dialects.samples import MODEL, SAMPLES, Body, DialectSamples
 from tests.fake_clock import FakeClock

@@ -15,7 +15,6 @@ import pytest
 from gateway.dialects.base import (
     AnswerFormat,
     AnswerState,
-    ApiIdentity,
     BodyRules,
     Continuation,
     Dialect,
@@ -24,6 +23,7 @@ from gateway.dialects.base import (
 )
 from gateway.dialects.defaults import OpenAIDialect
 from gateway.dialects.registry import DIALECTS
+from gateway.telemetry.api_identity import ApiIdentity
 
 ROLES = (ApiIdentity, BodyRules, Translating, StreamFormat, AnswerFormat, AnswerState, Continuation)
 

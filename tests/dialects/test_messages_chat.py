@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.admission.build import build_request
 from gateway.dialects.allowlists import NO_GRANTS
 from gateway.dialects.chat import CHAT
 from gateway.dialects.messages import MESSAGES
@@ -21,7 +22,6 @@ from gateway.dialects.messages_chat import MESSAGES_VIA_CHAT, chat_body, message
 from gateway.policy.model import Backend, BackendKind
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.tokens import CharRatioEstimator
-from gateway.request.validation import build_request
 from tests.dialects.samples import MESSAGES as SAMPLES
 from tests.dialects.samples import MODEL
 from tests.dialects.test_dialect_conformance import snapshot  # noqa: F401 (the fixture)

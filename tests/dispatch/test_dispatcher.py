@@ -11,12 +11,12 @@ import pytest
 from gateway.dialects.chat import CHAT
 from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.dispatcher import FAVOURITE_WAIT_S, Dispatcher, Grant
+from gateway.dispatch.quota import Quota
+from gateway.dispatch.router import RoutingDecision
 from gateway.errors import NoHealthyBackend, Overloaded
-from gateway.fleet.quota import Quota
-from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.routing.base import RoutingDecision
 from gateway.routing.least_load import LeastLoadRouter
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
 from tests.policy_builder import NOWHERE, OMIT, build_policy, model, tenant

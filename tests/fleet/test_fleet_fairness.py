@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.policy.loader import parse_policy
+from gateway.service import parse_policy
 from gateway.settings import Settings
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX
 from tests.fake_backend import FakeBackend

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.dispatch.quota import Quota, Share, TenantUse
 from gateway.fleet.ledger import BackendReport, FleetLedger, LedgerGrant
-from gateway.fleet.quota import Quota, Share, TenantUse
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
 

@@ -32,11 +32,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.capacity import has_room
+from gateway.dispatch.quota import TenantUse
 from gateway.fleet.coordinator import FleetCoordinator
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
-from gateway.fleet.quota import TenantUse
-from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
+from gateway.service import parse_policy
 from gateway.telemetry.metrics import Metrics
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix

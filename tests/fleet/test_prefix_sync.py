@@ -20,9 +20,9 @@ import pytest
 
 from gateway.dialects.chat import CHAT
 from gateway.fleet.prefix_wire import decode
-from gateway.policy.loader import parse_policy
 from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
 from gateway.routing.prefix_secret import PrefixSecret
+from gateway.service import parse_policy
 from gateway.settings import Settings
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX
 from tests.fake_backend import FakeBackend

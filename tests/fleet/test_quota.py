@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fleet.quota import Quota, Share, at_most, fallback, partition
+from gateway.dispatch.quota import Quota, Share
+from gateway.fleet.quota import at_most, fallback, partition
 from gateway.policy.model import Capacity, PriorityClass, Slo
 
 CAPACITY = Capacity(max_concurrent=10, max_tokens_in_flight=1000)

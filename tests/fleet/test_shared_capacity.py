@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from openai import OpenAI
 
-from gateway.policy.loader import parse_policy
+from gateway.service import parse_policy
 from gateway.settings import Settings
 from tests.conftest import CHAT_MODEL, KEY_ACME
 from tests.fake_backend import FakeBackend
@@ -67,24 +68,45 @@ def stream(url: str, answers: list[int]) -> None:
     answers.append(httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body, timeout=30).status_code)
 
 
+def sdk_stream(url: str, answers: list[str]) -> None:
+    """One short stream through the official SDK; its text goes to ``answers``."""
+    client = OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30)
+    chunks = client.chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+    )
+    answers.append("".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices))
+
+
+@contextmanager
+def held(backend: FakeBackend, send: Callable[[str], None], urls: list[str], count: int) -> Iterator[None]:
+    """``count`` requests sent through ``urls`` in turn, each held by the backend until the block
+    ends (its gate), then let go and waited for."""
+    gate = backend.gate = threading.Event()
+    senders = [threading.Thread(target=send, args=(urls[i % len(urls)],)) for i in range(count)]
+    for sender in senders:
+        sender.start()
+    try:
+        yield
+    finally:
+        backend.gate = None
+        gate.set()
+        for sender in senders:
+            sender.join(30)
+
+
 def test_two_gateways_never_send_a_backend_more_than_its_capacity_and_answer_everyone(
     fake: tuple[FakeBackend, str],
 ) -> None:
     backend, backend_url = fake
     prefix = unique_prefix()
-    gate = backend.gate = threading.Event()  # every stream holds its slot until the test opens it
     answers: list[int] = []
     try:
-        with gateways(fleet_policy(backend_url, redis_state(REDIS_URL, prefix)), 2) as urls:
-            senders = [threading.Thread(target=stream, args=(urls[i % 2], answers)) for i in range(6)]
-            for sender in senders:
-                sender.start()
+        with (
+            gateways(fleet_policy(backend_url, redis_state(REDIS_URL, prefix)), 2) as urls,
+            held(backend, lambda url: stream(url, answers), urls, 6),
+        ):
             queued = lambda: sum(metric(url, "gateway_queue_depth") for url in urls)  # noqa: E731
             wait_until(lambda: backend.active == CAPACITY and queued() == 6 - CAPACITY, what="two served, four queued")
-            backend.gate = None
-            gate.set()
-            for sender in senders:
-                sender.join(30)
     finally:
         drop_keys(REDIS_URL, prefix)
     assert sorted(answers) == [200] * 6, "everyone answered, in turn"

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.explain import explain
 from gateway.routing.targets import Role, TargetPicker, lookup_public, unready_public
+from gateway.service import parse_policy
 from tests.policy_builder import KEY_ACME, KEY_GLOBEX, NOWHERE, backend, build_policy, model, tenant
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.request.admission import SLOT_REFUSAL_MEMORY_S
+from gateway.admission.tenant_limits import SLOT_REFUSAL_MEMORY_S
 from loadtests.delay_proxy import DelayProxy
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend

@@ -38,12 +38,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from gateway.admission.tenant_limits import TenantLimiter
 from gateway.dialects.chat import CHAT
 from gateway.limitstore.base import Adjust, Ask, Bucket, LimitVerdict, Settlement, Take
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.request.admission import TenantLimiter
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from loadtests.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock

@@ -19,10 +19,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from gateway.admission.tenant_limits import TenantLimiter
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.request.admission import TenantLimiter
+from gateway.service import parse_policy
 from loadtests.delay_proxy import DelayProxy
 from tests.limitstore.redis_server import REDIS_URL, StoreEvents, drop_keys, limit_request, unique_prefix
 from tests.policy_builder import build_policy

@@ -36,12 +36,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
+from gateway.admission.tenant_limits import Admission, TenantLimiter
 from gateway.dialects.chat import CHAT
 from gateway.errors import Overloaded
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.request.admission import Admission, TenantLimiter
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from loadtests.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from gateway.admission.tenant_limits import TenantLimiter
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.request.admission import TenantLimiter
+from gateway.service import parse_policy
 from tests.limitstore.redis_server import (
     REDIS_URL,
     DelayingProxy,

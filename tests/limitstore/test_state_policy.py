@@ -8,8 +8,9 @@ import yaml
 from gateway.limitstore.factory import build_limit_store, redis_config
 from gateway.limitstore.memory import MemoryLimitStore
 from gateway.limitstore.redis import RedisLimitStore
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.policy.model import StatePolicy
+from gateway.service import parse_policy
 from tests.fake_clock import FakeClock
 from tests.policy_builder import session_policy
 

@@ -15,14 +15,14 @@ from contextlib import AsyncExitStack, ExitStack
 
 import pytest
 
+from gateway.admission.tenant_limits import TenantLimiter
 from gateway.dialects.chat import CHAT
 from gateway.errors import Overloaded
 from gateway.limitstore.base import UNAVAILABLE, Adjust, Ask, Bucket, LimitVerdict, Settlement, Take
 from gateway.limitstore.outage import LossMode
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
-from gateway.request.admission import TenantLimiter
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from loadtests.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock

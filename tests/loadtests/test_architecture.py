@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests.architecture import report, stage_circles
+from loadtests.architecture import imported, modules, report, stage_circles
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOP_FILES = 12
@@ -23,6 +23,7 @@ def test_the_report_says_each_figure() -> None:
         "files at the top of gateway/",
         "longest import chain (layers)",
         "circles between stages",
+        "layers with each stage one node",
         "modules with a test named after them",
         "modules with a test at the mirrored path",
     ]
@@ -33,3 +34,9 @@ def test_a_circle_between_stages_is_found_and_a_chain_is_not() -> None:
     circle = {**chain, "gateway.c": {"gateway.a.x"}}
     assert stage_circles(chain) == []
     assert stage_circles(circle) == [["a", "b", "c"]]
+
+
+def test_the_gateway_s_stages_import_each_other_without_a_circle() -> None:
+    found = modules(ROOT, "gateway")
+    graph = {name: {t for t in imported(path) if t in found and t != name} for name, path in found.items()}
+    assert stage_circles(graph) == [], "a stage imports one that imports it back: move the shared value down"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.loader import parse_policy
+from gateway.service import parse_policy
 from loadtests import canary
 from loadtests.canary import (
     DEFAULT_STEPS,

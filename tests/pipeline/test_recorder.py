@@ -13,12 +13,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.responses import RESPONSES
-from gateway.pipeline.outcome import RequestOutcome, Result, TokenStats
+from gateway.pipeline.outcome import RequestOutcome, Result
 from gateway.pipeline.recorder import Recorder
 from gateway.policy.model import Slo
 from gateway.telemetry.cost_meter import CostMeter
 from gateway.telemetry.labels import TenantLabels
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.token_stats import TokenStats
 from gateway.telemetry.tracing import INERT_REQUEST
 from tests.fake_clock import FakeClock
 

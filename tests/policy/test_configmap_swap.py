@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.loader import parse_policy
 from gateway.policy.watch import PolicySource, ReloadOutcome
+from gateway.service import POLICY_LOADER, parse_policy
 from gateway.settings import Settings
 from tests.policy_builder import session_policy
 from tests.servers import admin_url, metric, serve_gateway_in_thread, wait_until
@@ -119,7 +119,7 @@ def test_a_new_file_with_the_old_ones_size_and_mtime_is_seen_by_its_inode(tmp_pa
     volume.root.mkdir()
     past = time.time_ns() - 10 * 10**9
     volume.write(FIRST, mtime_ns=past)
-    source = PolicySource(volume.path)
+    source = PolicySource(volume.path, POLICY_LOADER)
     assert source.poll() is None  # the first look: the policy in force, nothing to do
     old = os.stat(volume.path)
     volume.write(SECOND, mtime_ns=past)

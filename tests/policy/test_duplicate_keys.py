@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.policy.watch import PolicySource, ReloadOutcome
+from gateway.service import POLICY_LOADER, parse_policy
 from gateway.settings import Settings
 from tests.fake_backend import FakeBackend
 from tests.policy.positions import POLICY, SOURCE, edited
@@ -105,7 +106,7 @@ def test_serve_refuses_to_start_on_a_duplicate(tmp_path: Path) -> None:
 def test_the_watcher_keeps_the_policy_in_force_and_counts_the_refusal(tmp_path: Path) -> None:
     path = tmp_path / "prod.yaml"
     path.write_text(POLICY)
-    source = PolicySource(path)
+    source = PolicySource(path, POLICY_LOADER)
     before = source.current()
     path.write_text(ISSUE_CASE)
     result = source.poll()
@@ -139,7 +140,7 @@ def gateway(path: Path) -> Iterator[str]:
     with serve_in_thread(fake) as backend_url:
         path.write_text(limited_policy(backend_url))
         settings = Settings(policy_path=str(path), health_checks=False, port=0, admin_port=0)
-        with serve_gateway_in_thread(settings, PolicySource(path).current()) as built:
+        with serve_gateway_in_thread(settings, PolicySource(path, POLICY_LOADER).current()) as built:
             yield built.api_url
 
 

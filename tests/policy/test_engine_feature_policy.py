@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
+from gateway.service import parse_policy
 from tests.policy_builder import build_policy
 
 SOURCE = "policy.yaml"

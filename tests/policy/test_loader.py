@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.request.keys import hash_api_key
+from gateway.service import parse_policy
 from tests.policy.positions import SOURCE, edited
 from tests.policy_builder import KEY_ACME, KEY_GLOBEX
 

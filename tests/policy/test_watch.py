@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.loader import PolicyError, load_policy
+from gateway.policy.loader import PolicyError
 from gateway.policy.snapshot import PolicySnapshot, content_digest
 from gateway.policy.watch import PolicySource, ReloadOutcome
+from gateway.service import POLICY_LOADER, load_policy
 from tests.policy_builder import session_policy
 
 VALID = session_policy()
@@ -65,7 +66,7 @@ async def eventually(condition: Callable[[], bool]) -> None:
     ],
 )
 def test_reload(policy_file: Path, text: str | None, outcome: ReloadOutcome, version: str, error: str | None) -> None:
-    source = PolicySource(policy_file)
+    source = PolicySource(policy_file, POLICY_LOADER)
     before = source.current()
     swapped: list[PolicySnapshot] = []
     source.subscribe(swapped.append)
@@ -88,7 +89,7 @@ def test_reload(policy_file: Path, text: str | None, outcome: ReloadOutcome, ver
 
 
 def test_a_request_keeps_the_snapshot_it_started_with(policy_file: Path) -> None:
-    source = PolicySource(policy_file)
+    source = PolicySource(policy_file, POLICY_LOADER)
     in_flight = source.current()
     write(policy_file, NEXT)
     source.reload("test")
@@ -98,7 +99,7 @@ def test_a_request_keeps_the_snapshot_it_started_with(policy_file: Path) -> None
 def test_an_invalid_initial_policy_refuses_to_start(policy_file: Path) -> None:
     write(policy_file, INVALID)
     with pytest.raises(PolicyError, match="surprise: unknown key"):
-        PolicySource(policy_file)
+        PolicySource(policy_file, POLICY_LOADER)
 
 
 def test_digests_match_the_loaders(policy_file: Path) -> None:
@@ -106,7 +107,7 @@ def test_digests_match_the_loaders(policy_file: Path) -> None:
 
 
 def test_poll_reloads_each_change_once(policy_file: Path) -> None:
-    source = PolicySource(policy_file)
+    source = PolicySource(policy_file, POLICY_LOADER)
     assert source.poll() is None  # nothing changed since the load
     write(policy_file, NEXT)
     result = source.poll()
@@ -138,7 +139,7 @@ def test_poll_reloads_each_change_once(policy_file: Path) -> None:
 def test_poll_rereads_racily_clean_files(policy_file: Path, age_s: float, noticed: bool) -> None:
     mtime_ns = time.time_ns() - int(age_s * 1e9)
     write(policy_file, VALID, mtime_ns=mtime_ns)
-    source = PolicySource(policy_file)
+    source = PolicySource(policy_file, POLICY_LOADER)
     assert source.poll() is None
     write(policy_file, session_policy(version="test-9"), mtime_ns=mtime_ns)  # same size, same mtime
     result = source.poll()
@@ -146,7 +147,7 @@ def test_poll_rereads_racily_clean_files(policy_file: Path, age_s: float, notice
 
 
 def test_listeners_run_in_order_and_a_failing_one_does_not_stop_the_swap(policy_file: Path) -> None:
-    source = PolicySource(policy_file)
+    source = PolicySource(policy_file, POLICY_LOADER)
     calls: list[str] = []
 
     def broken(snapshot: PolicySnapshot) -> None:
@@ -176,14 +177,14 @@ async def run_until(task: Awaitable[None], done: Callable[[], bool]) -> None:
 
 
 async def test_watch_picks_up_a_change(policy_file: Path) -> None:
-    source = PolicySource(policy_file)
+    source = PolicySource(policy_file, POLICY_LOADER)
     write(policy_file, NEXT)
     await run_until(source.watch(0.01), lambda: source.reloads_ok == 1)
     assert source.current().version == "test-2"
 
 
 async def test_sighup_reloads(policy_file: Path) -> None:
-    source = PolicySource(policy_file)
+    source = PolicySource(policy_file, POLICY_LOADER)
     loop = asyncio.get_running_loop()
     source.install_sighup(loop)
     try:
@@ -219,7 +220,7 @@ def test_the_warnings_of_a_policy_are_logged_when_it_comes_into_force(
 ) -> None:
     write(policy_file, first)
     with caplog.at_level("WARNING", logger="gateway.policy.watch"):
-        source = PolicySource(policy_file)
+        source = PolicySource(policy_file, POLICY_LOADER)
         write(policy_file, then)
         assert source.reload("test").outcome is ReloadOutcome.OK
     lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

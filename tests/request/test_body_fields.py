@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
+from gateway.service import parse_policy
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import session_policy

@@ -13,8 +13,9 @@ import openai
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.request.media import check_media_urls, check_server_url
+from gateway.service import parse_policy
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import session_policy

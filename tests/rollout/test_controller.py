@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.rollout.controller import Rollouts
 from gateway.rollout.judge import Action
 from gateway.rollout.store import FileRolloutStore
+from gateway.service import parse_policy
 from gateway.telemetry.metrics import Metrics
 from tests.fake_clock import FakeClock
 from tests.policy_builder import KEY_ACME, NOWHERE, backend, build_policy, model, tenant

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
+from gateway.admission.build import build_request
 from gateway.dialects.chat import CHAT
 from gateway.dispatch.backends import BackendPool, BackendState
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.tokens import CharRatioEstimator
-from gateway.request.validation import build_request
 from gateway.routing.prefix_secret import PrefixSecret
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from tests.policy_builder import NOWHERE, OMIT, backend, build_policy, model
 from tests.policy_builder import tenant as tenant_entry

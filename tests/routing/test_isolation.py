@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import BackendKind, UnsaltedMode
 from gateway.routing.isolation import CacheSalter, isolation_fields
+from gateway.service import parse_policy
 from tests.conftest import KEY_ACME, KEY_GLOBEX, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import session_policy

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
+from gateway.service import parse_policy
 from tests.policy_builder import NOWHERE, OMIT, build_policy, model
 from tests.policy_builder import backend as backend_entry
 from tests.policy_builder import tenant as tenant_entry

@@ -38,11 +38,12 @@ from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
 from gateway.dialects.messages import MESSAGES
 from gateway.dialects.responses import RESPONSES
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.policy.model import Backend, Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.keys import hash_api_key
 from gateway.routing.isolation import CacheSalter
+from gateway.service import parse_policy
 from gateway.upstream.body import attempt_isolation
 
 APIS: tuple[Dialect, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
+from gateway.service import parse_policy
 from tests.routing.conftest import MODEL, routing_policy
 
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from gateway.dialects.messages import MESSAGES
-from gateway.policy.loader import PolicyError, parse_policy
+from gateway.policy.loader import PolicyError
 from gateway.routing.reach import policy_reach
+from gateway.service import parse_policy
 from tests.policy_builder import KEY_ACME, KEY_GLOBEX, NOWHERE, backend, build_policy, model, tenant
 
 MEMBER = "probe-model"

@@ -13,7 +13,7 @@ import pytest
 from gateway.clock import MonotonicClock
 from gateway.dispatch.backends import BackendPool
 from gateway.dispatch.scrape import SaturationScraper, parse_saturation, restarted
-from gateway.policy.loader import parse_policy
+from gateway.service import parse_policy
 from loadtests.harness import process
 from tests.policy_builder import OMIT, backend, build_policy, model
 from tests.servers import free_port

@@ -19,11 +19,12 @@ from dataclasses import dataclass, replace
 import pytest
 
 from gateway.dispatch.backends import BackendState
-from gateway.policy.loader import parse_policy
+from gateway.dispatch.router import Router, RoutingDecision
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.routing.base import LoadBounded, Router, RoutingDecision
+from gateway.routing.base import LoadBounded
 from gateway.routing.framework import load_bound
 from gateway.routing.registry import STRATEGIES, build_routers
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
 from tests.routing.conftest import MODEL, SECRET, chat_request, counters, load, routing_policy, states, tenant

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from gateway.dispatch.backends import BackendPool, BackendState
-from gateway.policy.loader import parse_policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.framework import Cycle, Scorer
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import SCORERS, build_routers
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest, PrefixKeys
 from tests.fake_clock import FakeClock
 from tests.routing.conftest import MODEL, SECRET, chat_request, counters, routing_policy, states, tenant

@@ -9,12 +9,12 @@ import pytest
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendState
-from gateway.policy.loader import parse_policy
+from gateway.dispatch.router import Router
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.routing.base import Router
 from gateway.routing.framework import load_bound
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
 from gateway.routing.registry import RouterSpec, build_router, build_routers
+from gateway.service import parse_policy
 from tests.fake_clock import FakeClock
 from tests.routing.conftest import MODEL, SECRET, chat_request, load, routing_policy, states, tenant
 

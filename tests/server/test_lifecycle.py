@@ -38,7 +38,7 @@ def policy_path(tmp_path: Path, backend_server: BackendServer) -> Path:
 
 @pytest.fixture
 def gateway(policy_path: Path) -> object:
-    from gateway.policy.loader import load_policy
+    from gateway.service import load_policy
     from gateway.settings import Settings
 
     settings = Settings(policy_path=str(policy_path), port=0, admin_port=0)

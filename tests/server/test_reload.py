@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.policy.loader import load_policy
+from gateway.service import load_policy
 from gateway.settings import Settings
 from tests.conftest import KEY_ACME, metric
 from tests.fake_backend import FakeBackend

@@ -12,7 +12,7 @@ import contextlib
 
 import pytest
 
-from gateway.server.lifecycle import STOP_ROUND_S, STOP_ROUNDS, stop_loops
+from gateway.shared.loops import STOP_ROUND_S, STOP_ROUNDS, stop_loops
 
 
 async def swallows_first_cancel(swallowed: asyncio.Event) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.admission.build import build_request
 from gateway.clock import MonotonicClock
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
@@ -31,15 +32,14 @@ from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.pipeline.context import RequestContext
 from gateway.policy.groups import ModelGroup
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.tokens import CharRatioEstimator
-from gateway.request.validation import build_request
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.least_load import LeastLoadRouter
 from gateway.routing.targets import TargetChoice
 from gateway.runtime import Runtime, RuntimeBuilder
+from gateway.service import parse_policy
 from gateway.shadow.runner import ShadowHandle, ShadowRunner
 from gateway.telemetry.cost_meter import CostMeter
 from gateway.telemetry.metrics import Metrics

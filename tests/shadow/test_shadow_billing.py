@@ -19,8 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.policy.loader import parse_policy
-from gateway.service import Gateway
+from gateway.service import Gateway, parse_policy
 from gateway.settings import Settings
 from tests.conftest import KEY_ACME, KEY_GLOBEX, metric
 from tests.fake_backend import FakeBackend

@@ -19,10 +19,10 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.pipeline.outcome import TokenStats
-from gateway.policy.loader import PolicyError, parse_policy
-from gateway.service import Gateway
+from gateway.policy.loader import PolicyError
+from gateway.service import Gateway, parse_policy
 from gateway.settings import Settings
+from gateway.telemetry.token_stats import TokenStats
 from gateway.telemetry.tracelog import TraceLog, TraceLogConfig
 from tests.conftest import KEY_ACME, KEY_GLOBEX, metric
 from tests.fake_backend import FakeBackend

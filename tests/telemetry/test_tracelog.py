@@ -11,13 +11,14 @@ import pytest
 import xxhash
 
 from gateway.dialects.chat import CHAT
-from gateway.policy.loader import parse_policy
 from gateway.policy.model import Slo
 from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
 from gateway.routing.prefix_secret import PrefixSecret
-from gateway.routing.prefix_signature import PrefixSignature, session_hash
+from gateway.routing.prefix_signature import session_hash
+from gateway.service import parse_policy
 from gateway.settings import Settings
 from gateway.telemetry.goodput import meets_slo
+from gateway.telemetry.prefix_signature import PrefixSignature
 from gateway.telemetry.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_line
 from loadtests.loadgen.records import RequestRecord, iter_records
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer

@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.admission.build import build_request
 from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
 from gateway.policy.model import ModelPolicy, RequestLimits, Routing, Tenant
 from gateway.request.tokens import CharRatioEstimator
-from gateway.request.validation import build_request
 from gateway.routing.isolation import tenant_scope
 from gateway.routing.prefix_keys import prefix_keys
 from gateway.routing.prefix_secret import PrefixSecret

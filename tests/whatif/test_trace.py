@@ -20,7 +20,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.routing.prefix_signature import PrefixSignature, private_scope, scoped_block_id, session_hash
+from gateway.routing.prefix_signature import private_scope, scoped_block_id, session_hash
+from gateway.telemetry.prefix_signature import PrefixSignature
 from gateway.telemetry.tracelog import TraceLog, trace_line
 from loadtests import harness
 from loadtests.loadgen.records import RequestRecord, read_records

@@ -7,7 +7,9 @@ the output-length bound (every alias read once, ``gateway/request/output_length.
 rejected or clamped, per policy) and the ``n`` cap. Fields the gateway does not act on are
 passed through untouched for the backend to judge. What differs per API (the stream flags, the
 output aliases, the prompt's structure and estimate) is the request's dialect's
-(``gateway/dialects/``); this module runs the steps in order and applies the model's caps.
+(``gateway/dialects/``); this module runs the steps in order and applies the model's caps. The
+checks that need no dialect (``n``, the prompt's 400) are ``gateway/request/field_limits.py``, below
+the dialects, which raise that 400 too.
 
 **Order: cheapest first.** A refused request should cost as little CPU as possible, so the
 checks whose cost does not grow with the body come first (flags, ``n``, the output bound),
@@ -30,6 +32,7 @@ from typing import Any
 from gateway.dialects.base import Dialect
 from gateway.errors import InvalidRequest
 from gateway.policy.model import ModelPolicy, OverLimit, RequestLimits
+from gateway.request.field_limits import check_n, prompt_too_long
 from gateway.request.output_length import OUTPUT_LENGTH_FIELDS, requested_output_length
 from gateway.request.tokens import TokenEstimator
 from gateway.types import InferenceRequest
@@ -55,7 +58,7 @@ def build_request(
 ) -> InferenceRequest:
     """Validate ``body`` for ``api`` against the model's and the policy's limits."""
     stream, wants_usage = api.stream_flags(body)
-    _check_n(body, limits)
+    check_n(body, limits)
     aliases = api.output_aliases
     shown = as_called(model_policy, body)  # what every message below names the model
     max_tokens = output_bound(body, shown, limits.max_tokens_over_limit, aliases) if aliases else 0
@@ -107,32 +110,3 @@ def output_bound(
             param=field,
         )
     return model.max_output_tokens
-
-
-def prompt_too_long(field: str, model: ModelPolicy, size: str) -> InvalidRequest:
-    """400 ``prompt_too_long`` naming the prompt's ``field`` and ``size`` ("about N tokens (estimated)")."""
-    return InvalidRequest(
-        f"The prompt has {size}; model '{model.name}' accepts at most {model.max_prompt_tokens}.",
-        code="prompt_too_long",
-        param=field,
-    )
-
-
-def _check_n(body: dict[str, Any], limits: RequestLimits) -> None:
-    n = body.get("n")
-    if n is None:
-        return
-    if not _is_positive_int(n):
-        raise InvalidRequest("'n' must be a positive integer.", param="n")
-    if n > limits.max_n:
-        raise InvalidRequest(f"'n' is {n}; the limit is {limits.max_n}.", code="n_too_large", param="n")
-
-
-def choices(body: dict[str, Any]) -> int:
-    """How many completions the request asks for (``n``, validated): its output bound applies to each."""
-    n = body.get("n")
-    return n if isinstance(n, int) and _is_positive_int(n) else 1
-
-
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0

@@ -64,7 +64,7 @@ from gateway.limitstore.base import (
 )
 from gateway.policy.model import PriorityClass, Tenant
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.request.validation import choices
+from gateway.request.field_limits import choices
 from gateway.types import InferenceRequest
 
 Headers = list[tuple[bytes, bytes]]

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.dialects.chat import CHAT
-from gateway.errors import InvalidRequest, Overloaded
-from gateway.limitstore.memory import MemoryLimitStore
-from gateway.policy.loader import parse_policy
-from gateway.policy.model import Tenant
-from gateway.policy.snapshot import PolicySnapshot
-from gateway.request.admission import (
+from gateway.admission.tenant_limits import (
     SLOT_REFUSAL_MEMORY_S,
     TenantLimiter,
     charged_tokens,
     format_duration,
     resolve_class,
 )
+from gateway.dialects.chat import CHAT
+from gateway.errors import InvalidRequest, Overloaded
+from gateway.limitstore.memory import MemoryLimitStore
+from gateway.policy.model import Tenant
+from gateway.policy.snapshot import PolicySnapshot
+from gateway.service import parse_policy
 from gateway.types import InferenceRequest
 from tests.fake_clock import FakeClock
 from tests.policy_builder import NOWHERE, backend, build_policy, model, tenant
