@@ -3,7 +3,8 @@
 A Redis Cluster serves a multi-key command, a transaction or a script only when all its keys
 hash to one slot (``CROSSSLOT`` otherwise), and a cluster client routes a script by the keys it
 declares: a key the script touches without declaring it may live on another shard. So the keys
-of each tenant carry its hash tag (``gw:{acme}:rpm``), and the fleet's share ``{fleet}``.
+of each tenant carry its hash tag (``gw:{acme}:rpm``), and the ledger's its cell's (``{fleet}``,
+``{fleet:c1}``: the simulated processes here are in two cells).
 
 Real parts: three simulated gateway processes of ``loadtests/fleet_scale.py`` (the real limit
 store and ``TenantLimiter``, fleet coordinator and ledger, prefix view, response affinity and
@@ -107,10 +108,10 @@ def watch(port: int, recorded: Recorded, stop: threading.Event, ready: threading
                 current = None
 
 
-async def run_fleet(server: RedisProcess) -> None:
-    """Three simulated processes for two seconds, with every path that writes a key."""
-    config = SimConfig(
-        urls=dict.fromkeys(("limits", "ledger", "prefix", "responses"), server.url),
+def every_path(url: str) -> SimConfig:
+    """Three simulated processes in two cells, whose requests take every path that writes a key."""
+    return SimConfig(
+        urls=dict.fromkeys(("limits", "ledger", "prefix", "responses"), url),
         key_prefix="gw:",
         processes=3,
         rate=25.0,
@@ -124,7 +125,13 @@ async def run_fleet(server: RedisProcess) -> None:
         limit_headroom=2.0,
         rollout_interval_s=0.2,
         sealed_ids=False,  # the shared map's scripts run only without sealed response ids
+        fleet_cells=2,
     )
+
+
+async def run_fleet(server: RedisProcess) -> None:
+    """Three simulated processes for two seconds, with every path that writes a key."""
+    config = every_path(server.url)
     shared = Shared()
     sims = [SimProcess(i, config, shared) for i in range(3)]
     await asyncio.gather(*(sim.start() for sim in sims))

@@ -62,16 +62,18 @@ def test_the_bench_measures_a_small_fleet_and_sizes_the_large_ones(tmp_path: Pat
     fleet_scale.main(
         [
             "--processes", "2,3", "--rate", "4", "--rate-high", "8", "--warmup-s", "1", "--window-s", "2",
-            "--calibrate-concurrency", "4", "--lease-cell", "2:20:1", "--label", "tiny", "--out", str(tmp_path),
+            "--calibrate-concurrency", "4", "--lease-cell", "2:20:1", "--split-cell", "4:2", "--cell-size", "10",
+            "--label", "tiny", "--out", str(tmp_path),
         ]
     )  # fmt: skip
     document = json.loads((tmp_path / "tiny.json").read_text())
     cells = document["cells"]
-    assert [(c["processes"], c["rate_per_process"], c["role"]) for c in cells] == [
-        (2, 4.0, "fleet"),
-        (2, 8.0, "fleet"),
-        (3, 4.0, "fleet"),
-        (2, 20.0, "lease"),
+    assert [(c["processes"], c["rate_per_process"], c["role"], c["fleet_cells"]) for c in cells] == [
+        (2, 4.0, "fleet", 1),
+        (2, 8.0, "fleet", 1),
+        (3, 4.0, "fleet", 1),
+        (4, 4.0, "fleet", 2),
+        (2, 20.0, "lease", 1),
     ]
     admit = document["model"]["round_trips"]["admit"]
     assert admit["from_lease_cell"]["tenants"] == 1  # admission's per-request cost from the lease cell
@@ -82,6 +84,12 @@ def test_the_bench_measures_a_small_fleet_and_sizes_the_large_ones(tmp_path: Pat
         assert cell["sources"]["ledger"]["round_trips_per_process_per_s"] > 2, "the coordinator synced"
         assert cell["sources"]["prefix"]["round_trips_per_process_per_s"] > 2, "the prefix view exchanged"
         assert all(family["connected_clients"] > 0 for family in cell["families"].values())
-    assert [f["replicas"] for f in document["fleets"]] == [10, 100, 1000]
-    assert all(f["redis_cpu_cores"] > 0 and f["memory_bytes"] > 0 for f in document["fleets"])
-    assert "extrapolated to 2000 req/s per replica" in (tmp_path / "tiny.txt").read_text()
+    fleets = document["fleets"]
+    assert [(f["replicas"], f["fleet_cells"]) for f in fleets] == [(10, 1), (100, 1), (1000, 1), (100, 10), (1000, 100)]
+    assert all(f["redis_cpu_cores"] > 0 and f["memory_bytes"] > 0 for f in fleets)
+    whole, split = fleets[2], fleets[4]  # 1,000 replicas: one ledger, or 100 cells of 10
+    assert split["hottest_slot_cores"] < whole["hottest_slot_cores"] / 10, "a cell's slot carries a cell's cost"
+    assert split["cores_by_family"]["limits"] == whole["cores_by_family"]["limits"], "limits stay fleet-wide"
+    text = (tmp_path / "tiny.txt").read_text()
+    assert "extrapolated to 2000 req/s per replica" in text
+    assert "4 processes in 2 cells of 2: ledger" in text

@@ -3,7 +3,6 @@ master through a real Sentinel, and a real three-node Redis Cluster."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +12,12 @@ import redis
 
 from gateway.limitstore.base import Ask, Bucket, Take
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
-from gateway.policy.loader import parse_policy
+from gateway.service import parse_policy
 from gateway.shared.connect import ClusterURL, SentinelURL, parse_cluster_url, parse_sentinel_url
 from tests.limitstore.redis_server import RedisProcess, private_redis, unique_prefix
 from tests.policy_builder import session_policy
 from tests.servers import free_port, wait_until
+from tests.shared.redis_cluster import cluster_url
 
 
 @pytest.mark.parametrize(
@@ -144,58 +144,8 @@ def test_a_malformed_cluster_url_is_refused_with_what_is_wrong(url: str, problem
         parse_cluster_url(url)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[list[int]]:
-    """Three redis-server nodes joined in a cluster (no replicas), on free ports."""
-    ports = [_cluster_port() for _ in range(3)]
-    nodes = []
-    try:
-        for port in ports:
-            folder = tmp_path / str(port)
-            folder.mkdir()
-            argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
-            argv += ["--cluster-config-file", str(folder / "nodes.conf"), "--save", "", "--appendonly", "no"]
-            nodes.append(subprocess.Popen(argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_until(lambda: all(_pings(port) for port in ports), what="every cluster node to answer")
-        create = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"]
-        subprocess.run(create, check=True, capture_output=True, timeout=30)
-        wait_until(lambda: _cluster_ok(ports[0]), what="the cluster to be ok")
-        yield ports
-    finally:
-        for node in nodes:
-            node.kill()
-            node.wait()
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too (so at most 55535)."""
-    for _ in range(1000):
-        port = free_port()
-        if port <= 55535:
-            with socket.socket() as bus:
-                try:
-                    bus.bind(("127.0.0.1", port + 10000))
-                except OSError:
-                    continue
-            return port
-    raise AssertionError("no free port pair for a cluster node")
-
-
-def _pings(port: int) -> bool:
-    try:
-        with redis.Redis(port=port, socket_timeout=0.5) as client:
-            return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
-def _cluster_ok(port: int) -> bool:
-    with redis.Redis(port=port, socket_timeout=0.5) as client:
-        return bool(client.cluster("info").get("cluster_state") == "ok")
-
-
 async def test_the_limit_store_works_on_a_redis_cluster_each_tenant_in_one_slot(cluster: list[int]) -> None:
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in cluster[:2])
+    url = cluster_url(cluster[:2])
     store = RedisLimitStore(RedisConfig(url=url, key_prefix=unique_prefix(), timeout_s=1.0, request_budget_s=2.0))
     rpm = Bucket("rpm", 2, 2 / 60)
     try:
