@@ -24,6 +24,7 @@ from gateway.clock import Clock, MonotonicClock
 from gateway.dispatch.backends import BackendPool
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.observers import Observers
 from gateway.dispatch.scrape import SaturationScraper
 from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replica_id
 from gateway.fleet.ledger import FleetLedger
@@ -103,7 +104,15 @@ class Gateway:
         self.shared = SharedStore.from_state(snapshot.policy.state)  # read once, as the secret is
         self.limit_store = self._limit_store(snapshot)
         self.limiter = TenantLimiter(self.limit_store, self.clock)
-        self.dispatcher = Dispatcher(self.pool, lambda model: self.runtime.router(model), self.clock, snapshot)
+        self.dispatch_observers = Observers()  # the shadows, the fleet and its prefix view join as they are built
+        self.dispatcher = Dispatcher(
+            self.pool,
+            lambda model: self.runtime.router(model),
+            self.clock,
+            snapshot,
+            observer=self.dispatch_observers,
+            fleet_rebalances=self.shared.client is not None,  # the fleet's ledger moves parts by demand (_fleet)
+        )
         self.fleet = self._fleet(settings, snapshot)
         self.prefix_view = self._prefix_view(snapshot)
         self.source = PolicySource(settings.policy_path, POLICY_LOADER, initial=snapshot, install=self.install)
@@ -115,7 +124,7 @@ class Gateway:
         self.in_flight = InFlight()
         self.affinity = self._affinity(snapshot)
         self.shadows = ShadowRunner(self.clock, self.dispatcher, self.upstream, self.metrics, costs=self.costs)
-        self.dispatcher.on_wait = self.shadows.preempt  # a real request never waits behind a shadow
+        self.dispatch_observers.add(self.shadows)  # a real request never waits behind a shadow
         self.rollouts = self._rollouts(settings, snapshot)
         self.targets = TargetPicker(candidate_share=self.rollouts.candidate_percent)
         self.recorder.on_group_outcome = self.rollouts.observe
@@ -194,8 +203,7 @@ class Gateway:
         )
         coordinator = FleetCoordinator(ledger, self.pool, self.dispatcher, self.policy, self.clock, self.metrics)
         coordinator.adopt(snapshot)  # nothing is the whole capacity before the first sync
-        self.dispatcher.on_pressure = coordinator.wake
-        self.dispatcher.fleet_rebalances = True
+        self.dispatch_observers.add(coordinator)  # syncs at once when demand moves
         return coordinator
 
     def _prefix_view(self, snapshot: PolicySnapshot) -> PrefixSync | None:
@@ -224,7 +232,7 @@ class Gateway:
             clock=self.clock,
             metrics=self.metrics,
         )
-        self.dispatcher.on_routed = view.publish
+        self.dispatch_observers.add(view)  # publishes each decision
         return view
 
     def pipeline_deps(self) -> PipelineDeps:
@@ -259,7 +267,7 @@ class Gateway:
             self.fleet.adopt(snapshot)
         else:
             partition_quotas(self.pool, snapshot, self.settings.workers)
-        self.dispatcher.apply(snapshot)
+        self.dispatcher.adopt(snapshot)
         self.rollouts.adopt(snapshot)
         self.costs.reprice(snapshot.policy.backends)
         self.metrics.policy_info.clear()

@@ -27,7 +27,7 @@ import gateway.fleet.ledger
 import gateway.limitstore.scripts
 import gateway.responses.sharing
 import gateway.rollout.store
-from gateway.fleet.ledger import BackendReport
+from gateway.fleet.ledger import BackendReport, ledger_base
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, shared_client, unique_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,10 +160,10 @@ def limit_store_in_use(run: Eval, prefix: str) -> None:
 
 def ledger_call(prefix: str) -> tuple[list[str], list[Any]]:
     backend = BackendReport("b", 4, 1000, {}, {}, 0, 0, {}, {}, {})
-    fleet = f"{prefix}{{fleet}}:"
-    keys = [f"{fleet}replicas", f"{fleet}backends", f"{fleet}epoch", f"{fleet}b:b"]
+    base = ledger_base(prefix, "")
+    keys = [f"{base}:replicas", f"{base}:backends", f"{base}:epoch", f"{base}:b:b"]
     report = orjson.dumps([backend.as_json()])
-    return keys, ["replica-1", 10.0, report, prefix, 600.0, b"[]", "", "epoch-1", 8]
+    return keys, ["replica-1", 10.0, report, base, 600.0, b"[]", "", "epoch-1", 8]
 
 
 def fleet_ledger_sync(run: Eval, prefix: str) -> None:
@@ -179,7 +179,7 @@ def fleet_ledger_leave(run: Eval, prefix: str) -> None:
     """The number of processes removed: 1 for a process that had synced."""
     keys, args = ledger_call(prefix)
     run(gateway.fleet.ledger.SYNC, keys, args)
-    assert run(gateway.fleet.ledger.LEAVE, keys, ["replica-1", prefix]) == 1
+    assert run(gateway.fleet.ledger.LEAVE, keys, ["replica-1", ledger_base(prefix, "")]) == 1
 
 
 def rollout_lead(run: Eval, prefix: str) -> None:

@@ -6,7 +6,9 @@ state (``capacity.py``, ``backends.py``, ``tenant_load.py``), the engines' scrap
 (``scrape.py``), the circuit breakers (``breaker.py``), and the two things it calls or enforces
 that the stages above it provide: the ``Router`` protocol and its ``RoutingDecision``
 (``router.py``, implemented by ``gateway/routing/``), and this process's part of each backend's
-capacity (``quota.py``, computed by ``gateway/fleet/``).
+capacity (``quota.py``, computed by ``gateway/fleet/``). What the dispatcher tells the stages
+above it (a request waits, demand changed, a decision was acted on) goes through one observer
+protocol given at construction (``observers.py``), never through callbacks assigned later.
 
 Below routing and the fleet in the stage order (``tests/test_import_graph.py``): the routers
 read the backends' state from here. It imports neither, nor the pipeline or the upstream client.

@@ -179,7 +179,7 @@ class BackendPool:
         self._breaker_policy: object = None
         self.install(self.plan(snapshot))
 
-    def apply(self, snapshot: PolicySnapshot) -> None:
+    def adopt(self, snapshot: PolicySnapshot) -> None:
         """Follow a new policy at once (``plan`` then ``install``)."""
         self.install(self.plan(snapshot))
 

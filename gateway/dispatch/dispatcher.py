@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool, BackendState, Lane
 from gateway.dispatch.capacity import has_room
+from gateway.dispatch.observers import DispatchObserver, QuietObserver
 from gateway.dispatch.queueing import ClassQueue, DrainMeter, Ticket
 from gateway.dispatch.quota import TenantUse
 from gateway.dispatch.router import Router, RoutingDecision
@@ -158,7 +159,7 @@ class ModelQueues:
         self.classes = sorted([*self.classes, queue], key=lambda q: q.rank)
         return queue
 
-    def follow(self, classes: Mapping[str, PriorityClass]) -> None:
+    def adopt(self, classes: Mapping[str, PriorityClass]) -> None:
         """A reloaded policy's classes: each queue takes its class's new settings (bound, wait,
         rank); a new class gets a queue; a removed class's queue stays while requests wait in it."""
         kept = []
@@ -193,28 +194,31 @@ def _fail_waiting(mq: ModelQueues, error: Overloaded) -> None:
 
 
 class Dispatcher:
-    """Owns the queues of every model; see the module docstring for the rule."""
+    """Owns the queues of every model; see the module docstring for the rule.
+
+    ``observer`` hears when a request must wait, when demand moves and each decision acted on
+    (``gateway/dispatch/observers.py``: the shadow runner, the fleet coordinator, the prefix
+    view); by default nothing does. ``fleet_rebalances``: a fleet ledger moves parts of each
+    backend by demand (``gateway/fleet/``), so a request may wait for its favourite's part."""
 
     def __init__(
-        self, pool: BackendPool, routers: Callable[[str], Router], clock: Clock, snapshot: PolicySnapshot
+        self,
+        pool: BackendPool,
+        routers: Callable[[str], Router],
+        clock: Clock,
+        snapshot: PolicySnapshot,
+        *,
+        observer: DispatchObserver | None = None,
+        fleet_rebalances: bool = False,
     ) -> None:
         self.pool = pool
         self.router_for = routers
         self.clock = clock
         self.draining = False
-        self.on_pressure: Callable[[], None] | None = None
-        """Called when a request must wait, and when a backend frees room that another process
-        waits for: the fleet syncs sooner (``gateway/fleet/coordinator.py``)."""
-        self.fleet_rebalances = False
-        """True when a fleet ledger moves parts of each backend by demand (``gateway/fleet/``)."""
-        self.on_routed: Callable[[InferenceRequest, RoutingDecision], None] | None = None
-        """Called with each decision acted on: the fleet's prefix view publishes it
-        (``gateway/fleet/prefix_sync.py``)."""
-        self.on_wait: Callable[[Sequence[BackendState]], int] | None = None
-        """Called with the backends of its lane when a real request must wait, before it is judged:
-        the shadow runner cancels the shadow copies holding slots there and says how many slots
-        come back (``gateway/shadow/runner.py``). A request that only waits for those slots is
-        neither refused by the queue bound nor by the wait estimate. Never for ``place_now``."""
+        self.observer: DispatchObserver = observer if observer is not None else QuietObserver()
+        self.fleet_rebalances = fleet_rebalances
+        self._hand_out_soon: set[str] = set()
+        """The models whose hand-out a first token scheduled for the loop's next turn (``first_token``)."""
         self._queues: dict[str, ModelQueues] = {}
         self._lanes: dict[str, list[ModelQueues]] = {}
         self._api_lanes: dict[tuple[str, str], tuple[Lane, Lane]] = {}
@@ -224,9 +228,9 @@ class Dispatcher:
         """Per-tenant use of each backend, what the fleet's ledger shares by (``gateway/dispatch/tenant_load.py``)."""
         self._holding: set[int] = set()
         """The tickets (by ``id``) within their ``FAVOURITE_WAIT_S``: ``_place`` holds them for their favourite."""
-        self.apply(snapshot)
+        self.adopt(snapshot)
 
-    def apply(self, snapshot: PolicySnapshot) -> None:
+    def adopt(self, snapshot: PolicySnapshot) -> None:
         """Follow a new policy: new models get queues; a model's waiting requests keep theirs
         (other lanes of a model are made on demand, and kept while requests wait in them).
 
@@ -237,11 +241,11 @@ class Dispatcher:
         for model in snapshot.models:
             old = self._queues.get(model)
             if old is not None:
-                old.follow(self._classes)
+                old.adopt(self._classes)
             queues[model] = old if old is not None else ModelQueues(model, self._classes)
         for key, old in self._queues.items():
             if key not in queues and old.model in snapshot.models and old.depth:
-                old.follow(self._classes)
+                old.adopt(self._classes)
                 queues[key] = old
         removed = [mq for mq in self._queues.values() if mq.model not in snapshot.models]
         self._queues = queues
@@ -407,9 +411,8 @@ class Dispatcher:
             estimate = (ahead + 1) / rate if rate else 0.0
             if ahead == 0 and self._held_elsewhere(mq, priority_class.rank, tokens):
                 estimate = 0.0  # room comes with the next sync (woken below), not with a request's end
-            freed = 0
-            if self.on_wait is not None:  # shadows give their slots back: a real request never waits on them
-                freed = self.on_wait(mq.lane if mq.lane is not None else self.pool.for_model(mq.model))
+            # Shadows give their slots back: a real request never waits on them.
+            freed = self.observer.request_waits(mq.lane if mq.lane is not None else self.pool.for_model(mq.model))
             if ahead < freed:
                 estimate = 0.0  # a slot a shadow gives back is this request's, in a moment
             elif queue.depth >= limit.max_depth:
@@ -428,8 +431,7 @@ class Dispatcher:
         self.load.weigh(tenant.name, tenant.weight)
         if hold_s > 0:
             self._holding.add(id(ticket))
-        if self.on_pressure is not None:
-            self.on_pressure()  # the waiting request is reported for every backend of its lane, its favourite's too
+        self.observer.demand_changed()  # it is reported for every backend of its lane, its favourite's too
         try:
             async with asyncio.timeout(budget):
                 if hold_s > 0:
@@ -630,18 +632,31 @@ class Dispatcher:
         decision.state.reserve(rank, tokens)
         self.load.dispatched(decision.state.name, rank, tenant.name, tenant.weight, tokens, self.clock.now())
         self.router_for(request.model).on_dispatch(request, tenant, decision)
-        if self.on_routed is not None:
-            self.on_routed(request, decision)
+        self.observer.routed(request, decision)
 
     def first_token(self, model: str, grant: Grant) -> None:
-        """The request's prefill is done: a class paced by ``max_prefilling`` may start another."""
+        """The request's prefill is done: a class paced by ``max_prefilling`` may start another.
+
+        Called from inside a stream's parse (the relay's ``TokenTimer``, the shadow runner's reader),
+        so only the bookkeeping happens now: the backend's prefill count drops (a paced class's next
+        prefill may start), and the dispatch-to-first-token time is measured. Handing the room to
+        waiting requests (their routing, their grants) is scheduled for the loop's next turn, after
+        the current chunk is handled: one request's parser never runs the scheduler for others, and
+        the first tokens of one turn hand out once per model. Nothing overtakes the waiting requests
+        meanwhile: a new request of their class or a lower one queues behind them (``acquire``)."""
         if grant.prefilling:
             grant.prefilling = False
             grant.state.prefilled(grant.rank)
             mq = self._queues.get(grant.lane or model)
             if mq is not None:
                 mq.observe_service_ttft(self.clock.now() - grant.dispatched_at)
-            self.hand_out(model)
+            if model not in self._hand_out_soon:
+                self._hand_out_soon.add(model)
+                asyncio.get_running_loop().call_soon(self._hand_out_after_first_token, model)
+
+    def _hand_out_after_first_token(self, model: str) -> None:
+        self._hand_out_soon.discard(model)
+        self.hand_out(model)
 
     def give_back(self, model: str, grant: Grant) -> None:
         """Give the slot back and let waiting requests have it: those of every model the backend
@@ -650,8 +665,8 @@ class Dispatcher:
         state.unreserve(grant.rank, grant.tokens, grant.prefilling)
         grant.prefilling = False
         self.load.released(state.name, grant.rank, grant.tenant, grant.tokens)
-        if state.others_waiting and self.on_pressure is not None:
-            self.on_pressure()
+        if state.others_waiting:
+            self.observer.demand_changed()
         self.hand_out(model)
         served = state.backend.models
         if len(served) > 1:

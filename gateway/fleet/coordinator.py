@@ -45,6 +45,7 @@ from typing import Protocol
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool, BackendState
+from gateway.dispatch.observers import DispatchObserver
 from gateway.dispatch.queueing import IDLE_GAP_S
 from gateway.dispatch.quota import EMPTY, Quota, Share, TenantUse
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
@@ -122,7 +123,7 @@ def partition_quotas(pool: BackendPool, snapshot: PolicySnapshot, workers: int) 
         state.quota = None if workers <= 1 else partition(state.backend.capacity, classes, workers)
 
 
-class FleetCoordinator:
+class FleetCoordinator(DispatchObserver):
     """Syncs this process with the ledger (module docstring); ``run`` is its background loop.
 
     A sync is three steps, apart so that tests can interleave them with requests: ``reports``
@@ -164,6 +165,10 @@ class FleetCoordinator:
         """Sync as soon as the loop can: a request waits for this process's part, or this process
         freed room that another waits for."""
         self._wake.set()
+
+    def demand_changed(self) -> None:
+        """The dispatcher queued a request, or freed room another process waits for (``DispatchObserver``)."""
+        self.wake()
 
     async def run(self) -> None:
         """Sync every ``fleet.sync_interval_s``, or sooner when woken: wakes coalesce (one loop, so

@@ -49,6 +49,7 @@ from typing import Any
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool
+from gateway.dispatch.observers import DispatchObserver
 from gateway.dispatch.router import Router, RoutingDecision
 from gateway.fleet.prefix_wire import Decision, MalformedEntry, decode, encode, origin_of
 from gateway.policy.model import Policy
@@ -81,7 +82,7 @@ def prefix_view_key(policy: Policy, secret_digest: str) -> str:
     return f"{policy.state.key_prefix}{where}:{secret_digest}"
 
 
-class PrefixSync:
+class PrefixSync(DispatchObserver):
     """Publishes this process's routing decisions and folds in the others' (module docstring)."""
 
     def __init__(
@@ -119,8 +120,12 @@ class PrefixSync:
         self._received = metrics.child(metrics.fleet_prefix_decisions, "received")
         self._dropped = metrics.child(metrics.fleet_prefix_decisions, "dropped")
 
+    def routed(self, request: InferenceRequest, decision: RoutingDecision) -> None:
+        """The dispatcher acted on a decision (``DispatchObserver``, once per dispatch): publish it."""
+        self.publish(request, decision)
+
     def publish(self, request: InferenceRequest, decision: RoutingDecision) -> None:
-        """Queue a decision for the next flush (the dispatcher calls this once per dispatch)."""
+        """Queue a decision for the next flush."""
         keys = request.prefix_keys
         if keys is None or not keys.blocks:
             return

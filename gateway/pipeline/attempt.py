@@ -472,6 +472,7 @@ class Attempts:
         model = request.model
 
         def first_token() -> None:
+            """The prefill is done; called inside the chunk's parse (other requests are handed the room after it)."""
             deps.dispatcher.first_token(model, grant)
 
         relay = self.relay

@@ -19,7 +19,7 @@ and, before the dialect, by the relay itself:
   it ends this upstream, and the client gets the gateway's own error event in its place
   (``gateway/upstream/errors.py``: gateway code, sanitised message), never the backend's text.
 
-Framing follows the SSE specification, not one engine: lines may end in CRLF, LF or CR (the
+Framing (``SseReader``) follows the SSE specification, not one engine: lines may end in CRLF, LF or CR (the
 client always gets LF); the common event, one ``data:`` line, takes the fast path; any other
 (comments, ``event``/``id``/``retry`` fields, several ``data:`` lines) is parsed field by field
 and relayed as one ``data:`` line, its ``event``/``id``/``retry`` fields dropped (a client
@@ -64,10 +64,10 @@ from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
 from gateway.errors import GatewayError, UpstreamError, UpstreamRejected
 from gateway.telemetry.token_stats import TokenStats
 from gateway.upstream.errors import ERROR_EVENT_TYPES, Redactor, UpstreamFault, event_error
+from gateway.upstream.sse_reader import MAX_EVENT_BYTES, SseEventTooLong, SseReader, sse_fields
 
 DONE_EVENT = b"data: [DONE]\n\n"
 KEEP_ALIVE_EVENT = b": keep-alive\n\n"
-MAX_EVENT_BYTES = 4 << 20  # one event of n choices with top logprobs stays far below
 _NO_REDACTION = Redactor()
 _EVENT_NAME = re.compile(rb"[A-Za-z0-9_.]{1,64}")
 """An SSE event name relayed as is: the typed events' names (``response.output_text.delta``,
@@ -82,7 +82,11 @@ class StreamEnd(Enum):
 
 
 class TokenTimer:
-    """Arrival times of output chunks: TTFT from the request's arrival, then every gap."""
+    """Arrival times of output chunks: TTFT from the request's arrival, then every gap.
+
+    ``on_first`` is told of the first output (the prefill is done) from inside that chunk's parse,
+    so it must only take note: ``Dispatcher.first_token`` counts the prefill done at once and hands
+    the room to other requests (their routing) on the loop's next turn, after the chunk is handled."""
 
     __slots__ = ("_on_first", "arrival", "finish_reasons", "first_output", "gaps", "last_output", "usage")
 
@@ -146,7 +150,6 @@ class SseRelay:
     """
 
     __slots__ = (
-        "_buffer",
         "_client_done",
         "_clock",
         "_done_marker",
@@ -157,6 +160,7 @@ class SseRelay:
         "_on_event",
         "_on_resumed_output",
         "_read",
+        "_reader",
         "_redactor",
         "_rename",
         "_report",
@@ -208,7 +212,7 @@ class SseRelay:
         self._translator = translator
         self._strip_usage = strip_usage
         self._keep_continuous = keep_continuous
-        self._buffer = b""
+        self._reader = SseReader(max_event_bytes=MAX_EVENT_BYTES)
         self._resumed = False
         self._on_resumed_output: Callable[[], None] | None = None
         self._redactor = redactor
@@ -239,13 +243,13 @@ class SseRelay:
         send, take = self._send, self._take
         try:
             async for chunk in chunks:
-                # _relay_chunk written out: no coroutine per relayed chunk
+                # _relay_end's body written out: no coroutine per relayed chunk
                 if out := take(chunk):
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if self._failure is not None:
                     return self._take_failure()
-            # The body ended: a last CR is a line end, not half a CRLF.
-            if self._buffer.endswith(b"\r") and (failure := await self._relay_chunk(b"\n")) is not None:
+            # The body ended: a last CR is a line end, not half a CRLF (``SseReader.end``).
+            if (failure := await self._relay_end()) is not None:
                 return failure
         except GatewayError as exc:
             return exc
@@ -256,15 +260,16 @@ class SseRelay:
             return UpstreamError("The backend closed the stream before it finished.", code="upstream_protocol_error")
         return None
 
-    async def _relay_chunk(self, chunk: bytes) -> GatewayError | None:
-        """Send the complete events ``chunk`` completes; the failure they end with, if any."""
-        if out := self._take(chunk):
+    async def _relay_end(self) -> GatewayError | None:
+        """Send the events the body's end completes; the failure they end with, if any."""
+        if out := self._take(b"", end=True):
             await self._send({"type": "http.response.body", "body": out, "more_body": True})
         return self._take_failure()
 
-    def _take(self, chunk: bytes) -> bytes:
-        """The complete events ``chunk`` completes, ready to send (nothing if they hold a credential)."""
-        out = self._feed(chunk, self._clock.now())
+    def _take(self, chunk: bytes, end: bool = False) -> bytes:
+        """The complete events ``chunk`` (or the body's ``end``) completes, ready to send (nothing if
+        they hold a credential)."""
+        out = self._feed(chunk, self._clock.now(), end)
         if out and self._redactor.leaks(out):
             self._fail_protocol("the stream holds a credential of the gateway")
             return b""
@@ -289,7 +294,7 @@ class SseRelay:
         assert progress is not None
         assert progress.tokens is not None
         progress.base_tokens = progress.tokens
-        self._buffer = b""
+        self._reader.clear()
         self._resumed = True
         self._on_resumed_output = on_output
         self._failure = None
@@ -310,60 +315,48 @@ class SseRelay:
             return StreamEnd.UPSTREAM_ERROR
         return StreamEnd.COMPLETED
 
-    def _feed(self, chunk: bytes, t: float) -> bytes:
-        data = self._buffer + chunk if self._buffer else chunk
-        if b"\r" in data:
-            data = _lf_only(data)
+    def _feed(self, chunk: bytes, t: float, end: bool) -> bytes:
+        """What to send of the events ``chunk`` (or the body's ``end``) completes, up to a failure."""
+        too_long: SseEventTooLong | None = None
+        try:
+            events = self._reader.end() if end else self._reader.feed(chunk)
+        except SseEventTooLong as exc:  # the complete events before it are relayed first
+            events, too_long = exc.events, exc
         kept: list[bytes] = []
-        start = 0
-        while self._failure is None and (end := data.find(b"\n\n", start)) >= 0:
-            event = data[start : end + 2]
-            start = end + 2
+        for event in events:
+            if self._failure is not None:
+                break
             kept_as = self._keep(event, t)
             if kept_as is True:
                 kept.append(event)
             elif kept_as:
                 kept.append(kept_as)
-        self._buffer = data[start:] if self._failure is None else b""
-        if len(self._buffer) > MAX_EVENT_BYTES:
-            self._buffer = b""
-            self._fail_protocol(f"an event longer than {MAX_EVENT_BYTES} bytes")
+        if self._failure is not None:
+            self._reader.clear()
+        elif too_long is not None:
+            self._fail_protocol(str(too_long))
         return b"".join(kept)
 
     def _keep(self, event: bytes, t: float) -> bytes | bool:
         """Whether to forward ``event`` (True), drop it (False), or what to send instead."""
         if self.saw_done:
             return False  # nothing after [DONE]
+        # The common case, one data line: ``single_data`` written out (no call per relayed event).
         if event.startswith(b"data:") and event.find(b"\n") == len(event) - 2:
-            return self._keep_data(event, event[5:].strip(), t)  # the common case: one data line
+            return self._keep_data(event, event[5:].strip(), t)
         return self._keep_framed(event, t)
 
     def _keep_framed(self, event: bytes, t: float) -> bytes | bool:
         """Any other event, field by field (module docstring): data relayed, the rest not."""
-        data: list[bytes] = []
-        error: list[bytes] = []
-        comment = False
-        kind = b""
-        for line in event.split(b"\n"):
-            if not line:
-                continue
-            if line.startswith(b":"):
-                comment = True
-                continue
-            name, _, value = line.partition(b":")
-            value = value[1:] if value.startswith(b" ") else value
-            if name == b"data":
-                data.append(value)
-            elif name == b"error":  # llama.cpp writes its stream errors as an ``error:`` field
-                error.append(value)
-            elif name == b"event" and self._named:
-                kind = value
-        if error:
+        fields = sse_fields(event)
+        # llama.cpp writes its stream errors as an ``error:`` field
+        if error := [value for name, value in fields.others if name == b"error"]:
             return self._upstream_error(_json_or_text(b"\n".join(error)))
-        if not data:
-            return KEEP_ALIVE_EVENT if comment else False
-        payload = b" ".join(data).strip()  # JSON, so the line breaks between its lines were whitespace
+        if fields.data is None:
+            return KEEP_ALIVE_EVENT if fields.keep_alive else False
+        payload = fields.data  # JSON, so the line breaks between its lines were whitespace
         canonical = b"data: " + payload + b"\n\n"
+        kind = fields.last(b"event") if self._named else None
         if kind and _EVENT_NAME.fullmatch(kind):  # a name clients dispatch on (Responses, Messages)
             canonical = b"event: " + kind + b"\n" + canonical
         kept = self._keep_data(canonical, payload, t)
@@ -485,14 +478,6 @@ def renaming(served: object, public: str) -> tuple[tuple[bytes, bytes], ...]:
         return ()
     old, new = orjson.dumps(served), orjson.dumps(public)
     return ((b'"model":' + old, b'"model":' + new), (b'"model": ' + old, b'"model": ' + new))
-
-
-def _lf_only(data: bytes) -> bytes:
-    """CRLF and lone CR line ends as LF; a final CR stays (its LF may start the next read)."""
-    tail = data.endswith(b"\r")
-    body = data[:-1] if tail else data
-    body = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    return body + b"\r" if tail else body
 
 
 def _json_or_text(payload: bytes) -> Any:

@@ -155,6 +155,16 @@ class SharedResponses:
         self._retrier: asyncio.Task[None] | None = None
         self._answered = asyncio.Event()
         """Set when a call found Redis answering: the retrier need not wait out its pause."""
+        self._on_cluster = (
+            {
+                PUBLISH.sha: client.register_script(_PUBLISH),
+                LOOKUP.sha: client.register_script(_LOOKUP),
+                UNPUBLISH.sha: client.register_script(_UNPUBLISH),
+            }
+            if isinstance(client, RedisCluster)
+            else {}
+        )
+        """On a cluster, each script through the cluster client (its node found by the keys' tag)."""
 
     async def lookup(self, response_id: str, tenant: str) -> Found | None:
         """The entry of ``response_id`` in ``tenant``'s map, or None; ``SharedUnavailable`` when
@@ -260,7 +270,7 @@ class SharedResponses:
         and connects to it on first use."""
         if isinstance(self.client, RedisCluster):
             async with FreeTimeout(self.lag, budget_s):
-                answer = await _evaluate_on_cluster(self.client, script, [*keys, *args], len(keys))
+                answer = await self._on_cluster[script.sha](keys=list(keys), args=list(args))
             self._answered.set()
             return answer
         pool = self.client.connection_pool
@@ -283,14 +293,6 @@ class SharedResponses:
     def field(response_id: str) -> str:
         # A hash, not the id: the keyspace never holds an id a tenant could present.
         return hashlib.sha256(response_id.encode()).hexdigest()
-
-
-async def _evaluate_on_cluster(client: RedisCluster, script: Script, keys_and_args: list[Any], keys: int) -> Any:
-    """``EVALSHA``, else (``NOSCRIPT``: a node that has not seen it) ``EVAL``, on the keys' node."""
-    try:
-        return await client.evalsha(script.sha, keys, *keys_and_args)
-    except NoScriptError:
-        return await client.eval(script.text, keys, *keys_and_args)
 
 
 async def _evaluate(

@@ -17,8 +17,8 @@ The rule, per request of a group with a ``shadow`` (``gateway/policy/groups.py``
 5. Read the stream to its end with the request's dialect: TTFT from the copy's dispatch, the
    gaps between output events, output tokens from the engine's usage; the output text only when
    the group names a quality scorer.
-6. The moment a real request has to wait for a backend (``Dispatcher.on_wait``, installed as
-   ``preempt``), every copy holding a slot there is cancelled (``preempted``); its slot goes
+6. The moment a real request has to wait for a backend (``DispatchObserver.request_waits``: the
+   runner observes the dispatcher), every copy holding a slot there is cancelled (``preempted``); its slot goes
    to that request as it is given back.
 7. Whatever ends it, the slot is given back once (in the task's done callback, so even a copy
    cancelled before it started) and one outcome is counted in
@@ -51,6 +51,7 @@ from gateway.dialects.base import Dialect
 from gateway.dialects.openai_answers import answer_text
 from gateway.dispatch.backends import BackendState
 from gateway.dispatch.dispatcher import Dispatcher, Grant
+from gateway.dispatch.observers import DispatchObserver
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.pipeline.context import RequestContext
 from gateway.policy.groups import ModelGroup
@@ -62,11 +63,9 @@ from gateway.types import InferenceRequest
 from gateway.upstream.body import attempt_body, attempt_isolation, translated_request
 from gateway.upstream.client import StreamChunks, UpstreamClient, new_engine_request_id
 from gateway.upstream.errors import is_error_document
+from gateway.upstream.sse_reader import SseEventTooLong, SseReader, single_data, sse_fields
 
 log = logging.getLogger(__name__)
-
-MAX_EVENT_BYTES = 4 << 20
-"""An event growing past this without ending ends the copy as an error (the relay's bound)."""
 
 
 class ShadowHandle:
@@ -146,14 +145,14 @@ class ShadowFailed(Exception):
         self.code = code
 
 
-class ShadowRunner:
+class ShadowRunner(DispatchObserver):
     """Runs the shadow copies of every group (see the module docstring); one per gateway, the
     pipeline's ``Shadows`` (``gateway/pipeline/shadowing.py``).
 
     Usage::
 
         runner = ShadowRunner(clock, dispatcher, upstream, metrics, costs=cost_meter)
-        dispatcher.on_wait = runner.preempt
+        observers.add(runner)                     # the Observers the dispatcher was built with
         handle = runner.copy(ctx, group)          # after the request is admitted
         ...                                       # the primary is answered
         if handle is not None:
@@ -223,9 +222,10 @@ class ShadowRunner:
         task.add_done_callback(lambda done: self._finished(shadow, done))
         return handle
 
-    def preempt(self, states: Sequence[BackendState]) -> int:
-        """Cancel every copy holding a slot on one of ``states`` (``Dispatcher.on_wait``); how many
-        slots come back (each when its copy's task has ended, on the next turns of the loop)."""
+    def request_waits(self, states: Sequence[BackendState]) -> int:
+        """A real request must wait for one of ``states`` (``DispatchObserver``): cancel every copy
+        holding a slot on one of them (preempt it); how many slots come back (each when its copy's
+        task has ended, on the next turns of the loop)."""
         if not self._shadows:
             return 0
         wanted = set(states)
@@ -280,17 +280,20 @@ class ShadowRunner:
         return "completed"
 
     async def _read(self, shadow: _Shadow, chunks: StreamChunks) -> None:
-        """Read every event of the stream (SSE framing as ``gateway/pipeline/relay.py`` reads it)."""
-        buffer = b""
+        """Read every event of the stream, framed as the relay frames it (``SseReader``, its bound
+        included: an event growing past it ends the copy as an error)."""
+        reader = SseReader()
         done = False
         async for data in chunks:
-            buffer = _lf_only(buffer + data) if b"\r" in data or buffer.endswith(b"\r") else buffer + data
-            *events, buffer = buffer.split(b"\n\n")
-            if len(buffer) > MAX_EVENT_BYTES:
-                raise ShadowFailed("event_too_long")
+            try:
+                events = reader.feed(data)
+            except SseEventTooLong as exc:
+                raise ShadowFailed("event_too_long") from exc
             now = self._clock.now()
             for event in events:
                 done = self._event(shadow, event, now) or done
+        for event in reader.end():  # a last CR ends a line
+            done = self._event(shadow, event, self._clock.now()) or done
         if not done:
             raise ShadowFailed("stream_cut")
 
@@ -420,15 +423,5 @@ def _cancel(shadow: _Shadow) -> bool:
 
 def _data(event: bytes) -> bytes | None:
     """The ``data`` of one SSE event (its ``data:`` lines joined), None when it has none."""
-    if event.startswith(b"data:") and b"\n" not in event:
-        return event[5:].strip()
-    parts = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
-    return b" ".join(parts) if parts else None
-
-
-def _lf_only(data: bytes) -> bytes:
-    """CRLF and lone CR line ends as LF; a final CR stays (its LF may start the next read)."""
-    tail = data.endswith(b"\r")
-    body = data[:-1] if tail else data
-    body = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    return body + b"\r" if tail else body
+    payload = single_data(event)
+    return payload if payload is not None else sse_fields(event).data

@@ -24,17 +24,10 @@ class PrefixSignature:
     prompt_tokens_est: int
 
     def fields(self) -> dict[str, Any]:
-        """The signature's fields of a trace-log line or a load-generator record."""
+        """The signature's fields of a load-generator record, named as a trace-log line names them
+        (``TraceLine``'s ``prefix_block_tokens``, ``prefix_hashes``, ``prompt_tokens_est``)."""
         return {
             "prefix_block_tokens": self.block_tokens,
             "prefix_hashes": list(self.hashes),
             "prompt_tokens_est": self.prompt_tokens_est,
         }
-
-
-def signature_fields(signature: PrefixSignature | None) -> dict[str, Any]:
-    """``signature.fields()``; for a request that ended before it was validated (None), the same
-    fields empty."""
-    if signature is None:
-        return {"prefix_block_tokens": None, "prefix_hashes": [], "prompt_tokens_est": None}
-    return signature.fields()

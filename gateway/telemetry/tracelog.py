@@ -11,7 +11,8 @@ extras: ``t_arrival``, ``t_admit``, ``t_dispatch``, ``t_first_token``, ``t_end``
 epoch seconds), ``queue_s``, ``backend``, ``outcome``, ``reason``, ``engine_request_ids`` (the
 id each attempt's engine saw, to find the request in an engine's logs) and an ITL summary
 (``itl_p50_s``, ``itl_p99_s``, ``itl_max_s``, ``itl_mean_s``, ``itl_count``) in place of
-every gap: ``itl_s`` is left empty, which keeps a 4,000-token answer one short line.
+every gap: ``itl_s`` is left empty, which keeps a 4,000-token answer one short line. The fields
+and their types are ``TraceLine``'s.
 
 What a replay needs (``loadtests/whatif/``), when the request got as far as validation (else
 null, or empty): ``api`` (the dialect's name, always), ``max_tokens`` (the output cap asked
@@ -49,17 +50,63 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from gateway.telemetry.prefix_signature import PrefixSignature, signature_fields
+from gateway.telemetry.prefix_signature import PrefixSignature
 
 log = logging.getLogger(__name__)
 
-TraceLine = dict[str, Any]
-"""One line of the log: ``RequestRecord`` fields plus the gateway's extras (see the module doc)."""
+
+class TraceLine(TypedDict):
+    """One line of the log, the contract every reader shares: the load generator's
+    ``RequestRecord`` fields first (its reader keeps the rest as extras), then the gateway's own
+    (the module docstring says what each holds). Defined once, here: the what-if reader
+    (``loadtests/whatif/trace.py``) checks a line against these fields, and a test holds
+    ``RequestRecord``'s to them."""
+
+    request_id: str
+    t_send: float
+    class_name: str
+    tenant: str
+    model: str
+    stream: bool
+    status: int
+    error: str | None
+    ttft_s: float | None
+    itl_s: list[float]
+    e2e_s: float
+    tokens_in: int | None
+    tokens_out: int | None
+    cached_tokens: int | None
+    slo_met: bool
+    t_arrival: float
+    t_admit: float | None
+    t_dispatch: float | None
+    t_first_token: float | None
+    t_end: float
+    queue_s: float
+    backend: str | None
+    engine_request_ids: list[str]
+    outcome: str
+    reason: str | None
+    itl_count: int
+    itl_mean_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    itl_max_s: float | None
+    api: str | None
+    max_tokens: int | None
+    session: str | None
+    prefix_block_tokens: int | None
+    prefix_hashes: list[str]
+    prompt_tokens_est: int | None
+
+
+TRACE_LINE_FIELDS: tuple[str, ...] = tuple(TraceLine.__annotations__)
+"""Every field of a line, in the order written."""
 
 
 class TraceLogConfig(BaseModel):
@@ -174,7 +221,9 @@ def trace_line(
         "api": api,
         "max_tokens": max_tokens,
         "session": session,
-        **signature_fields(signature),
+        "prefix_block_tokens": None if signature is None else signature.block_tokens,
+        "prefix_hashes": [] if signature is None else list(signature.hashes),
+        "prompt_tokens_est": None if signature is None else signature.prompt_tokens_est,
     }
 
 

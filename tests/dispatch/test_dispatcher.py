@@ -11,6 +11,7 @@ import pytest
 from gateway.dialects.chat import CHAT
 from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.dispatcher import FAVOURITE_WAIT_S, Dispatcher, Grant
+from gateway.dispatch.observers import DispatchObserver
 from gateway.dispatch.quota import Quota
 from gateway.dispatch.router import RoutingDecision
 from gateway.errors import NoHealthyBackend, Overloaded
@@ -55,9 +56,11 @@ def snapshot() -> PolicySnapshot:
     return parse_policy(POLICY, "t.yaml")
 
 
-def make_dispatcher(snapshot: PolicySnapshot) -> Dispatcher:
+def make_dispatcher(snapshot: PolicySnapshot, fleet_rebalances: bool = False) -> Dispatcher:
     router = LeastLoadRouter()
-    return Dispatcher(BackendPool(snapshot), lambda model: router, FakeClock(), snapshot)
+    return Dispatcher(
+        BackendPool(snapshot), lambda model: router, FakeClock(), snapshot, fleet_rebalances=fleet_rebalances
+    )
 
 
 def paced_policy(max_prefilling: int) -> PolicySnapshot:
@@ -219,8 +222,7 @@ async def test_room_held_unused_by_other_processes_is_waited_for_not_refused(
     the backend is idle fleet-wide: the ledger moves room here at the next sync, so the request
     waits for it instead of being refused on a slow drain estimate. With fixed parts (``--workers``
     without a store) nothing moves: the estimate stands."""
-    dispatcher = make_dispatcher(snapshot)
-    dispatcher.fleet_rebalances = rebalanced
+    dispatcher = make_dispatcher(snapshot, fleet_rebalances=rebalanced)
     clock = dispatcher.clock
     assert isinstance(clock, FakeClock)
     meter = dispatcher.queues()["m"].meter
@@ -339,6 +341,26 @@ async def test_a_paced_class_starts_its_next_request_only_after_a_first_token(sn
     for grant in (first, granted, interactive):
         dispatcher.give_back("m", grant)
     backend = next(iter(dispatcher.pool.all()))
+    assert (backend.in_flight, sum(backend.class_prefilling.values())) == (0, 0)
+
+
+async def test_a_first_token_hands_the_prefill_out_after_the_chunk_not_inside_its_parse() -> None:
+    """``first_token`` is called inside a stream's parse: it counts the prefill done at once, and
+    the waiting request is routed and granted on the loop's next turn, never inside the caller."""
+    paced = paced_policy(1)
+    dispatcher = make_dispatcher(paced)
+    batch_rank = paced.policy.classes["batch"].rank
+    first = await acquire(dispatcher, paced, "batch")
+    second = asyncio.create_task(acquire(dispatcher, paced, "batch"))
+    await asyncio.sleep(0)
+    backend = next(iter(dispatcher.pool.all()))
+    dispatcher.first_token("m", first)
+    dispatcher.first_token("m", first)  # a second call is a no-op
+    assert backend.class_prefilling.get(batch_rank, 0) == 0, "the prefill is counted done at once"
+    assert dispatcher.depth("m", batch_rank) == 1, "no other request is routed inside the parse"
+    granted = await asyncio.wait_for(second, 1)
+    for grant in (first, granted):
+        dispatcher.give_back("m", grant)
     assert (backend.in_flight, sum(backend.class_prefilling.values())) == (0, 0)
 
 
@@ -570,6 +592,16 @@ class PrefersB1(LeastLoadRouter):
         return RoutingDecision(chosen, "test", "prefix_match") if chosen else super().pick(request, tenant, candidates)
 
 
+class CountsDemand(DispatchObserver):
+    """Stands for the fleet coordinator: notes each time the dispatcher says demand moved."""
+
+    def __init__(self, woken: list[int]) -> None:
+        self.woken = woken
+
+    def demand_changed(self) -> None:
+        self.woken.append(1)
+
+
 def favourite_setup(rebalanced: bool = True) -> tuple[Dispatcher, PolicySnapshot, list[int]]:
     """``b1`` (the router's favourite) idle fleet-wide but none of it this process's part; ``b2`` all here."""
     snapshot = parse_policy(
@@ -582,10 +614,15 @@ def favourite_setup(rebalanced: bool = True) -> tuple[Dispatcher, PolicySnapshot
         "t.yaml",
     )
     router = PrefersB1()
-    dispatcher = Dispatcher(BackendPool(snapshot), lambda model: router, FakeClock(), snapshot)
-    dispatcher.fleet_rebalances = rebalanced
     woken: list[int] = []
-    dispatcher.on_pressure = lambda: woken.append(1)
+    dispatcher = Dispatcher(
+        BackendPool(snapshot),
+        lambda model: router,
+        FakeClock(),
+        snapshot,
+        observer=CountsDemand(woken),
+        fleet_rebalances=rebalanced,
+    )
     b1 = next(s for s in dispatcher.pool.all() if s.name == "b1")
     b1.quota = Quota(0, 0)
     return dispatcher, snapshot, woken

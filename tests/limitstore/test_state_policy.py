@@ -25,8 +25,8 @@ def with_state(section: str) -> str:
         pytest.param("{backend: etcd}", "state.backend: must be 'memory' or 'redis'", id="an unknown backend"),
         pytest.param(
             "{backend: redis, redis_url: 'http://cache:6379'}",
-            "state.redis_url: must match pattern '^(rediss?|unix|rediss?\\+sentinel)://\\S+$'",
-            id="a URL that is not redis://, rediss://, unix:// or redis+sentinel://",
+            "state.redis_url: must match pattern '^(rediss?(\\+sentinel|\\+cluster)?|unix)://\\S+$'",
+            id="a URL that is not redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://",
         ),
         pytest.param("{timeout_ms: 0}", "state.timeout_ms: must be greater than 0", id="a zero timeout"),
         pytest.param(

@@ -223,7 +223,7 @@ async def test_the_pool_tells_routers_to_forget_a_backend_that_goes_down() -> No
     async with httpx.AsyncClient() as client:
         await pool.check_all(client, timeout_s=0.5)  # nothing listens on ports 1-3
     assert sorted(forgotten) == ["b0", "b1", "b2"]
-    pool.apply(parse_policy(routing_policy(backend_count=2), "t"))
+    pool.adopt(parse_policy(routing_policy(backend_count=2), "t"))
     assert "b2" in forgotten[3:]
 
 

@@ -30,6 +30,7 @@ from gateway.dialects.chat import CHAT
 from gateway.dialects.embeddings import EMBEDDINGS
 from gateway.dispatch.backends import BackendPool, BackendState
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.observers import DispatchObserver, Observers
 from gateway.pipeline.context import RequestContext
 from gateway.policy.groups import ModelGroup
 from gateway.policy.model import Tenant
@@ -214,12 +215,13 @@ async def rig(policy: str, rng: random.Random | None = None) -> AsyncIterator[Ri
     clock = MonotonicClock()
     runtime = RuntimeBuilder(clock, epoch_offset=0.0, telemetry=False, on_spans_dropped=lambda _: None).first(snapshot)
     pool = BackendPool(snapshot)
-    dispatcher = Dispatcher(pool, runtime.router, clock, snapshot)
+    observers = Observers()
+    dispatcher = Dispatcher(pool, runtime.router, clock, snapshot, observer=observers)
     upstream = UpstreamClient({b.name: b for b in snapshot.policy.backends})
     metrics = Metrics()
     costs = CostMeter(metrics, snapshot.policy.backends, clock)
     runner = ShadowRunner(clock, dispatcher, upstream, metrics, rng or random.Random(7), costs=costs)
-    dispatcher.on_wait = runner.preempt
+    observers.add(runner)
     try:
         yield Rig(snapshot, runtime, dispatcher, metrics, runner, clock, costs)
     finally:
@@ -380,13 +382,16 @@ async def test_without_a_scorer_the_handle_keeps_no_text(engines: Engines) -> No
 
 
 def test_the_runner_and_its_handle_offer_no_path_to_a_client() -> None:
-    """The handle only takes the primary's text; the runner only copies, preempts and closes.
-    Neither takes, holds nor returns a response, a send callable or an answer."""
+    """The handle only takes the primary's text; the runner only copies, hears the dispatcher (it
+    preempts its copies when a request waits) and closes. Neither takes, holds nor returns a
+    response, a send callable or an answer."""
     public = {name for name in dir(ShadowHandle) if not name.startswith("_")}
     assert public == {"primary_answered", "wants_primary_text"}
     assert set(ShadowHandle.__slots__) == {"_judge", "_primary", "_primary_known", "_shadow", "_shadow_known"}
     public = {name for name in dir(ShadowRunner) if not name.startswith("_")}
-    assert public == {"copy", "preempt", "aclose", "in_flight"}
+    hears = {name for name in dir(DispatchObserver) if not name.startswith("_")}
+    assert hears == {"request_waits", "demand_changed", "routed"}
+    assert public == {"copy", "aclose", "in_flight"} | hears
     assert list(inspect.signature(ShadowRunner.copy).parameters) == ["self", "ctx", "group"]
     assert inspect.signature(ShadowRunner.copy).return_annotation == "ShadowHandle | None"
     assert inspect.signature(ShadowHandle.primary_answered).return_annotation == "None"
@@ -503,10 +508,10 @@ async def test_aclose_cancels_every_copy_gives_every_slot_back_and_leaves_no_tas
     )
 
 
-# --- the dispatcher's part: place_now and on_wait -------------------------------------------------------
+# --- the dispatcher's part: place_now and request_waits -------------------------------------------------------
 
 
-def placing_dispatcher(**capacity: Any) -> tuple[Dispatcher, PolicySnapshot]:
+def placing_dispatcher(observer: DispatchObserver | None = None, **capacity: Any) -> tuple[Dispatcher, PolicySnapshot]:
     """Model ``m`` on backend ``b`` (``capacity``); batch may hold half of it; no engine needed."""
     text = build_policy(
         NOWHERE,
@@ -517,7 +522,7 @@ def placing_dispatcher(**capacity: Any) -> tuple[Dispatcher, PolicySnapshot]:
     )
     snapshot = parse_policy(text, "t.yaml")
     router = LeastLoadRouter()
-    return Dispatcher(BackendPool(snapshot), lambda _: router, FakeClock(), snapshot), snapshot
+    return Dispatcher(BackendPool(snapshot), lambda _: router, FakeClock(), snapshot, observer=observer), snapshot
 
 
 def small_request() -> InferenceRequest:
@@ -552,16 +557,25 @@ def test_place_now_answers_none_instead_of_raising_without_a_healthy_backend_or_
     assert state.in_flight == 0
 
 
-async def test_on_wait_is_told_the_lane_s_backends_before_the_waiting_request_is_judged() -> None:
-    dispatcher, snapshot = placing_dispatcher(max_concurrent=1)
-    acme, interactive = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
-    seen: list[tuple[list[str], int]] = []
+class SeesWaits(DispatchObserver):
+    """Notes the backends each waiting request is told to wait for, and the queue's depth then."""
 
-    def on_wait(states: Sequence[BackendState]) -> int:
-        seen.append(([s.name for s in states], dispatcher.depth("m", 0)))
+    def __init__(self) -> None:
+        self.dispatcher: Dispatcher | None = None
+        self.seen: list[tuple[list[str], int]] = []
+
+    def request_waits(self, states: Sequence[BackendState]) -> int:
+        assert self.dispatcher is not None
+        self.seen.append(([s.name for s in states], self.dispatcher.depth("m", 0)))
         return 0
 
-    dispatcher.on_wait = on_wait
+
+async def test_the_observer_is_told_the_lane_s_backends_before_the_waiting_request_is_judged() -> None:
+    observer = SeesWaits()
+    dispatcher, snapshot = placing_dispatcher(observer, max_concurrent=1)
+    observer.dispatcher = dispatcher
+    acme, interactive = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    seen = observer.seen
     holder = await dispatcher.acquire(small_request(), acme, "interactive", interactive, 1e9)
     assert seen == []  # the fast path never calls it
     waiter = asyncio.create_task(dispatcher.acquire(small_request(), acme, "interactive", interactive, 1e9))

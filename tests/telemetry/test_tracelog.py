@@ -19,7 +19,14 @@ from gateway.service import parse_policy
 from gateway.settings import Settings
 from gateway.telemetry.goodput import meets_slo
 from gateway.telemetry.prefix_signature import PrefixSignature
-from gateway.telemetry.tracelog import ItlSummary, TraceLog, TraceLogConfig, rotated_files, trace_line
+from gateway.telemetry.tracelog import (
+    TRACE_LINE_FIELDS,
+    ItlSummary,
+    TraceLog,
+    TraceLogConfig,
+    rotated_files,
+    trace_line,
+)
 from loadtests.loadgen.records import RequestRecord, iter_records
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer
 from tests.fake_backend import FakeBackend
@@ -303,3 +310,28 @@ def test_a_lines_hashes_cannot_be_computed_or_continued_without_the_cache_salt_s
     assert written == list(keyed.trace_hashes(chain(data, size, keyed.root("tenant:acme", CHAT_MODEL)))), (
         "what a holder of the secret computes"
     )
+
+
+# The line's contract: ``TraceLine``, defined once in the product, which the readers share.
+
+
+def test_a_line_has_exactly_the_fields_of_its_type_in_their_order() -> None:
+    signature = PrefixSignature(64, ("a" * 16,), 100)
+    for signature_or_none in (signature, None):
+        line = trace_line(
+            request_id="r", epoch_offset=0.0, t_arrival=1.0, t_end=2.0, t_admit=None, t_dispatch=None,
+            t_first_token=None, class_name="c", tenant="t", model="m", stream=False, status=200,
+            outcome="completed", backend="b", queue_s=0.0, signature=signature_or_none,
+        )  # fmt: skip
+        assert tuple(line) == TRACE_LINE_FIELDS
+
+
+def test_a_load_generator_record_is_the_head_of_a_trace_line() -> None:
+    """The load generator and the report read a trace line as a ``RequestRecord`` (the rest kept
+    as extras): every field it names must be a line's, in the same order."""
+    record = [name for name in RequestRecord.__dataclass_fields__ if name not in ("lateness_s", "extra")]
+    assert list(TRACE_LINE_FIELDS[: len(record)]) == record
+
+
+def test_the_load_generator_writes_a_signature_under_the_trace_line_s_names() -> None:
+    assert set(PrefixSignature(64, ("a" * 16,), 100).fields()) <= set(TRACE_LINE_FIELDS)
