@@ -2,7 +2,7 @@
 
 What a newcomer runs first: nothing to install but the package, no GPU, a request answered
 at once. The engines are the bench's simulator (``loadtests/sim``), which is why this command
-belongs to the bench and joins the CLI through an entry point (``gateway/cli.py``).
+belongs to the bench and joins the CLI through an entry point (``gateway/cli/main.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.commands import build_or_report, load_or_report
+from gateway.cli.commands import build_or_report, load_or_report
 from gateway.policy.timescale import scale_policy_time
 from gateway.server.serve import GatewayServer
 from gateway.settings import DEFAULT_ADMIN_PORT

@@ -93,7 +93,6 @@ STAGE_ORDER = (
     "service",
     "app",
     "workers",
-    "commands",
     "cli",
     "__main__",
 )

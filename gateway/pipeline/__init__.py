@@ -6,8 +6,8 @@ budget of ``gateway/upstream/retry.py``, fallbacks, migrations of a broken strea
 ``migration.py``), the relay of a stream (``relay.py``), the client's side of the response
 (``client_response.py``), the frozen request context and outcome (``context.py``,
 ``outcome.py``), the one place that records an outcome (``recorder.py``), and the protocols
-it consumes from the stages above it (``disconnect.py``: the server's disconnect signal;
-``shadowing.py``: the shadow runner).
+it consumes from the stages above it (``shadowing.py``: the shadow runner; the server's
+disconnect signal is ``gateway/request/disconnect.py``'s).
 
 May import every stage below it (``STAGE_ORDER`` in ``tests/test_import_graph.py``).
 """

@@ -40,13 +40,13 @@ from gateway.errors import (
 from gateway.pipeline.attempt import AttemptDeps, Attempts
 from gateway.pipeline.client_response import ClientResponse
 from gateway.pipeline.context import RequestContext
-from gateway.pipeline.disconnect import DisconnectSignal, disconnect_signal
 from gateway.pipeline.outcome import RequestOutcome, Result
 from gateway.pipeline.recorder import Recorder
 from gateway.pipeline.relay import TokenTimer
 from gateway.pipeline.shadowing import ShadowCopy, Shadows
 from gateway.policy.model import Slo, Tenant
 from gateway.request.auth import authenticate, authorize_model
+from gateway.request.disconnect import DisconnectSignal, disconnect_signal
 from gateway.request.intake import (
     ClientDisconnected,
     RequestHeaders,
@@ -418,7 +418,7 @@ async def _until_disconnect_or(
     """Run ``work``; cancel it the moment the client disconnects (closing the upstream), or once
     ``left_s`` seconds have passed.
 
-    One timer per request, and the server's ``signal`` (``gateway/pipeline/disconnect.py``), both
+    One timer per request, and the server's ``signal`` (``gateway/request/disconnect.py``), both
     cancelling the request's own task: cheaper than an ``asyncio.timeout`` around a second
     cancellation scope. Under a server without the signal, a watcher task waits on ``receive()``."""
     task = asyncio.current_task()

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gateway.dispatch.router import RoutingDecision
     from gateway.pipeline.context import RequestContext
     from gateway.policy.model import Slo
+    from gateway.routing.targets import TargetChoice
     from gateway.telemetry.tracing import RequestSpan
 
 
@@ -91,6 +92,19 @@ class RequestOutcome(NamedTuple):
     @property
     def completed(self) -> bool:
         return self.result is Result.COMPLETED
+
+    @property
+    def client_left(self) -> bool:
+        return self.result is Result.CLIENT_DISCONNECTED
+
+    @property
+    def failed(self) -> bool:
+        return self.result is Result.FAILED
+
+    @property
+    def route(self) -> TargetChoice | None:
+        """Where the request was sent by name (None when it ended before it was resolved)."""
+        return self.context.route if self.context is not None else None
 
     @property
     def backend(self) -> str:

@@ -34,11 +34,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.clock import Clock
 from gateway.errors import ErrorCode
-from gateway.pipeline.outcome import RequestOutcome, Result
 from gateway.policy.groups import ModelGroup, RolloutPolicy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.rollout.judge import (
@@ -55,8 +54,9 @@ from gateway.rollout.judge import (
 )
 from gateway.rollout.sprt import SIGNALS, rollback_threshold
 from gateway.rollout.store import RolloutStore, RolloutStoreUnavailable
-from gateway.routing.targets import Role
+from gateway.routing.targets import Role, TargetChoice
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.token_stats import TokenStats
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +84,42 @@ OPERATOR_ACTIONS = {
 """``POST /admin/rollout``'s actions (``judge.force`` says what each does from each state)."""
 
 
-def observation(outcome: RequestOutcome, slo_met: bool | None) -> Observation | None:
+class FinishedRequest(Protocol):
+    """What a rollout reads of a finished request (the pipeline's ``RequestOutcome`` is one): the
+    rollout owns the protocol it consumes, so it imports nothing of the pipeline."""
+
+    @property
+    def route(self) -> TargetChoice | None: ...
+    @property
+    def class_name(self) -> str: ...
+    @property
+    def error(self) -> ErrorCode | None: ...
+    @property
+    def fallback(self) -> str | None: ...
+    @property
+    def tokens(self) -> TokenStats | None: ...
+    @property
+    def completed(self) -> bool: ...
+    @property
+    def client_left(self) -> bool: ...
+    @property
+    def failed(self) -> bool: ...
+
+
+def observation(outcome: FinishedRequest, slo_met: bool | None) -> Observation | None:
     """What a finished request says of its arm; None when it says nothing (not an arm of a
     rollout, the client left, or it ended for a reason that is not the arm's)."""
-    ctx = outcome.context
-    if ctx is None or ctx.route.role not in (Role.BASELINE, Role.CANDIDATE):
+    route = outcome.route
+    if route is None or route.role not in (Role.BASELINE, Role.CANDIDATE):
         return None
-    if outcome.result is Result.CLIENT_DISCONNECTED or outcome.error in NOT_THE_ARM:
+    if outcome.client_left or outcome.error in NOT_THE_ARM:
         return None
     refused = outcome.fallback in ("no_room", "refused") or outcome.error in REFUSALS
-    failed = outcome.fallback in ("failed", "unavailable") or (outcome.result is Result.FAILED and not refused)
+    failed = outcome.fallback in ("failed", "unavailable") or (outcome.failed and not refused)
     tokens = outcome.tokens
     gaps = tokens.gaps if tokens is not None else ()
     return Observation(
-        candidate=ctx.route.role == Role.CANDIDATE,
+        candidate=route.role == Role.CANDIDATE,
         class_name=outcome.class_name,
         error=failed,
         refused=refused,
@@ -151,12 +173,12 @@ class Rollouts:
         canary = self._canaries.get(group.name)
         return None if canary is None else canary.percent()
 
-    def observe(self, outcome: RequestOutcome, slo_met: bool | None) -> None:
+    def observe(self, outcome: FinishedRequest, slo_met: bool | None) -> None:
         """A finished request of a group (the recorder's ``on_group_outcome``)."""
-        ctx = outcome.context
-        if ctx is None:
+        route = outcome.route
+        if route is None:
             return
-        canary = self._canaries.get(ctx.route.public_name)
+        canary = self._canaries.get(route.public_name)
         if canary is None or canary.state is None or canary.state.status in (Status.PROMOTED, Status.ROLLED_BACK):
             return
         seen = observation(outcome, slo_met)

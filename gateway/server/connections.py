@@ -55,7 +55,7 @@ The operator listener's connections carry the ASGI scope extension ``OPERATOR_EX
 is how the application tells its two listeners apart (``is_operator_request``). Every request
 carries a ``CycleDisconnectSignal`` under ``DISCONNECT_EXTENSION``: the application learns that its
 client left from a callback, instead of a task per request waiting on ``receive()`` for
-``http.disconnect`` (the protocol is the pipeline's: ``gateway/pipeline/disconnect.py``).
+``http.disconnect`` (the protocol is the pipeline's: ``gateway/request/disconnect.py``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.errors import GatewayError, HeadersTooLarge, Overloaded, RequestTimeout
-from gateway.pipeline.disconnect import DISCONNECT_EXTENSION
+from gateway.request.disconnect import DISCONNECT_EXTENSION
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application
@@ -121,7 +121,7 @@ def is_operator_request(scope: Scope) -> bool:
 
 
 class CycleDisconnectSignal:
-    """One response cycle's ``DisconnectSignal`` (``gateway/pipeline/disconnect.py``): calls its
+    """One response cycle's ``DisconnectSignal`` (``gateway/request/disconnect.py``): calls its
     listener once, when the client's connection is lost before the response completed.
 
     ``listen`` also resumes reading the socket, as ``receive()`` does, so that the peer's close is

@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -53,9 +53,9 @@ from gateway.dispatch.backends import BackendState
 from gateway.dispatch.dispatcher import Dispatcher, Grant
 from gateway.dispatch.observers import DispatchObserver
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.pipeline.context import RequestContext
 from gateway.policy.groups import ModelGroup
-from gateway.policy.model import ModelPolicy, PriorityClass
+from gateway.policy.model import ModelPolicy, PriorityClass, Tenant
+from gateway.runtime import Runtime
 from gateway.shadow.scorers import SCORERS, QualityScorer
 from gateway.telemetry.cost_meter import CostMeter
 from gateway.telemetry.metrics import Metrics
@@ -66,6 +66,20 @@ from gateway.upstream.errors import is_error_document
 from gateway.upstream.sse_reader import SseEventTooLong, SseReader, single_data, sse_fields
 
 log = logging.getLogger(__name__)
+
+
+class ShadowedRequest(Protocol):
+    """What a copy is made from (the pipeline's ``RequestContext`` is one): the shadow runner owns
+    the protocol it consumes, so it imports nothing of the pipeline."""
+
+    @property
+    def request(self) -> InferenceRequest: ...
+    @property
+    def tenant(self) -> Tenant: ...
+    @property
+    def runtime(self) -> Runtime: ...
+    @property
+    def deadline(self) -> float: ...
 
 
 class ShadowHandle:
@@ -185,7 +199,7 @@ class ShadowRunner(DispatchObserver):
         """Copies running now, all groups together."""
         return len(self._shadows)
 
-    def copy(self, ctx: RequestContext, group: ModelGroup) -> ShadowHandle | None:
+    def copy(self, ctx: ShadowedRequest, group: ModelGroup) -> ShadowHandle | None:
         """Start a copy of ``ctx.request`` on ``group``'s shadow target, or not; never blocks nor raises."""
         policy = group.shadow
         request = ctx.request

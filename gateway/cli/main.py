@@ -25,11 +25,11 @@ COMMAND_GROUP = "inference_gateway.commands"
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``command`` naming one of the gateway's own, no other package is imported
     (``serve`` must not load the bench's simulator, load generator and plotting)."""
-    from gateway import commands
+    from gateway.cli.commands import register as register_own
 
     parser = argparse.ArgumentParser(prog="inference-gateway", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
-    commands.register(subparsers)
+    register_own(subparsers)
     if command in subparsers.choices:
         return parser
     for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):

@@ -6,9 +6,9 @@ attribute. The gateway's server puts one signal per request in the ASGI scope's 
 ``DISCONNECT_EXTENSION``; under another server there is none, and the pipeline waits on
 ``receive()`` (``handler.py``).
 
-Why the protocol is here: the pipeline listens, the server implements it (one per response
-cycle, ``gateway/server/connections.py``). The server sits above the pipeline in the stage order
-(``tests/test_import_graph.py``), so the pipeline owns what it calls and the server imports it.
+Why the protocol is here, with the reading of the client's request: the pipeline listens, the
+server implements it (one per response cycle, ``gateway/server/connections.py``), and both sit
+above ``request`` in the stage order (``tests/test_import_graph.py``), so neither imports the other.
 """
 
 from __future__ import annotations

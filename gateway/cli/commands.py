@@ -1,7 +1,7 @@
 """The gateway's own sub-commands: serve, policy validate, policy explain, keys hash.
 
 The bench's commands (``demo``, ``sim``, ``loadtest``, ``report``) live under ``loadtests/`` and
-join the command line through the ``inference_gateway.commands`` entry points (``gateway/cli.py``).
+join the command line through the ``inference_gateway.commands`` entry points (``gateway/cli/main.py``).
 """
 
 from __future__ import annotations
