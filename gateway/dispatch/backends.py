@@ -34,6 +34,9 @@ from gateway.policy.snapshot import PolicySnapshot
 
 log = logging.getLogger(__name__)
 
+HOLD_WEIGHT = 1 / 8
+"""Gain of the smoothed holding time and size of a request (``BackendState.held``)."""
+
 
 def serves(backend: Backend, tenant: str) -> bool:
     """Whether routing may offer ``backend`` to ``tenant`` (its ``tenants`` list, when it has one).
@@ -56,6 +59,8 @@ class BackendState:
         "class_tokens",
         "dispatched",
         "healthy",
+        "hold_s",
+        "hold_tokens",
         "in_flight",
         "in_flight_tokens",
         "kv_usage",
@@ -98,6 +103,13 @@ class BackendState:
         self.others_in_flight_tokens = 0
         """Requests and tokens other processes have in flight here, as of the last sync: routing
         weighs the fleet's load (``fleet_in_flight``), not this process's part of it."""
+        self.hold_s = 0.0
+        """Smoothed seconds a request of this process held a slot here (grant to release); 0: none
+        measured yet. A property of the engine, not of this process's part nor of how busy the
+        fleet was lately: with the capacity it says how fast the engine drains a backlog
+        (``service_rate``)."""
+        self.hold_tokens = 0.0
+        """Smoothed tokens (prompt plus output bound) of those requests."""
 
     @property
     def fleet_in_flight(self) -> int:
@@ -127,6 +139,24 @@ class BackendState:
         self.class_tokens[rank] -= tokens
         if prefilling:
             self.class_prefilling[rank] -= 1
+
+    def held(self, seconds: float, tokens: int) -> None:
+        """A request held a slot here for ``seconds`` (its grant was given back)."""
+        if self.hold_s <= 0.0:
+            self.hold_s, self.hold_tokens = seconds, float(tokens)
+            return
+        self.hold_s += HOLD_WEIGHT * (seconds - self.hold_s)
+        self.hold_tokens += HOLD_WEIGHT * (tokens - self.hold_tokens)
+
+    def service_rate(self, slots: int, tokens: int) -> float:
+        """Requests per second this backend finishes while ``slots`` requests (and at most ``tokens``)
+        are held on it: the requests of the measured size that fit, over the measured holding time
+        (Little's law). This is the drain rate of a backlog: a request waits only while the slots it
+        may use are all held. 0 while nothing has been measured."""
+        if self.hold_s <= 0.0:
+            return 0.0
+        fit = min(float(slots), tokens / self.hold_tokens) if self.hold_tokens > 0 else float(slots)
+        return fit / self.hold_s
 
     def __repr__(self) -> str:
         return f"BackendState({self.name!r}, healthy={self.healthy}, in_flight={self.in_flight})"

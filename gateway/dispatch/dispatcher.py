@@ -17,10 +17,13 @@
      higher classes waiting anywhere, the tickets of its own queue whose start tag is at most
      the one it would get (``ClassQueue.ahead_of``), and, of the same class waiting in other
      processes, what fair order puts ahead of it (its own tenant's, and of each other tenant
-     about as many as its own tenant's ahead of it, by weight); over the dispatches per second
-     of this process and of the others to the same backends. A light tenant's request is
-     therefore judged by the short wait fair order gives it, not by a flooding neighbour's
-     backlog, and one process's small part of an engine does not make a wait look long.
+     about as many as its own tenant's ahead of it, by weight); over the rate at which the
+     lane's engines finish requests with every slot held (each backend's capacity over the
+     measured time a request holds a slot: Little's law), or the dispatches per second of this
+     process and of the others to the same backends when that is more. A light tenant's request
+     is therefore judged by the short wait fair order gives it, not by a flooding neighbour's
+     backlog, and neither one process's small part of an engine (a part of 0 after an idle
+     spell) nor how little the fleet sent while idle makes a wait look long.
 3. A queued request waits at most ``min(max_wait_s, deadline)`` (then ``queue_timeout``);
    a client that disconnects cancels the wait and leaves the queue at once.
 4. Whenever capacity frees up (a request ends, a scrape or health check changes a backend),
@@ -510,15 +513,29 @@ class Dispatcher:
         return False
 
     def _drain_rate(self, mq: ModelQueues, now: float) -> float | None:
-        """Requests per second leaving this queue's lane: this process's dispatches, plus the other
+        """Requests per second leaving this queue's lane: what its usable engines finish with every
+        slot held (``_service_rate``), or, when more, this process's dispatches plus the other
         processes' to the same backends (a slot freed anywhere serves the highest class waiting
-        anywhere: ``gateway/fleet/``). None while too few to say."""
+        anywhere: ``gateway/fleet/``). None while neither is known.
+
+        Dispatches per second measure the demand whenever the lane was not backlogged: a burst
+        after an idle spell, judged by a process whose part was 0 before its first dispatch, read
+        the last burst's tail spread over ten seconds (1.3 requests/s where the engine drained
+        50) and estimated 28 s for what took 1."""
         own = mq.meter.rate(now)
         states = mq.lane if mq.lane is not None else self.pool.for_model(mq.model)
-        others = sum(state.others_rate for state in states)
-        if own is None:
-            return others or None
-        return own + others
+        measured = (own or 0.0) + sum(state.others_rate for state in states)
+        engines = sum(self._service_rate(state) for state in states if self.pool.usable(state))
+        return max(measured, engines) or None
+
+    def _service_rate(self, state: BackendState) -> float:
+        """What ``state``'s engine finishes per second for this queue: its whole capacity alone or in a
+        fleet whose parts move to the demand (the ledger gives freed slots to whoever waits), only
+        this process's part when parts are fixed (``--workers`` without a shared store)."""
+        capacity, quota = state.backend.capacity, state.quota
+        if quota is None or self.fleet_rebalances:
+            return state.service_rate(capacity.max_concurrent, capacity.max_tokens_in_flight)
+        return state.service_rate(quota.requests, quota.tokens)
 
     def _make_room(
         self,
@@ -663,6 +680,8 @@ class Dispatcher:
         serves (a model group's targets may share an engine), the returning model's first."""
         state = grant.state
         state.unreserve(grant.rank, grant.tokens, grant.prefilling)
+        if grant.dispatched_at:
+            state.held(self.clock.now() - grant.dispatched_at, grant.tokens)
         grant.prefilling = False
         self.load.released(state.name, grant.rank, grant.tenant, grant.tokens)
         if state.others_waiting:

@@ -216,7 +216,11 @@ class DrainMeter:
         self._trim(now)
 
     def rate(self, now: float) -> float | None:
-        """Dispatches per second, or None while there are too few to say."""
+        """Dispatches per second, or None while there are too few to say, or while the lane is idle
+        (the window then holds the last busy spell's tail, spread over the idle one: the next
+        dispatch clears it, but a request may be judged before that one)."""
+        if self._drained_at is not None and now - self._drained_at >= IDLE_GAP_S:
+            return None
         self._trim(now)
         if len(self._times) < 4:
             return None

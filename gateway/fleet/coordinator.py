@@ -306,11 +306,15 @@ class FleetCoordinator(DispatchObserver):
         since it last went idle (nothing waiting and nothing sent for ``IDLE_GAP_S``: see
         ``DrainMeter``)."""
         samples = self._sent.setdefault(backend, deque())
-        idle_for = now - self._last_sent.get(backend, now)
-        if samples and not backlogged and samples[-1][1] == dispatched and idle_for >= IDLE_GAP_S:
-            samples.clear()  # idle: the others would read this spell's demand as the drain rate
-        if not samples or samples[-1][1] != dispatched:
+        moved = bool(samples) and samples[-1][1] != dispatched
+        if moved:
             self._last_sent[backend] = now
+        idle_for = now - self._last_sent.setdefault(backend, now)
+        if samples and not backlogged and not moved and idle_for >= IDLE_GAP_S:
+            # Idle: the others would read this spell's demand as the drain rate. Cleared at every
+            # sync while idle, so that the next burst's rate starts one sync before its first
+            # dispatch (clearing once, then counting 2 s of idle samples again, read 0.6/s for 10/s).
+            samples.clear()
         samples.append((now, dispatched))
         while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW_S:
             samples.popleft()

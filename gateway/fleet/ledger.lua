@@ -283,10 +283,10 @@ local function fair_targets(cap, states, ids, ranks, budget)
     avail = avail - target[id]
   end
   avail = math.max(avail, 0)
+  local groups = {}
   for _, rank in ipairs(ranks) do
-    if avail <= 0 then break end
     if own == nil or own == rank then
-      local names, demand, weight, parts = {}, {}, {}, {}
+      local names, demand, weight, parts, need = {}, {}, {}, {}, 0
       local function add(name, id, w, levels)
         if levels[3] <= 0 then return end
         if not demand[name] then
@@ -295,6 +295,7 @@ local function fair_targets(cap, states, ids, ranks, budget)
         end
         demand[name] = demand[name] + levels[3]
         weight[name] = math.max(weight[name], w)
+        need = need + levels[2]
         table.insert(parts[name], {id, levels})
       end
       for _, id in ipairs(ids) do
@@ -312,10 +313,23 @@ local function fair_targets(cap, states, ids, ranks, budget)
         end
       end
       table.sort(names)
-      local alloc
-      alloc, avail = fill(avail, names, demand, weight)
-      for _, name in ipairs(names) do split(alloc[name], parts[name], target) end
+      table.insert(groups, {names, demand, weight, parts, need})
     end
+  end
+  -- A rank's headroom comes only from what the lower ranks' use and waiting leave: its own use and
+  -- waiting go before theirs (strict class order), but room kept idle for its next arrivals does
+  -- not (one process alone keeps none): interactive tenants served lately once held every slot,
+  -- idle, for their 10 s while batch waited on another process with its share free.
+  local below = 0
+  for _, group in ipairs(groups) do below = below + group[5] end
+  for _, group in ipairs(groups) do
+    if avail <= 0 then break end
+    local names, demand, weight, parts, need = group[1], group[2], group[3], group[4], group[5]
+    below = below - need
+    local budget = math.min(avail, math.max(avail - below, need))
+    local alloc, left = fill(budget, names, demand, weight)
+    avail = avail - budget + left
+    for _, name in ipairs(names) do split(alloc[name], parts[name], target) end
   end
   if avail > 0 then
     local heirs = {}

@@ -32,7 +32,10 @@ shrinks keeps the class's requests already in flight, and the other process's pa
    peak in flight where that is more, and one request;
    a class with a ``max_share`` counts its waiting requests only up to what its share leaves
    free fleet-wide: demand it could not use is no demand, and would take the headroom an
-   arrival of a higher class elsewhere needs); a tenant's part is split among its processes:
+   arrival of a higher class elsewhere needs; and a rank's headroom comes only from what the
+   lower ranks' use and waiting leave: idle room kept for interactive arrivals once held every
+   slot, for the 10 s its tenants counted as served lately, while batch waited elsewhere with its
+   share free, which one process alone never does); a tenant's part is split among its processes:
    first what it uses in each (moving a tenant's slots between its own processes gains nothing
    and idles each slot for a sync), then what it waits for, then headroom (which must not idle
    while the same tenant waits elsewhere), each step in proportion when it does not fit

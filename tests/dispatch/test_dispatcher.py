@@ -566,6 +566,49 @@ async def test_the_wait_estimate_counts_the_fleets_queue_in_fair_order(
     assert state(dispatcher) == (0, 0, 0)
 
 
+@pytest.mark.parametrize(
+    ("gap_s", "since_s"),
+    [
+        pytest.param(0.1, 9.5, id="after an idle spell: the last burst's tail over 9.8 s, 0.4/s"),
+        pytest.param(1.9, 1.0, id="after a trickle: one request every 1.9 s, 0.6/s"),
+    ],
+)
+async def test_a_burst_is_judged_by_the_engines_drain_not_by_what_this_process_sent(
+    gap_s: float, since_s: float
+) -> None:
+    """fleet_stress "C=4 after 8 s": a process whose part of the engine was 0 when a burst came
+    judged it before its first dispatch by what it had sent lately (the last burst's tail spread
+    over the idle spell; or a trickle: the demand, not the drain), the others idle (0/s), and
+    refused its third request ``deadline_unmeetable`` (3 / 0.4 = 7.5 s, 3 / 0.6 = 5 s, more than
+    its 2 s) where the engine finishes 2 requests every 0.1 s: 6 ahead take 0.3 s."""
+    snapshot = parse_policy(TWO_TENANTS, "t.yaml")
+    dispatcher = make_dispatcher(snapshot)
+    dispatcher.fleet_rebalances = True
+    clock = dispatcher.clock
+    assert isinstance(clock, FakeClock)
+    heavy, priority_class = snapshot.policy.tenants[0], snapshot.policy.classes["interactive"]
+    grant = await dispatcher.acquire(request(), heavy, "interactive", priority_class, 1e9)
+    clock.advance(0.1)
+    dispatcher.give_back("m", grant)  # the engine held a request 0.1 s: its 2 slots drain 20/s
+    meter = dispatcher.queues()["m"].meter
+    for i in range(4):
+        meter.count(clock.now() + gap_s * i, drained=True)
+    clock.advance(gap_s * 3 + since_s)
+    b1 = next(iter(dispatcher.pool.all()))
+    b1.quota = Quota(0, 0)  # its part when the burst comes
+    arrivals = [
+        asyncio.create_task(dispatcher.acquire(request(), heavy, "interactive", priority_class, clock.now() + 2.0))
+        for _ in range(6)
+    ]
+    await asyncio.sleep(0)
+    assert not any(arrival.done() for arrival in arrivals), "all queued"
+    b1.quota = Quota(2, 1_000_000)  # the next sync's part
+    for arrival in arrivals:
+        dispatcher.hand_out_all()
+        dispatcher.give_back("m", await arrival)
+    assert state(dispatcher) == (0, 0, 0)
+
+
 async def test_higher_classes_waiting_in_other_processes_are_ahead(snapshot: PolicySnapshot) -> None:
     dispatcher = make_dispatcher(snapshot)
     clock = dispatcher.clock

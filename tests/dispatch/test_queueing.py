@@ -111,6 +111,7 @@ BURST_THEN_IDLE = [(0.0, False), (0.1, False), (0.2, False), (0.3, False), (0.4,
             id="a burst after an idle spell: its own rate",
         ),
         pytest.param([*BURST_THEN_IDLE, (8.4, False), (8.45, False)], 8.5, None, id="after an idle spell: too few yet"),
+        pytest.param(BURST_THEN_IDLE, 8.4, None, id="idle, before the next dispatch: no rate (not the tail's)"),
         pytest.param(
             [*BURST_THEN_IDLE, (1.0, False), (1.1, False)], 1.2, 7 / 1.2, id="a short pause is not an idle spell"
         ),

@@ -338,3 +338,28 @@ async def test_a_tenants_headroom_never_idles_while_the_same_tenant_waits_in_ano
             await grant(second, waiting={0: (2, 20)}, tenants=calm),
         ]
     assert [p.requests for p in parts] == [8, 2]
+
+
+async def test_a_higher_classs_headroom_never_idles_while_a_lower_class_waits_with_room_in_its_share(
+    processes: list[FleetLedger],
+) -> None:
+    """fleet_stress "C=4 after 8 s": two processes idle, their interactive tenant served lately
+    (headroom: its recent peak and one more), held every slot for its next arrivals while batch
+    waited on the third with its whole share free, until the 10 s of "lately" ran out (bursts of
+    2.5 s took 11). Headroom comes from what the lower ranks' use and waiting leave; their
+    waiting past the class's share is still no demand (above)."""
+    first, second, third = processes
+    served_lately = [
+        TenantUse("interactive", 0, 1.0, next_tokens=10, peak=6),
+        TenantUse("batch", BATCH, 1.0, next_tokens=10, peak=1),
+    ]
+    batch_waiting = [TenantUse("batch", BATCH, 1.0, waiting=8, waiting_tokens=80, next_tokens=10)]
+    for _ in range(2):
+        parts = [
+            await grant(first, tenants=served_lately),
+            await grant(second, tenants=served_lately),
+            await grant(third, waiting={BATCH: (8, 80)}, tenants=batch_waiting),
+        ]
+    assert parts[2].requests == SHARE.requests, "batch waits: its share, within the capacity, is its"
+    assert parts[2].shares[BATCH].requests == SHARE.requests
+    assert parts[0].requests + parts[1].requests == REQUESTS - SHARE.requests, "the rest is interactive's headroom"
