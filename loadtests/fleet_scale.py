@@ -443,7 +443,7 @@ class SimProcess:
             shared.counts["refused"] += 1
             return
         state = self.states[self.random.randrange(len(self.states))]
-        self.view.publish(request, _decision(state))
+        self.view.routed(request, _decision(state))
         shared.counts["decisions"] += 1
         responses = self.random.random() < config.responses_share
         if responses and self.random.random() < config.followup_share and shared.ids:

@@ -7,7 +7,7 @@ on a replica that never saw its previous turns and goes wherever load says, and 
 prefix is recomputed elsewhere. So every process publishes its decisions and folds in the
 others':
 
-* **Publish** (hot path, no I/O): ``publish`` appends ``(model, backend, blocks)`` to an
+* **Publish** (hot path, no I/O): ``routed`` (the dispatcher's observer call) appends ``(model, backend, blocks)`` to an
   in-memory batch; at most ``MAX_PENDING`` wait (past it the oldest are dropped and counted:
   a lost decision only costs a cache hit).
 * **Exchange** (background, every ``fleet.prefix_flush_s``, 50 ms by default): one pipelined
@@ -121,11 +121,8 @@ class PrefixSync(DispatchObserver):
         self._dropped = metrics.child(metrics.fleet_prefix_decisions, "dropped")
 
     def routed(self, request: InferenceRequest, decision: RoutingDecision) -> None:
-        """The dispatcher acted on a decision (``DispatchObserver``, once per dispatch): publish it."""
-        self.publish(request, decision)
-
-    def publish(self, request: InferenceRequest, decision: RoutingDecision) -> None:
-        """Queue a decision for the next flush."""
+        """The dispatcher acted on a decision (``DispatchObserver``, once per dispatch): queue it for
+        the next flush."""
         keys = request.prefix_keys
         if keys is None or not keys.blocks:
             return

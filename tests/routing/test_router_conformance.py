@@ -1,4 +1,4 @@
-"""Conformance suite of the ``Router`` protocol (``gateway/routing/base.py``), run over every
+"""Conformance suite of the ``Router`` protocol (``gateway/dispatch/router.py``), run over every
 strategy of ``registry.STRATEGIES``: a strategy registered later is checked here without an edit.
 
 Each test states one clause of the protocol's docstring. Routers are built by the registry from
