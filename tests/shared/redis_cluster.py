@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -15,16 +16,13 @@ from tests.servers import free_port, wait_until
 
 def cluster_nodes(tmp_path: Path) -> Iterator[list[int]]:
     """Three redis-server nodes joined in a cluster (no replicas), on free ports."""
-    ports = [_cluster_port() for _ in range(3)]
-    nodes = []
+    ports: list[int] = []
+    nodes: list[subprocess.Popen[bytes]] = []
     try:
-        for port in ports:
-            folder = tmp_path / str(port)
-            folder.mkdir()
-            argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
-            argv += ["--cluster-config-file", str(folder / "nodes.conf"), "--save", "", "--appendonly", "no"]
-            nodes.append(subprocess.Popen(argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_until(lambda: all(_pings(port) for port in ports), what="every cluster node to answer")
+        while len(ports) < 3:
+            port, node = _start_node(tmp_path, taken=ports)
+            ports.append(port)
+            nodes.append(node)
         create = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"]
         subprocess.run(create, check=True, capture_output=True, timeout=30)
         wait_until(lambda: _cluster_ok(ports[0]), what="the cluster to be ok")
@@ -33,6 +31,29 @@ def cluster_nodes(tmp_path: Path) -> Iterator[list[int]]:
         for node in nodes:
             node.kill()
             node.wait()
+
+
+def _start_node(tmp_path: Path, taken: list[int], attempts: int = 5) -> tuple[int, subprocess.Popen[bytes]]:
+    """One cluster node on a free port pair, answering. A port found free may be taken before the
+    node binds it (other servers of the suite take ephemeral ports too): the node then exits, and
+    another port is tried."""
+    for _ in range(attempts):
+        port = _cluster_port()
+        if port in taken:
+            continue
+        folder = tmp_path / str(port)
+        folder.mkdir()
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
+        argv += ["--cluster-config-file", str(folder / "nodes.conf"), "--save", "", "--appendonly", "no"]
+        node = subprocess.Popen(argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(partial(_up_or_gone, node, port), what=f"cluster node {port} to answer or exit")
+        if node.poll() is None:
+            return port, node
+    raise AssertionError(f"no cluster node started in {attempts} attempts")
+
+
+def _up_or_gone(node: subprocess.Popen[bytes], port: int) -> bool:
+    return node.poll() is not None or _pings(port)
 
 
 def _cluster_port() -> int:
