@@ -1,9 +1,11 @@
 """The pipeline: one request from its context to its outcome.
 
 Owns the handler (``handler.py``: the sequence of calls, the only catch-all of the request
-path), the attempts of one request (``attempt.py``: retries before the first byte within the
-budget of ``gateway/upstream/retry.py``, fallbacks, migrations of a broken stream in
-``migration.py``), the relay of a stream (``relay.py``), the client's side of the response
+path), the attempts loop of one request (``attempts.py``: it decides retries before the first
+byte within the budget of ``gateway/upstream/retry.py``, fallbacks, migrations of a broken
+stream), one attempt (``attempt.py``: it does, and returns a frozen result), the migration's
+continuation and splice (``migration.py``), the relay of a stream (``relay.py``: it forwards),
+the client's side of the response
 (``client_response.py``), the frozen request context and outcome (``context.py``,
 ``outcome.py``), the one place that records an outcome (``recorder.py``), and the protocols
 it consumes from the stages above it (``shadowing.py``: the shadow runner; the server's

@@ -3,7 +3,8 @@
     read_headers -> runtime (the policy in force, read once) -> authenticate
     -> read_body (byte limit) -> parse_json_object -> model lookup (404) -> authorize_model (the same 404)
     -> resolve_class -> build_request (400 limits) -> RequestContext (frozen)
-    -> admit (tenant limits) -> Attempts.run (gateway/pipeline/attempt.py) -> settle -> record
+    -> admit (tenant limits) -> Attempts.run (gateway/pipeline/attempts.py, each attempt
+    gateway/pipeline/attempt.py) -> settle -> record
 
 Each step raises a ``GatewayError``; ``InferenceHandler`` renders it as a JSON error before
 the response starts (``gateway/pipeline/client_response.py``); once a stream started, the attempts end it with
@@ -37,12 +38,12 @@ from gateway.errors import (
     UpstreamTimeout,
     code_of,
 )
-from gateway.pipeline.attempt import AttemptDeps, Attempts
+from gateway.pipeline.attempt import AttemptDeps
+from gateway.pipeline.attempts import Answered, Attempts
 from gateway.pipeline.client_response import ClientResponse
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.outcome import RequestOutcome, Result
 from gateway.pipeline.recorder import Recorder
-from gateway.pipeline.relay import TokenTimer
 from gateway.pipeline.shadowing import ShadowCopy, Shadows
 from gateway.policy.model import Slo, Tenant
 from gateway.request.auth import authenticate, authorize_model
@@ -62,6 +63,7 @@ from gateway.responses.affinity import Holder
 from gateway.routing.targets import TargetChoice, TargetPicker, lookup_public
 from gateway.runtime import Runtime
 from gateway.telemetry.metrics import UNKNOWN_LABEL
+from gateway.telemetry.token_stats import TokenStats
 from gateway.telemetry.tracing import RequestSpan
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,9 @@ class _Known:
     slo: Slo | None = None
     t_admit: float | None = None
     attempts: Attempts | None = None
+    """Only to end a started stream after a gateway bug (``end_started_stream``)."""
+    answered: Answered | None = None
+    """What the attempts did, frozen when they ended: all the outcome reads of them."""
     context: RequestContext | None = None
 
 
@@ -190,9 +195,9 @@ class InferenceHandler:
         admission = await deps.limiter.admit(tenant, request)
         known.t_admit = deps.clock.now()
         response.extra_headers = admission.headers
-        attempts = known.attempts = Attempts(ctx, deps.attempts, response)
         group = ctx.route.group
-        shadow = _ShadowStart(deps.shadows, ctx, attempts) if group is not None and group.shadow is not None else None
+        shadow = _ShadowStart(deps.shadows, ctx) if group is not None and group.shadow is not None else None
+        attempts = known.attempts = Attempts(ctx, deps.attempts, response, shadow.start if shadow else None)
         ended: ErrorCode | None = ErrorCode.INTERNAL_ERROR
         disconnected = False
         try:
@@ -202,17 +207,18 @@ class InferenceHandler:
             disconnected = True
             raise
         finally:
+            answered = known.answered = attempts.answered()
             if shadow is not None:
-                shadow.primary_ended(ended is None)
-            timer = attempts.timer
+                shadow.primary_ended(answered.text if ended is None else None)
+            tokens = answered.tokens
             used_tokens = charged_tokens(
-                usage=timer.usage if timer else None,
+                usage=tokens.usage if tokens else None,
                 # a backend took it: its answer started, or the client left while it was being served
-                reached_backend=response.started or (disconnected and bool(attempts.records)),
+                reached_backend=response.started or (disconnected and bool(answered.records)),
                 completed=ended is None,
                 reserved=admission.reserved_tokens,
                 prompt_estimate=request.prompt_tokens,
-                outputs_sent=output_events(timer),
+                outputs_sent=output_events(tokens),
             )
             await deps.limiter.settle(admission, used_tokens)
 
@@ -309,9 +315,8 @@ class InferenceHandler:
                 "x-request-timeout, or its class's deadline_s).",
                 code="deadline_exceeded",
             )
-            if attempts.relay is None or not attempts.response.started:
+            if not await attempts.end_started_stream(error):
                 raise error from None
-            await attempts.relay.finish(error)
             return ErrorCode.DEADLINE_EXCEEDED
 
     async def _fail_after_bug(self, response: ClientResponse, known: _Known) -> None:
@@ -320,8 +325,8 @@ class InferenceHandler:
         try:
             if not response.started:
                 await response.fail(error)
-            elif known.attempts is not None and known.attempts.relay is not None:
-                await known.attempts.relay.finish(error)
+            elif known.attempts is not None:
+                await known.attempts.end_started_stream(error)
         except Exception:  # the client may be gone too; the outcome is recorded either way
             log.debug("could not send the error of request %s", response.request_id)
 
@@ -330,26 +335,23 @@ class _ShadowStart:
     """A group's shadow copy of one request, started once the request itself has its backend (so
     that a copy only ever takes room the request left: ``gateway/shadow/``)."""
 
-    __slots__ = ("attempts", "ctx", "handle", "shadows")
+    __slots__ = ("ctx", "handle", "shadows")
 
-    def __init__(self, shadows: Shadows, ctx: RequestContext, attempts: Attempts) -> None:
-        self.shadows, self.ctx, self.attempts = shadows, ctx, attempts
+    def __init__(self, shadows: Shadows, ctx: RequestContext) -> None:
+        self.shadows, self.ctx = shadows, ctx
         self.handle: ShadowCopy | None = None
-        attempts.on_dispatched = self.start
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Start the copy (``Attempts``' ``on_dispatched``); whether its scorer wants the primary's text."""
         group = self.ctx.route.group
         assert group is not None
         self.handle = self.shadows.copy(self.ctx, group)
-        if self.handle is not None and self.handle.wants_primary_text:
-            self.attempts.texts = []
+        return self.handle is not None and self.handle.wants_primary_text
 
-    def primary_ended(self, completed: bool) -> None:
+    def primary_ended(self, text: str | None) -> None:
         """Give the copy's scorer the primary's answer (None unless it completed)."""
-        if self.handle is None:
-            return
-        texts = self.attempts.texts
-        self.handle.primary_answered("".join(texts) if completed and texts is not None else None)
+        if self.handle is not None:
+            self.handle.primary_answered(text)
 
 
 def _outcome(
@@ -362,8 +364,7 @@ def _outcome(
     error: ErrorCode | None,
     span: RequestSpan,
 ) -> RequestOutcome:
-    attempts = known.attempts
-    timer = attempts.timer if attempts is not None else None
+    answered = known.answered
     status = response.status
     if result is Result.CLIENT_DISCONNECTED and not status:
         status = 499
@@ -373,19 +374,19 @@ def _outcome(
         arrival=arrival,
         end=end,
         tenant=known.tenant,
-        model=attempts.model if attempts is not None else known.model,
+        model=answered.model if answered is not None else known.model,
         class_name=known.class_name,
         stream=known.stream,
         status=status,
         result=result,
         error=error,
-        attempts=tuple(attempts.records) if attempts is not None else (),
+        attempts=answered.records if answered is not None else (),
         t_admit=known.t_admit,
-        tokens=timer.stats() if timer is not None else None,
+        tokens=answered.tokens if answered is not None else None,
         slo=known.slo,
         span=span,
         context=known.context,
-        fallback=attempts.fallback if attempts is not None else None,
+        fallback=answered.fallback if answered is not None else None,
     )
 
 
@@ -461,9 +462,9 @@ async def _until_disconnect_or(
             signal.clear()
 
 
-def output_events(timer: TokenTimer | None) -> int:
+def output_events(tokens: TokenStats | None) -> int:
     """Output chunks a client was sent (each carries at least one token): what a request that
     ended early is charged for (``charged_tokens``)."""
-    if timer is None or timer.first_output is None:
+    if tokens is None or tokens.first_output is None:
         return 0
-    return 1 + len(timer.gaps)
+    return 1 + len(tokens.gaps)

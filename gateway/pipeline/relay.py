@@ -39,13 +39,12 @@ A translated request (Messages answered through chat completions) is read as the
 API and written as the client's: each upstream event goes through the translation's stream
 translator (``gateway/dialects/messages_chat.py``), which may make several events of one.
 
-A broken stream can also be *continued* on another backend (``gateway/pipeline/migration.py``): the
-relay then remembers what the client has seen (choice 0's text, the exact token count from
-vLLM's per-chunk ``continuous_usage_stats``), and after ``resume`` it splices the next
-upstream into the same client stream: the new role-only chunk is dropped, the chunk ``id`` is
-the first upstream's, and usage counts from the original prompt and the tokens already sent.
-Tracking and splicing read OpenAI choice chunks: only a dialect that streams them may say a
-stream can be continued (``Dialect.can_continue``).
+A broken stream can also be *continued* on another backend (``gateway/pipeline/migration.py``):
+the relay then hands every chunk to the request's ``ChunkSplice`` (``migration.StreamSplice``),
+which remembers what the client has seen and, after a resume, rewrites the next upstream's
+chunks into the same client stream. The relay only forwards: after ``resume`` it reads the next
+upstream with fresh framing state, and cuts the per-chunk usage the gateway asked for (to follow
+the stream) when the client did not ask for it.
 """
 
 from __future__ import annotations
@@ -53,14 +52,13 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.types import Send
 
 from gateway.clock import Clock
 from gateway.dialects.base import ChunkReading, Dialect, StreamTranslator
-from gateway.dialects.openai_answers import OUTPUT_DELTA_KEYS, has_output
 from gateway.errors import GatewayError, UpstreamError, UpstreamRejected
 from gateway.telemetry.token_stats import TokenStats
 from gateway.upstream.errors import ERROR_EVENT_TYPES, Redactor, UpstreamFault, event_error
@@ -117,36 +115,27 @@ class TokenTimer:
         return TokenStats(self.arrival, self.first_output, self.gaps, self.usage, tuple(self.finish_reasons))
 
 
-class StreamProgress:
-    """What the client of a stream has seen so far: enough to continue it elsewhere.
+class ChunkSplice(Protocol):
+    """Follows a continuable stream for its client and rewrites its chunks after a resume
+    (``gateway/pipeline/migration.py``: ``StreamSplice``); the relay only calls it."""
 
-    ``tokens`` and ``prompt_tokens`` come from the latest per-chunk usage (None until one was
-    seen: without it the count is unknown and the stream cannot be continued exactly).
-    ``continuable`` turns False for what a partial assistant message cannot express: several
-    choices, tool calls or reasoning in progress, or a finish reason already sent.
-    """
+    def take(self, chunk: dict[str, Any], reading: ChunkReading) -> tuple[ChunkReading, bool] | None:
+        """Record ``chunk``, rewriting it in place when it must change: the reading to time and
+        count, and whether the chunk changed (``migration.Spliced``); None: drop it."""
+        ...
 
-    __slots__ = ("base_tokens", "chunk_id", "continuable", "pieces", "prompt_tokens", "tokens")
-
-    def __init__(self) -> None:
-        self.pieces: list[str] = []
-        self.tokens: int | None = None
-        self.prompt_tokens: int | None = None
-        self.base_tokens = 0
-        self.chunk_id: str | None = None
-        self.continuable = True
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
+    def not_continuable(self) -> None:
+        """The upstream failed in a way another engine would repeat (a rejection, a protocol error)."""
+        ...
 
 
 class SseRelay:
     """Relays upstream SSE bodies to one client, feeding a ``TokenTimer``.
 
     ``run`` relays one upstream and closes the client's stream. A caller that may continue a
-    broken stream elsewhere calls ``forward`` (relay one upstream, return its failure), then
-    ``resume`` and ``forward`` again with the next upstream, and ``finish`` once.
+    broken stream elsewhere gives a ``splice`` and calls ``forward`` (relay one upstream, return
+    its failure), then ``resume`` (and the splice's own) and ``forward`` again with the next
+    upstream, and ``finish`` once.
     """
 
     __slots__ = (
@@ -158,19 +147,17 @@ class SseRelay:
         "_keep_continuous",
         "_named",
         "_on_event",
-        "_on_resumed_output",
         "_read",
         "_reader",
         "_redactor",
         "_rename",
         "_report",
-        "_resumed",
         "_send",
+        "_splice",
         "_strip_usage",
         "_timer",
         "_translator",
         "dropped_events",
-        "progress",
         "saw_done",
         "saw_error",
     )
@@ -183,7 +170,7 @@ class SseRelay:
         *,
         dialect: Dialect,
         strip_usage: bool,
-        track: bool = False,
+        splice: ChunkSplice | None = None,
         keep_continuous: bool = True,
         redactor: Redactor = _NO_REDACTION,
         rename: tuple[tuple[bytes, bytes], ...] = (),
@@ -193,7 +180,7 @@ class SseRelay:
     ) -> None:
         """``dialect`` reads the events (the API the backend answers); ``client`` is the client's API
         when it is another (a translated request): its error events and end, and ``translator``
-        turns each upstream event into its events; ``track`` records ``progress``; ``keep_continuous=False``
+        turns each upstream event into its events; ``splice`` follows a continuable stream; ``keep_continuous=False``
         removes per-chunk usage; ``rename`` (from ``renaming``) gives the events the model name the
         client called instead of the engine's; ``on_event`` sees every relayed event's JSON (a
         shadow's quality scorer collects the primary's text through it).
@@ -213,8 +200,7 @@ class SseRelay:
         self._strip_usage = strip_usage
         self._keep_continuous = keep_continuous
         self._reader = SseReader(max_event_bytes=MAX_EVENT_BYTES)
-        self._resumed = False
-        self._on_resumed_output: Callable[[], None] | None = None
+        self._splice = splice
         self._redactor = redactor
         self._rename = rename
         self._on_event = on_event
@@ -223,7 +209,6 @@ class SseRelay:
         self.saw_done = False
         self.saw_error = False
         self.dropped_events = 0
-        self.progress: StreamProgress | None = StreamProgress() if track else None
 
     async def run(
         self, chunks: AsyncIterator[bytes], report: Callable[[UpstreamFault], None] | None = None
@@ -288,15 +273,10 @@ class SseRelay:
         failure, self._failure = self._failure, None
         return failure
 
-    def resume(self, on_output: Callable[[], None] | None = None) -> None:
-        """The next ``forward`` continues the stream: splice it in; ``on_output`` at its first output."""
-        progress = self.progress
-        assert progress is not None
-        assert progress.tokens is not None
-        progress.base_tokens = progress.tokens
+    def resume(self) -> None:
+        """The next ``forward`` reads another upstream that continues the stream (the splice
+        rewrites its chunks): fresh framing, no failure yet."""
         self._reader.clear()
-        self._resumed = True
-        self._on_resumed_output = on_output
         self._failure = None
         self.saw_done = self.saw_error = False
 
@@ -381,17 +361,17 @@ class SseRelay:
         if self._translator is not None:
             self._observe(reading, t)
             return self._translator.event(document) or False
-        if self.progress is None:
+        if self._splice is None:
             return self._observe(reading, t)
-        return self._splice(event, document, reading, t)
+        return self._spliced(event, document, reading, t)
 
     def _upstream_error(self, document: Any) -> bool:
         """End this upstream with the gateway's error in place of the backend's error event."""
         error, fault = event_error(document, self._redactor)
         self.saw_error = True
         self._failure = error
-        if isinstance(error, UpstreamRejected) and self.progress is not None:
-            self.progress.continuable = False  # another engine would reject it too
+        if isinstance(error, UpstreamRejected) and self._splice is not None:
+            self._splice.not_continuable()  # another engine would reject it too
         if self._report is not None:
             self._report(fault)
         return False
@@ -401,43 +381,22 @@ class SseRelay:
         self._failure = UpstreamError(
             "The backend sent a stream the gateway cannot use.", code="upstream_protocol_error"
         )
-        if self.progress is not None:
-            self.progress.continuable = False
+        if self._splice is not None:
+            self._splice.not_continuable()
         if self._report is not None:
             self._report(UpstreamFault(200, what, "event"))
 
-    def _splice(self, event: bytes, chunk: dict[str, Any], reading: ChunkReading, t: float) -> bytes | bool:
-        """Inspect a chunk of a tracked stream; rewrite it when it must change on its way out."""
-        progress = self.progress
-        assert progress is not None
-        output, usage, reasons, _ = reading
-        choices = chunk.get("choices")
-        rewrite = False
-        if self._resumed:
-            if choices and not (output or reasons):
-                return False  # the continuation's own role chunk: the client had one already
-            if progress.chunk_id is not None and chunk.get("id") != progress.chunk_id:
-                chunk["id"] = progress.chunk_id
-                rewrite = True
-            if usage:
-                usage = chunk["usage"] = _spliced_usage(usage, progress)
-                reading = (output, usage, reasons, reading[3])
-                rewrite = True
-        elif progress.chunk_id is None and isinstance(chunk.get("id"), str):
-            progress.chunk_id = chunk["id"]
-        if usage and isinstance(usage.get("completion_tokens"), int):
-            progress.tokens = usage["completion_tokens"]
-            if progress.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
-                progress.prompt_tokens = usage["prompt_tokens"]
-        hide_usage = False
-        if choices:
-            _track(progress, choices)
-            hide_usage = bool(usage) and not self._keep_continuous
+    def _spliced(self, event: bytes, chunk: dict[str, Any], reading: ChunkReading, t: float) -> bytes | bool:
+        """A chunk of a tracked stream: through the splice, then timed; its per-chunk usage (asked
+        for by the gateway to follow the stream) cut when the client did not ask for it."""
+        assert self._splice is not None
+        spliced = self._splice.take(chunk, reading)
+        if spliced is None:
+            return False
+        reading, rewrite = spliced
+        hide_usage = bool(reading[1]) and bool(chunk.get("choices")) and not self._keep_continuous
         if not self._observe(reading, t):
             return False
-        if output and self._on_resumed_output is not None:
-            hook, self._on_resumed_output = self._on_resumed_output, None
-            hook()
         if hide_usage and not rewrite:
             cut = _without_trailing_usage(event, null=not self._strip_usage)
             if cut is not None:
@@ -503,38 +462,3 @@ def _without_trailing_usage(event: bytes, *, null: bool) -> bytes | None:
     if end < 0 or event[end + 1 :] != b"}\n\n":
         return None
     return event[:start] + (b',"usage":null' if null else b"") + event[end + 1 :]
-
-
-def _track(progress: StreamProgress, choices: list[dict[str, Any]]) -> None:
-    """Add choice 0's text to ``progress``, or mark it not continuable."""
-    for choice in choices:
-        if not has_output(choice):
-            if choice.get("finish_reason"):
-                progress.continuable = False
-            continue
-        delta = choice.get("delta")
-        text = delta.get("content") if delta else choice.get("text")
-        plain = isinstance(text, str) and not (delta and _other_output(delta))
-        if choice.get("index", 0) != 0 or choice.get("finish_reason") or not plain:
-            progress.continuable = False
-        else:
-            progress.pieces.append(str(text))
-
-
-_OTHER_OUTPUT_KEYS = OUTPUT_DELTA_KEYS[1:]
-
-
-def _other_output(delta: dict[str, Any]) -> bool:
-    """Whether a delta carries output other than content (reasoning, tool calls); a loop, not a
-    generator, since it runs for every relayed chunk of a tracked stream."""
-    for key in _OTHER_OUTPUT_KEYS:  # noqa: SIM110 (see the docstring)
-        if delta.get(key):
-            return True
-    return False
-
-
-def _spliced_usage(usage: Mapping[str, Any], progress: StreamProgress) -> dict[str, Any]:
-    """A continuation's usage as the client's one stream: its prompt, all its tokens."""
-    completion = int(usage.get("completion_tokens") or 0) + progress.base_tokens
-    prompt = progress.prompt_tokens if progress.prompt_tokens is not None else int(usage.get("prompt_tokens") or 0)
-    return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

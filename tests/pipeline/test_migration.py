@@ -17,8 +17,7 @@ import pytest
 
 from gateway.dialects.chat import CHAT
 from gateway.dialects.completions import COMPLETIONS
-from gateway.pipeline.migration import can_continue, continuation
-from gateway.pipeline.relay import StreamProgress
+from gateway.pipeline.migration import StreamProgress, can_continue, continuation
 from gateway.policy.model import BackendKind
 from gateway.types import InferenceRequest
 from loadtests.sim.tokenizer import render_chat, tokenize

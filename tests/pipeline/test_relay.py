@@ -21,6 +21,7 @@ from starlette.types import Message
 from gateway.dialects.base import Dialect
 from gateway.dialects.chat import CHAT
 from gateway.dialects.responses import RESPONSES
+from gateway.pipeline.migration import StreamSplice
 from gateway.pipeline.relay import MAX_EVENT_BYTES, SseRelay, StreamEnd, TokenTimer
 from gateway.upstream.errors import Redactor, UpstreamFault
 from tests.conftest import CHAT_MODEL, metric
@@ -57,6 +58,7 @@ class Relayed:
         self.timer = TokenTimer(arrival=0.0)
         self.end: StreamEnd | None = None
         self.relay: SseRelay | None = None
+        self.splice: StreamSplice | None = None
 
     async def send(self, message: Message) -> None:
         self.messages.append(message)
@@ -95,8 +97,9 @@ async def relay(pieces: list[tuple[float, bytes]], *, track: bool = False, diale
         finally:
             run.upstream_closed = True
 
+    run.splice = StreamSplice() if track else None
     sse = SseRelay(
-        run.send, run.timer, clock, dialect=dialect, strip_usage=True, track=track, redactor=Redactor([SECRET])
+        run.send, run.timer, clock, dialect=dialect, strip_usage=True, splice=run.splice, redactor=Redactor([SECRET])
     )
     run.relay = sse
     run.end = await sse.run(upstream(), run.faults.append)
@@ -239,12 +242,10 @@ def run_type(code: str) -> str:
 async def test_a_rejection_event_is_not_continued_elsewhere_and_a_failure_is() -> None:
     rejected = await relay([(1.0, event(ROLE) + event({"error": {"message": "m", "code": 400}}))], track=True)
     failed = await relay([(1.0, event(ROLE) + event({"error": {"message": "m", "code": 500}}))], track=True)
-    assert rejected.relay is not None
-    assert rejected.relay.progress is not None
-    assert failed.relay is not None
-    assert failed.relay.progress is not None
-    assert not rejected.relay.progress.continuable, "another engine would reject it too"
-    assert failed.relay.progress.continuable
+    assert rejected.splice is not None
+    assert failed.splice is not None
+    assert not rejected.splice.progress.continuable, "another engine would reject it too"
+    assert failed.splice.progress.continuable
 
 
 async def test_a_payload_that_is_not_a_json_object_is_dropped() -> None:
