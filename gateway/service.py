@@ -42,6 +42,7 @@ from gateway.policy.watch import PolicySource, ReloadRefused
 from gateway.request.tokens import CharRatioEstimator
 from gateway.responses.affinity import ResponseAffinity
 from gateway.responses.ids import ResponseIds
+from gateway.responses.sharing import lookup_budget_s
 from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
 from gateway.rollout.store import open_rollout_store
 from gateway.routing.isolation import check_isolation
@@ -102,6 +103,8 @@ class Gateway:
             raise RuntimeError(str(exc)) from exc
         self.metrics.upstream_connections_open.set_function(lambda: self.upstream.open_connections)
         self.shared = SharedStore.from_state(snapshot.policy.state)  # read once, as the secret is
+        if self.shared.enabled:  # Redis's health as every user of the store found it
+            self.metrics.redis_up.set_function(lambda: 1.0 if self.shared.up else 0.0)
         self.limit_store = self._limit_store(snapshot)
         self.limiter = TenantLimiter(self.limit_store, self.clock)
         self.dispatch_observers = Observers()  # the shadows, the fleet and its prefix view join as they are built
@@ -134,17 +137,15 @@ class Gateway:
     def _limit_store(self, snapshot: PolicySnapshot) -> MemoryLimitStore | RedisLimitStore:
         """The tenant limits' store from the policy's ``state``; Redis failures become metrics."""
         m = self.metrics
-        store = build_limit_store(
+        return build_limit_store(
             snapshot.policy.state,
             self.clock,
             on_error=lambda operation: m.child(m.redis_errors, operation).inc(),
             on_fallback=lambda operation: m.child(m.redis_fallbacks, operation).inc(),
             processes=self._live_processes,  # on_store_loss share: limit / the fleet's live processes
             processes_when_unknown=snapshot.policy.fleet.processes_when_unknown,
+            shared=self.shared,  # its client, budgets and health are the process's one store's
         )
-        if isinstance(store, RedisLimitStore):
-            m.redis_up.set_function(lambda: 1.0 if store.up else 0.0)
-        return store
 
     def _live_processes(self) -> int:
         """The gateway processes the fleet coordinator counted at its last ledger sync (0: none yet).
@@ -162,7 +163,7 @@ class Gateway:
             per_tenant=self.settings.responses_per_tenant,
             shared=self.shared.client,
             key_prefix=self.shared.key_prefix,
-            timeout_s=max(self.shared.timeout_s, 0.05),
+            timeout_s=lookup_budget_s(self.shared.timeout_s),
             ids=ids,
         )
 
@@ -173,8 +174,7 @@ class Gateway:
             state.backend,
             self.shared.client,
             state.key_prefix,
-            Path(settings.rollout_dir),
-            timeout_s=max(state.timeout_ms / 1000, 0.5),
+            Path(settings.rollout_dir),  # each call bounded by the store's BUDGET_S (off the request path)
         )
         rollouts = Rollouts(store, self.metrics, self.clock, holder=replica_id())
         rollouts.adopt(snapshot)

@@ -29,7 +29,7 @@ class Settings:
     """Where the request trace log goes (JSONL, rotated); ``GATEWAY_TRACE_LOG``; off when unset."""
     telemetry: bool = True
     """``GATEWAY_TELEMETRY=off`` stops recording metrics, costs and traces of requests: only to
-    measure what telemetry costs (``loadtests/overhead.py --telemetry``), never in production."""
+    measure what telemetry costs (``loadtests/proofs/overhead.py --telemetry``), never in production."""
     admin_host: str = "127.0.0.1"
     """Where the operator listener (``/metrics``, ``/admin/*``, probes) binds: loopback unless the
     platform restricts who reaches it (a NetworkPolicy, see ``deploy/kubernetes``)."""

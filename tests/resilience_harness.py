@@ -11,7 +11,7 @@
   ``outcome`` is exactly one of ``Outcome``; a request that reaches its deadline is cut and
   recorded as ``DEADLINE`` (a hang), never left running.
 
-Processes are started and stopped by ``loadtests.harness``; tests synchronise with
+Processes are started and stopped by ``loadtests.harness.processes``; tests synchronise with
 ``tests.servers.wait_until``.
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadtests.harness import GATEWAY, Labels, bindable, policy_file, process
+from loadtests.harness.processes import GATEWAY, Labels, bindable, policy_file, process
 from loadtests.loadgen.client import error_code
 from tests.policy_builder import NOWHERE, OMIT, admin_keys, backend, build_policy, model, tenant
 from tests.servers import free_port, metric, samples, scrape, wait_until

@@ -8,7 +8,7 @@ protocol) and remembers its operator listener's URL for `admin_url`; `serve_in_p
 `python -m gateway serve ...` as a child process on ports the child itself picks; `wait_until`
 polls a condition with a deadline, which is how tests synchronise (never a bare sleep).
 `metric`, `samples` and `metric_types` read a server's /metrics, with the parser the benchmarks
-use (`loadtests.harness`).
+use (`loadtests.harness.processes`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from gateway.app import build_server
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.server.serve import GatewayServer
 from gateway.settings import Settings
-from loadtests.harness import Labels, Samples, families, labelled, metric_sum, metrics
+from loadtests.harness.processes import Labels, Samples, families, labelled, metric_sum, metrics
 
 ADMIN_URLS: dict[str, str] = {}
 """API URL -> operator listener URL of every gateway `serve_gateway_in_thread` is running."""

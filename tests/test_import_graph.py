@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadtests.architecture import circles, imported, stage
-from loadtests.architecture import modules as package_modules
+from loadtests.proofs.architecture import circles, imported, stage
+from loadtests.proofs.architecture import modules as package_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = "gateway"

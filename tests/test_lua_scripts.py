@@ -9,7 +9,7 @@ by some module (no orphan), no Python file holds Lua any more, and every script 
 Redis and run every script once against the shared Redis on 127.0.0.1:6379, under a key prefix
 of their own, with a minimal valid call, and check the reply has the shape its file documents.
 How the scripts behave is tested in depth elsewhere (``tests/limitstore``, ``tests/rollout``,
-``tests/fleet``, ``tests/apis/test_response_*``).
+``tests/fleet``, ``tests/responses``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.telemetry.tracelog import ItlSummary, TraceLog, trace_line
-from loadtests import report_cli
+from loadtests.loadgen import report_cli
 from loadtests.loadgen.records import RequestRecord
 from loadtests.loadgen.trace_report import MAX_GROUPS, OTHER, bucket_width, folded, over_time, read_traces
 

@@ -60,7 +60,7 @@ class RoutingDecision:
 class Router(Protocol):
     """Chooses one backend for a request among candidates that are all healthy and have room.
 
-    The contract, checked for every registered strategy by ``tests/routing/test_router_conformance.py``:
+    The contract, checked for every registered strategy by ``tests/dispatch/test_router.py``:
 
     * ``pick`` returns one of ``candidates`` in a decision that names the strategy (its registry
       name), a reason code (a snake_case word from a small fixed set: it is a metric label) and

@@ -50,9 +50,8 @@ from gateway.dispatch.queueing import IDLE_GAP_S
 from gateway.dispatch.quota import EMPTY, Quota, Share, TenantUse
 from gateway.fleet.ledger import BackendReport, FleetLedger, Sync
 from gateway.fleet.quota import at_most, fallback, paced, partition, shared
-from gateway.limitstore.lag import FreeTimeout, LoopLag
 from gateway.policy.snapshot import PolicySnapshot
-from gateway.shared.store import FAILURES
+from gateway.shared.store import FAILURES, Budget
 from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -154,8 +153,6 @@ class FleetCoordinator(DispatchObserver):
         self._frozen: dict[str, Quota] = {}
         self._recovering_until = 0.0
         self._reap: tuple[str, ...] = ()
-        self.lag = LoopLag()
-        """Syncs are timed in the event loop's free time (``gateway/limitstore/lag.py``)."""
         self._wake = asyncio.Event()
         self._sent: dict[str, deque[tuple[float, int]]] = {}
         self._last_sent: dict[str, float] = {}  # when each backend's count last moved
@@ -195,9 +192,7 @@ class FleetCoordinator(DispatchObserver):
         snapshot = self.policy()
         reports, sent = self.reports(snapshot)
         try:
-            async with FreeTimeout(
-                self.lag, snapshot.policy.fleet.timeout_ms / 1000
-            ):  # a busy loop is not a slow Redis
+            async with self._budget(snapshot):
                 answer = await self.ledger.sync(reports, self._reap)
         except FAILURES as exc:
             self.fall_back(snapshot, exc)
@@ -296,10 +291,18 @@ class FleetCoordinator(DispatchObserver):
     async def leave(self) -> None:
         """A graceful exit, nothing in flight: out of the ledger at once (best effort; else the drain)."""
         try:
-            async with FreeTimeout(self.lag, self.policy().policy.fleet.timeout_ms / 1000):
+            async with self._budget(self.policy()):
                 await self.ledger.leave()
         except FAILURES as exc:
             log.info("fleet: could not leave the ledger (%s); the part is freed after the drain", type(exc).__name__)
+
+    def _budget(self, snapshot: PolicySnapshot) -> Budget:
+        """One call to the ledger, bounded by ``fleet.timeout_ms`` in the event loop's free time (a
+        busy loop is not a slow Redis: ``SharedStore.budget``), read at each call (a reload may
+        change it). Longer than the store's default (``state.timeout_ms``): the sync's script reads
+        every process's entry of the backends it reports, so it costs more as the fleet grows
+        (``deploy/README.md``, "Redis for many replicas"), and it runs off every request's path."""
+        return self.ledger.store.budget(snapshot.policy.fleet.timeout_ms / 1000)
 
     def _rate(self, backend: str, dispatched: int, now: float, backlogged: bool) -> float:
         """Requests per second this process sent to ``backend`` over the last ``RATE_WINDOW_S``,

@@ -103,6 +103,7 @@ from gateway.clock import Clock
 from gateway.dispatch.quota import NO_SHARE, TENANTS_REPORTED, Quota, Share, TenantUse
 from gateway.shared.connect import RedisClient
 from gateway.shared.lua import lua_script
+from gateway.shared.store import SharedStore
 
 SYNC = lua_script("gateway.fleet", "ledger.lua")
 LEAVE = lua_script("gateway.fleet", "leave.lua")
@@ -197,7 +198,8 @@ class FleetLedger:
 
     ``clock``: when given, the scripts take their time from it instead of Redis's (tests drive
     leases and drains on a ``FakeClock``). ``cell``: the ``fleet.cell`` this process is in ('': the
-    one unnamed cell, whose keys are those of the ledger before cells)."""
+    one unnamed cell, whose keys are those of the ledger before cells). ``store``: the shared
+    store of ``client`` (``gateway/shared/store.py``), which bounds the coordinator's calls here."""
 
     def __init__(
         self,
@@ -211,6 +213,7 @@ class FleetLedger:
         cell: str = "",
     ) -> None:
         self.client = client
+        self.store = SharedStore.of(client)
         self.key_prefix = key_prefix
         self.base = ledger_base(key_prefix, cell)
         self.replica = replica

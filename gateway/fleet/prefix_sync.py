@@ -25,9 +25,12 @@ others':
   fleet's view.
 
 No request ever waits on Redis: routing reads the in-memory index, which is at most two
-intervals behind the fleet. When Redis is unreachable, each process routes on what it has
-seen (its own decisions keep going in), drops its batches (counted) and tries again every
-second; nothing else depends on it.
+intervals behind the fleet. Every call is bounded by ``fleet.timeout_ms`` (the ledger's budget:
+both run off the request path, at the fleet's pace) in the event loop's free time
+(``SharedStore.budget``, ``gateway/shared/store.py``: a busy process has not found Redis slow).
+When Redis is unreachable or slower than that, each process routes on what it has seen (its own
+decisions keep going in), drops its batches (counted) and tries again every second; nothing else
+depends on it.
 
 Tenant isolation is untouched: the hashes are those of ``prefix_keys``, seeded with a root of
 the tenant's cache scope, so a decision can only ever match a request of the same scope. Only
@@ -57,7 +60,7 @@ from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import PrefixLearner
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.shared.connect import RedisClient
-from gateway.shared.store import FAILURES
+from gateway.shared.store import FAILURES, SharedStore
 from gateway.telemetry.metrics import Metrics
 from gateway.types import InferenceRequest
 
@@ -68,7 +71,8 @@ MAX_PENDING = 20_000
 READ_COUNT = 512
 RETRY_S = 1.0
 CATCH_UP_S = 2.0
-"""What start-up waits for the catch-up at most; the reader goes on from where it stopped."""
+"""What start-up waits for the catch-up at most, in all (each read has its own budget as well);
+the reader goes on from where it stopped."""
 
 
 def prefix_view_key(policy: Policy, secret_digest: str) -> str:
@@ -99,6 +103,8 @@ class PrefixSync(DispatchObserver):
         metrics: Metrics,
     ) -> None:
         self.client = client
+        self.store = SharedStore.of(client)
+        """Bounds every call and hears how it ended (``gateway/shared/store.py``)."""
         self.key = key
         self.origin = origin
         self.routers = routers
@@ -135,14 +141,16 @@ class PrefixSync(DispatchObserver):
     async def catch_up(self) -> None:
         """Fold the decisions of the last index TTL (start-up, before serving), for ``CATCH_UP_S``
         at most; the reader goes on from where this stopped, or starts it if Redis is away."""
+        whole = asyncio.timeout(CATCH_UP_S)
         try:
-            async with asyncio.timeout(CATCH_UP_S):
+            async with whole:
                 while await self._read_once() == READ_COUNT:
                     pass
-        except TimeoutError:
-            log.warning("fleet prefix view: catch-up unfinished after %.0f s; the reader goes on", CATCH_UP_S)
         except FAILURES as exc:
-            self._note_down(exc)
+            if whole.expired():
+                log.warning("fleet prefix view: catch-up unfinished after %.0f s; the reader goes on", CATCH_UP_S)
+            else:
+                self._note_down(exc)
 
     async def run(self) -> None:
         """Every ``fleet.prefix_flush_s``: publish the pending decisions and fold the others' in one
@@ -158,7 +166,7 @@ class PrefixSync(DispatchObserver):
         self._pending.clear()
         fleet = self.policy().policy.fleet
         try:
-            async with asyncio.timeout(fleet.timeout_ms / 1000):
+            async with self.store.budget(fleet.timeout_ms / 1000):
                 if self._cursor is None:
                     await self._start_cursor()
                 async with self.client.pipeline(transaction=False) as pipe:
@@ -186,10 +194,13 @@ class PrefixSync(DispatchObserver):
             self._note_down(exc)
 
     async def _read_once(self) -> int:
-        """Read and fold one batch of entries after the cursor; how many entries there were."""
-        if self._cursor is None:
-            await self._start_cursor()
-        return self._fold_answer(await self.client.xread({self.key: self._cursor or "$"}, count=READ_COUNT))
+        """Read and fold one batch of entries after the cursor (bounded as ``exchange`` is); how
+        many entries there were."""
+        async with self.store.budget(self.policy().policy.fleet.timeout_ms / 1000):
+            if self._cursor is None:
+                await self._start_cursor()
+            answer = await self.client.xread({self.key: self._cursor or "$"}, count=READ_COUNT)
+        return self._fold_answer(answer)
 
     def _fold_answer(self, answer: Any) -> int:
         if not answer:

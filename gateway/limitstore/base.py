@@ -119,7 +119,7 @@ class LimitVerdict:
     """Where the slot was taken (when the ask had one and was admitted): give it back there."""
     waited_s: float = 0.0
     """What the call cost the request's budget: seconds it waited on a shared store (the event
-    loop's free time, ``limitstore/lag.py``)."""
+    loop's free time, ``shared/lag.py``)."""
     retry_after_s: float = 0.0
     """For ``UNAVAILABLE``: when to try again."""
 

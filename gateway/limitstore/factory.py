@@ -13,6 +13,7 @@ from gateway.limitstore.memory import MemoryLimitStore
 from gateway.limitstore.outage import Processes
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.model import StatePolicy
+from gateway.shared.store import SharedStore
 
 
 def _ignore(operation: str) -> None:
@@ -50,13 +51,16 @@ def build_limit_store(
     on_fallback: Callable[[str], None] = _ignore,
     processes: Processes = _never_counted,
     processes_when_unknown: int | None = None,
+    shared: SharedStore | None = None,
 ) -> MemoryLimitStore | RedisLimitStore:
     """``MemoryLimitStore(clock)`` by default; a ``RedisLimitStore`` (on Redis's clock) for ``redis``.
 
     ``processes`` counts the live gateway processes (the fleet coordinator's last count, 0 when
     it has none) and ``processes_when_unknown`` stands in when it has none
-    (``fleet.processes_when_unknown``): what ``state.on_store_loss: share`` divides limits by."""
+    (``fleet.processes_when_unknown``): what ``state.on_store_loss: share`` divides limits by.
+    ``shared``: the process's shared store (``gateway/shared/store.py``), whose client the limit
+    store uses; without one, the limit store opens a store of its own (tests, benches)."""
     if state.backend == "memory":
         return MemoryLimitStore(clock)
     config = redis_config(state, processes_when_unknown=processes_when_unknown)
-    return RedisLimitStore(config, on_error=on_error, on_fallback=on_fallback, processes=processes)
+    return RedisLimitStore(config, on_error=on_error, on_fallback=on_fallback, processes=processes, shared=shared)

@@ -42,9 +42,15 @@ for an outage. The background ping brings it back only when it answers within
 ``probe_max_s`` (half the budget), so a slow Redis costs one request its budget, not every
 request, and is used again once fast. Every wait on Redis (the budget, the ping's timeout and
 its time) is counted in the time the event loop was free to read the answer
-(``limitstore/lag.py``): a process that is busy, or stalled by one long callback, has not
-found Redis slow. redis-py's own socket timeouts are therefore off (they would cut a reply
-that waits in the socket).
+(``shared/lag.py``): a process that is busy, or stalled by one long callback, has not
+found Redis slow.
+
+**The client is the process's shared store's** (``gateway/shared/store.py``): the ledger, the
+prefix view, response affinity and the rollouts use the same pool, its options are the ones this
+store needs (no socket timeouts: they would cut a reply that waits in the socket; no retries: a
+failure falls back at once), every call here is bounded by ``SharedStore.budget`` (which also
+judges Redis's health, ``gateway_redis_up``), and the store closes the client, not this. Built
+without one (tests, benches), it opens a store of its own on ``config.url`` and closes that.
 """
 
 from __future__ import annotations
@@ -60,18 +66,15 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.clock import Clock
 from gateway.limitstore.base import Adjust, Ask, LimitVerdict, Settlement
-from gateway.limitstore.lag import FreeTimeout, LoopLag, timed_out
 from gateway.limitstore.lease import WANTED_S, Reply, ScopeLease, Sent
 from gateway.limitstore.outage import LocalLimits, LossMode, Processes
 from gateway.limitstore.scripts import IN_USE, SYNC
-from gateway.shared.connect import RedisClient, redis_client
-from gateway.shared.store import FAILURES
+from gateway.shared.connect import RedisClient
+from gateway.shared.store import FAILURES, Budget, SharedStore
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,9 @@ ADMIT_SYNCS = 3
 """An admission whose lease was drained by others while its own ask was on the way asks again, this often at most."""
 IDLE_S = 30.0
 """A tenant's lease that holds nothing is forgotten after this long unused (its rate with it)."""
+CALL_TIMEOUTS = 4
+"""A call off the request path (a ping, the keeper's sync) may take this many ``timeout_s``: a new
+connection's handshake (a few round trips) and the command; and so may a request's, within its budget."""
 
 
 def _ignore(operation: str) -> None:
@@ -131,9 +137,10 @@ class RedisConfig:
 class RedisLimitStore:
     """``LimitStore`` in Redis through leases, with a local fallback while Redis is lost (module docstring).
 
-    Built in the lifespan; ``await store.check()`` once, then ``run()`` as an owned task (the
-    keeper: tops leases up, renews them, pings, brings Redis back after an outage); ``aclose()``
-    at shutdown gives every lease back. ``processes`` is how many gateway processes the fleet
+    Built in the lifespan on the process's ``shared`` store; ``await store.check()`` once, then
+    ``run()`` as an owned task (the keeper: tops leases up, renews them, pings, brings Redis back
+    after an outage); ``aclose()`` at shutdown gives every lease back (and closes the store only
+    when it opened it: ``shared`` None). ``processes`` is how many gateway processes the fleet
     counts (``share`` divides the limits by it). ``flush()`` sends every tenant's pending
     reports and returns now (tests, benchmarks)."""
 
@@ -145,12 +152,21 @@ class RedisLimitStore:
         on_error: Callable[[str], None] = _ignore,
         on_fallback: Callable[[str], None] = _ignore,
         processes: Processes = _never_counted,
+        shared: SharedStore | None = None,
     ) -> None:
         self.config = config
         self.request_budget_s = config.request_budget_s
         self.replica = uuid.uuid4().hex[:16]
         self.up = True  # optimistic until a command fails; check() at start-up tells for sure
-        self.lag = LoopLag()
+        self._owns_shared = shared is None
+        self.shared = (
+            shared
+            if shared is not None
+            else SharedStore.open(config.url, key_prefix=config.key_prefix, timeout_s=config.timeout_s)
+        )
+        """Where the client, the budgets and the health are (module docstring)."""
+        if self.shared.client is None:
+            raise ValueError("the limit store needs a shared store with a Redis client (state.backend: redis)")
         self.fallback = LocalLimits(
             config.on_store_loss,
             clock,
@@ -161,12 +177,7 @@ class RedisLimitStore:
         self._clock = clock
         self._on_error = on_error
         self._on_fallback = on_fallback
-        self._redis: RedisClient = redis_client(
-            config.url,
-            socket_timeout=None,  # every call is bounded in free time instead (module docstring)
-            socket_connect_timeout=None,
-            retry=Retry(NoBackoff(), 0),  # no retry: a failure falls back at once
-        )
+        self._redis: RedisClient = self.shared.client
         self._sync = self._redis.register_script(SYNC)
         self._in_use = self._redis.register_script(IN_USE)
         self._leases: dict[str, ScopeLease] = {}
@@ -191,24 +202,20 @@ class RedisLimitStore:
         Redis's count (they run), so that once Redis is back they count against the limit."""
         return self.fallback.slots_in_use(scope)
 
-    async def _within(self, remote: Callable[[], Awaitable[T]], limit_s: float) -> tuple[T, float]:
-        """``remote()`` cut after ``limit_s`` of the loop's free time; its result and the free time taken."""
-        deadline = FreeTimeout(self.lag, limit_s)
-        try:
-            async with deadline:
-                result = await remote()
-        except TimeoutError as exc:
-            raise timed_out(exc, deadline) from exc
-        return result, deadline.free_s
+    def _bounded(self, limit_s: float | None = None) -> Budget:
+        """One call to Redis, cut after ``limit_s`` of the loop's free time (by default a call off the
+        request path's, ``CALL_TIMEOUTS`` times ``timeout_s``). Only around a call that reaches
+        Redis: the shared store judges Redis's health by what the block ends in."""
+        return self.shared.budget(self.config.timeout_s * CALL_TIMEOUTS if limit_s is None else limit_s)
 
     async def _call(
         self, operation: str, remote: Callable[[], Awaitable[T]], local: Callable[[], T], budget_s: float
     ) -> tuple[T, float]:
         """``remote()`` while Redis is up and within ``budget_s``, else ``local()`` (the fallback);
-        with the free time spent waiting on Redis."""
+        with the free time spent waiting on Redis. ``remote()`` calls Redis at least once."""
         waited = 0.0
         if self.up:
-            deadline = FreeTimeout(self.lag, min(budget_s, self.config.timeout_s * 4))  # connect plus command
+            deadline = self._bounded(min(budget_s, self.config.timeout_s * CALL_TIMEOUTS))
             try:
                 if budget_s <= 0:
                     raise TimeoutError("the request's budget for Redis is spent")
@@ -216,7 +223,7 @@ class RedisLimitStore:
                     result = await remote()
                 return result, deadline.free_s
             except FAILURES as exc:
-                self._failed(operation, timed_out(exc, deadline))
+                self._failed(operation, exc)
             waited = deadline.free_s
         self._on_fallback(operation)
         return local(), waited
@@ -287,16 +294,20 @@ class RedisLimitStore:
         return sent, self._applied(lease, sent, raw)
 
     async def _send_all(self, leases: list[ScopeLease]) -> None:
-        """One SYNC per lease, every one in one pipeline (one round trip); each lease's lock is
-        taken without waiting (a lease whose admission is asking already is left for the next tick)."""
+        """One SYNC per lease, every one in one pipeline (one round trip, bounded: ``_bounded``);
+        each lease's lock is taken without waiting (a lease whose admission is asking already is
+        left for the next tick). Nothing is sent, and nothing judged, when no lease is left."""
         mine = [lease for lease in leases if not lease.lock.locked()]
+        if not mine:
+            return
         for lease in mine:
             await lease.lock.acquire()
         try:
             now = self._time()
             batch = [(lease, lease.prepare(now, self._busy(lease.scope))) for lease in mine]
             try:
-                await self._pipeline(batch)
+                async with self._bounded():
+                    await self._pipeline(batch)
             except BaseException:
                 for lease, sent in batch:
                     if sent is not None:
@@ -348,15 +359,20 @@ class RedisLimitStore:
             if not lease.shortfall(ask, now, self._busy(scope)):
                 return lease.take(ask, now)
 
+        lacking: dict[str, float] = {}
+
         async def remote() -> LimitVerdict:
+            wanted = lacking  # the first round asks for what was found lacking under the lock
             for _ in range(ADMIT_SYNCS):
-                now = self._time()
-                lacking = lease.shortfall(ask, now, self._busy(scope))
-                if not lacking:
-                    return lease.take(ask, now)
-                sent, reply = await self._send(lease, lacking)
+                if not wanted:
+                    now = self._time()
+                    wanted = lease.shortfall(ask, now, self._busy(scope))
+                    if not wanted:
+                        return lease.take(ask, now)
+                sent, reply = await self._send(lease, wanted)
                 if reply.refused:
                     return lease.refusal(ask, reply, sent, self._time())
+                wanted = {}
             now = self._time()
             if not lease.shortfall(ask, now, self._busy(scope)):
                 return lease.take(ask, now)
@@ -366,9 +382,15 @@ class RedisLimitStore:
             return self.fallback.admit(ask, held=self._running(scope))
 
         # The wait for another admission's sync of the tenant is not the request's wait on Redis:
-        # that sync is bounded by its own budget, and its grant may cover this ask (no call).
+        # that sync is bounded by its own budget, and its grant may cover this ask: then no call,
+        # and not in ``_call``, whose block must reach Redis (the shared store judges it).
         async with lease.lock:
-            verdict, waited = await self._call("admit", remote, local, self._budget(timeout_s))
+            budget_s = self._budget(timeout_s)
+            now = self._time()
+            lacking = lease.shortfall(ask, now, self._busy(scope))
+            if self.up and budget_s > 0 and not lacking:
+                return lease.take(ask, now)
+            verdict, waited = await self._call("admit", remote, local, budget_s)
         return LimitVerdict(
             verdict.admitted, verdict.refused_by, verdict.buckets, verdict.slot_at, waited, verdict.retry_after_s
         )
@@ -437,7 +459,8 @@ class RedisLimitStore:
         if leases:
             await self._send_all(leases)
         elif every:
-            await self._redis.ping()
+            async with self._bounded():
+                await self._redis.ping()
 
     async def check(self) -> bool:
         """Ping Redis (syncing every lease on the way: renewal, reports); sets and returns ``up``.
@@ -452,12 +475,14 @@ class RedisLimitStore:
                 # Idle connections from before the outage may be dead (a partition sends no FIN).
                 if isinstance(self._redis, aioredis.Redis):  # a cluster client reconnects per node itself
                     await self._redis.connection_pool.disconnect(inuse_connections=False)
-                _, took = await self._within(self._redis.ping, self.config.timeout_s * 4)
+                async with self._bounded() as ping:
+                    await self._redis.ping()
+                took = ping.free_s
                 if took > self.config.probe_max_s:
                     raise TimeoutError(f"a ping took {took * 1000:.1f} ms, over {self.config.probe_max_s * 1000:g} ms")
                 if not await self._reconcile():
                     return False
-            await self._within(self.flush, self.config.timeout_s * 4)
+            await self.flush()
         except FAILURES as exc:
             self._failed("ping", exc)
             return False
@@ -481,7 +506,7 @@ class RedisLimitStore:
                     lease.bucket(adjust.bucket).adjust += adjust.amount
                 leases.append(lease)
             try:
-                await self._within(lambda: self._send_all(leases), self.config.timeout_s * 4)  # noqa: B023
+                await self._send_all(leases)
             except BaseException:
                 for lease in leases:  # not charged: the fallback still owes it
                     for adjust in debts[lease.scope]:
@@ -514,20 +539,22 @@ class RedisLimitStore:
                 await self.check()
                 continue
             try:
-                await self._within(lambda: self.flush(every=False), self.config.timeout_s * 4)
+                await self.flush(every=False)
             except FAILURES as exc:
                 self._failed("sync", exc)
 
     async def aclose(self) -> None:
-        """Give back every lease (best effort), then close the connections."""
+        """Give back every lease (best effort); close the shared store only if this store opened it
+        (the process's is closed by its owner, after every user: ``gateway/service.py``)."""
         if self.up and self._leases:
             for lease in self._leases.values():
                 lease.lost()  # keep only what runs: the rest goes back
             try:
-                await self._within(lambda: self._send_all(list(self._leases.values())), self.config.timeout_s * 4)
+                await self._send_all(list(self._leases.values()))
             except FAILURES:
                 log.info("leases not given back at shutdown; they expire in %ss", self.config.lease_ttl_s)
-        await self._redis.aclose()
+        if self._owns_shared:
+            await self.shared.aclose()
 
 
 __all__ = ["Adjust", "RedisConfig", "RedisLimitStore"]

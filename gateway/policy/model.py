@@ -683,7 +683,7 @@ class StatePolicy(Strict):
     from the in-process limits and Redis counts as down until a background ping answers within
     half of it, so a slow Redis costs one request this budget, not every request a round trip.
     Both count only the time the process's event loop was free to read Redis's answer: a
-    process that is merely busy never takes Redis for lost (``gateway/limitstore/lag.py``).
+    process that is merely busy never takes Redis for lost (``gateway/shared/lag.py``).
     A Redis in the same zone answers a script in well under a millisecond; 20 ms leaves room
     for a busy one.
     A replica renews its leases every ``ping_interval_s``; a dead replica's slots are freed,

@@ -22,7 +22,7 @@ without running one.
 A short text is counted with ``bytes.count`` (a C scan per pattern; about 2 us for a 250-byte
 message, 5-6 us a KiB); from ``VECTOR_FROM`` bytes on, the transitions are counted with numpy
 comparisons over the classes (about 10 us of set-up, then 1.6-3 us a KiB): the same counts,
-``tests/request/test_text_shape.py`` checks that the two agree. Figures: ``loadtests/estimator_cost.py``.
+``tests/request/test_text_shape.py`` checks that the two agree. Figures: ``loadtests/proofs/estimator_cost.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 VECTOR_FROM = 2048
-"""Bytes from which numpy counts faster than ``bytes.count`` (``loadtests/estimator_cost.py``)."""
+"""Bytes from which numpy counts faster than ``bytes.count`` (``loadtests/proofs/estimator_cost.py``)."""
 
 LONG_RUN = 10
 """Letters of a run per extra token."""

@@ -20,7 +20,7 @@ are only as good as it: a part it does not see is a prompt the tenant gets for f
 
 **An upper bound for what, and not for what.** Measured against the real vocabularies of the
 models engines serve (Llama 3, Qwen 3.5, Mistral's Tekken, o200k of gpt-oss) by
-``loadtests/estimator_bound.py`` (table: ``loadtests/results/estimator/bound.txt``):
+``loadtests/proofs/estimator_bound.py`` (table: ``loadtests/results/estimator/bound.txt``):
 
 * *at or above the real count* for English prose (1.1-1.2x), source code (1.0-1.5x), JSON
   (1.5x), numbers and CSV (1.0x for vocabularies with a token per digit, 2x for those grouping
@@ -38,7 +38,7 @@ models engines serve (Llama 3, Qwen 3.5, Mistral's Tekken, o200k of gpt-oss) by
 A real tokenizer (the ``TokenEstimator`` protocol) makes limits exact. What each API's prompt
 is made of (chat's messages, tool calls and tool definitions; completions' ``prompt``;
 embeddings' ``input``) is its dialect's ``prompt_tokens`` (``gateway/dialects/``), built from
-these. Cost (``loadtests/estimator_cost.py``): 1.6-3 us a KiB of long text, about 20 us for a
+these. Cost (``loadtests/proofs/estimator_cost.py``): 1.6-3 us a KiB of long text, about 20 us for a
 typical five-message chat (1.5 us when characters alone were counted).
 """
 

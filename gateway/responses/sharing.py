@@ -15,11 +15,14 @@ bound would then need a script deleting keys it cannot declare, which Redis Clus
 connection taken from the pool first: a new connection's handshake (TCP, ``AUTH``, redis-py's
 ``CLIENT SETINFO``) is two or three more round trips that are not the lookup, so it has its own
 bound (``CONNECT_S``), and the lookup's budget (``timeout_s``, the policy's
-``state.timeout_ms``) covers the command alone. It is counted in the event loop's free time
-(``gateway/limitstore/lag.py``): a reply that waits in the socket while the loop runs other
-callbacks is not a slow Redis. After a ``NOSCRIPT`` (a Redis restarted or flushed) the same
-connection sends ``EVAL``, which loads the script: two round trips, once; and a write that met
-one loads the lookup script in its own round trip, so that a lookup rarely pays it.
+``state.timeout_ms``, at least ``LOOKUP_MIN_S``: ``lookup_budget_s``) covers the command alone.
+Both are counted in the event loop's free time (``gateway/shared/lag.py``): a reply that waits in
+the socket while the loop runs other callbacks is not a slow Redis. Handshake and command are one
+call to the client's shared store (``SharedStore.budget``, ``gateway/shared/store.py``), which
+judges Redis's health by it: an open connection taken from the pool is no answer from Redis.
+After a ``NOSCRIPT`` (a Redis restarted or flushed) the same connection sends ``EVAL``, which
+loads the script: two round trips, once; and a write that met one loads the lookup script in its
+own round trip, so that a lookup rarely pays it.
 Once, redis-py's ``Script`` (``EVALSHA``, then ``SCRIPT LOAD`` and ``EVALSHA`` again) under a
 50 ms timeout that also held the connection's handshake made every follow-up through another
 replica a 404 ``previous_response_not_found`` while Redis answered in 30 ms.
@@ -57,11 +60,11 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError
 
 from gateway.clock import Clock
-from gateway.limitstore.lag import FreeTimeout, LoopLag
 from gateway.shared.connect import RedisClient
+from gateway.shared.lag import FreeTimeout
 from gateway.shared.loops import stop_loops
 from gateway.shared.lua import lua_script
-from gateway.shared.store import FAILURES
+from gateway.shared.store import FAILURES, SharedStore
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,11 @@ CONNECT_S = 0.5
 """A new connection's handshake: a few round trips, not the lookup's (module docstring). Also
 the longest a whole answer waits for its entry's first write when Redis is silent and no
 connection is open (``ResponseAffinity.shared_now``), on top of ``timeout_s``."""
+LOOKUP_MIN_S = 0.05
+"""A lookup's and a first write's budget at least (``lookup_budget_s``), whatever ``state.timeout_ms``
+says: an operator may set that low for the limit store, which falls back on its own when Redis is
+late, while a lookup that runs out answers its follow-up with a 503. 50 ms: the default
+``state.timeout_ms``."""
 RETRY_TIMEOUT_S = 1.0
 """A background write's budget: off the request path, so a slow Redis still takes it."""
 RETRY_FIRST_S = 0.1
@@ -99,6 +107,12 @@ class Script:
 
 
 PUBLISH, LOOKUP, UNPUBLISH = Script.of(_PUBLISH), Script.of(_LOOKUP), Script.of(_UNPUBLISH)
+
+
+def lookup_budget_s(store_timeout_s: float) -> float:
+    """The budget of a lookup and of a first write on a store whose ``state.timeout_ms`` is
+    ``store_timeout_s``: that, or ``LOOKUP_MIN_S`` when longer."""
+    return max(store_timeout_s, LOOKUP_MIN_S)
 
 
 class SharedUnavailable(Exception):
@@ -147,7 +161,8 @@ class SharedResponses:
         self.per_tenant = per_tenant
         self.timeout_s = timeout_s
         self.max_pending = max_pending
-        self.lag = LoopLag()
+        self.store = SharedStore.of(client)
+        """Bounds every call and judges Redis's health by it (``gateway/shared/store.py``)."""
         self.pending: dict[tuple[str, str], Entry] = {}
         """Entries whose write failed, by (tenant, id), oldest first: the retrier's to write."""
         self.given_up = 0
@@ -269,18 +284,19 @@ class SharedResponses:
         cluster, through the cluster client, which finds the tenant's node by the keys' hash tag
         and connects to it on first use."""
         if isinstance(self.client, RedisCluster):
-            async with FreeTimeout(self.lag, budget_s):
+            async with self.store.budget(budget_s):
                 answer = await self._on_cluster[script.sha](keys=list(keys), args=list(args))
             self._answered.set()
             return answer
         pool = self.client.connection_pool
-        async with FreeTimeout(self.lag, CONNECT_S):
-            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            async with FreeTimeout(self.lag, budget_s):
-                answer = await _evaluate(connection, script, [*keys, *args], len(keys), also_load)
-        finally:
-            await pool.release(connection)
+        async with self.store.budget(CONNECT_S + budget_s):  # one call: what the store judges
+            async with FreeTimeout(self.store.lag, CONNECT_S):
+                connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+            try:
+                async with FreeTimeout(self.store.lag, budget_s):
+                    answer = await _evaluate(connection, script, [*keys, *args], len(keys), also_load)
+            finally:
+                await pool.release(connection)
         self._answered.set()
         return answer
 

@@ -20,7 +20,9 @@ back) must make the key or the step unique, or it would read the old step's tota
   the hash expiring a day after its last add (old steps clean themselves up, the current one is
   refreshed every interval); the lease is ``{prefix}rollout:{key}:lease``, one Lua script that
   takes it with ``SET NX PX`` or renews it when its holder is the caller. Each call touches one
-  key, so a Redis Cluster needs no hash tags. Every call is bounded by ``timeout_s``.
+  key, so a Redis Cluster needs no hash tags. Every call is bounded by ``timeout_s``
+  (``BUDGET_S`` unless the caller names one) in the event loop's free time, by the client's
+  shared store (``SharedStore.budget``, ``gateway/shared/store.py``).
 * ``FileRolloutStore``, for a gateway without Redis (one process, or ``--workers N`` on one
   host): one JSON file per key, ``{"state": ..., "counts": {"<step>": {...}}, "lease":
   {"holder": ..., "until": <epoch s>}}``, changed under an exclusive ``flock`` of a sibling
@@ -66,7 +68,7 @@ import orjson
 
 from gateway.shared.connect import RedisClient
 from gateway.shared.lua import lua_script
-from gateway.shared.store import FAILURES
+from gateway.shared.store import FAILURES, SharedStore
 
 T = TypeVar("T")
 
@@ -74,6 +76,11 @@ STEP_TTL_S = 86_400
 """A step's counts expire this long after their last add (Redis)."""
 MAX_FILE_NAME = 200
 """Longer encoded keys are named by their SHA-256 instead (file names stop at 255 bytes)."""
+BUDGET_S = 0.5
+"""A Redis call's budget unless the caller names one, or the store's own (``state.timeout_ms``)
+when that is longer. More than a request's: rollouts are loaded, counted and judged once an
+interval, off every request's path, so a Redis too slow for requests still takes them, while a
+call cut short loses the interval's counts, or its judgement."""
 
 
 LEAD = lua_script("gateway.rollout", "lead.lua")
@@ -186,12 +193,19 @@ def _text(value: str | bytes) -> str:
 class RedisRolloutStore:
     """``RolloutStore`` in Redis (module docstring), shared by replicas on any number of hosts.
 
-    ``RedisRolloutStore(shared.client, "gw:", 0.05)`` on the process's shared client
+    ``RedisRolloutStore(shared.client, "gw:")`` on the process's shared client
     (``gateway/shared/store.py``; ``aclose`` leaves it open), or with ``owns_client=True`` on a
-    client of its own, which ``aclose`` closes. ``timeout_s`` bounds each call, connection included.
+    client of its own, which ``aclose`` closes. ``timeout_s`` bounds each call, connection
+    included, in the loop's free time (``BUDGET_S`` when None).
     """
 
-    def __init__(self, client: RedisClient, prefix: str, timeout_s: float, *, owns_client: bool = False) -> None:
+    def __init__(
+        self, client: RedisClient, prefix: str, timeout_s: float | None = None, *, owns_client: bool = False
+    ) -> None:
+        self.shared = SharedStore.of(client)
+        """The store of ``client`` (``gateway/shared/store.py``): bounds each call, judges how it ended."""
+        if timeout_s is None:
+            timeout_s = max(BUDGET_S, self.shared.timeout_s)
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
         self.prefix = prefix
@@ -210,7 +224,7 @@ class RedisRolloutStore:
     async def _bounded(self, operation: str, key: str) -> AsyncIterator[None]:
         """The one place Redis errors become ``RolloutStoreUnavailable``; at most ``timeout_s``."""
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with self.shared.budget(self.timeout_s):
                 yield
         except FAILURES as exc:
             detail = f"timed out after {self.timeout_s}s" if isinstance(exc, TimeoutError) else type(exc).__name__
@@ -412,11 +426,12 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def open_rollout_store(
-    state_backend: str, client: RedisClient | None, prefix: str, directory: Path, timeout_s: float
+    state_backend: str, client: RedisClient | None, prefix: str, directory: Path, timeout_s: float | None = None
 ) -> RolloutStore:
     """The store for the policy's ``state.backend``: Redis for ``redis`` (on the process's shared
-    client, ``gateway/shared/store.py``), files in ``directory`` for ``memory`` (or ``file``): one
-    host's processes share a directory as replicas share Redis."""
+    client, ``gateway/shared/store.py``; each call bounded by ``timeout_s``, ``BUDGET_S`` when
+    None), files in ``directory`` for ``memory`` (or ``file``): one host's processes share a
+    directory as replicas share Redis."""
     if state_backend == "redis":
         if client is None:
             raise ValueError("state.backend is redis but no Redis client is open (no Redis URL set)")

@@ -48,7 +48,7 @@ class Cycle:
 class Scorer(Protocol):
     """Rates each candidate in [0, 1], 1 best; states its formula in its docstring.
 
-    The contract, checked for every registered scorer by ``tests/routing/test_scorer_conformance.py``:
+    The contract, checked for every registered scorer by ``tests/routing/test_framework.py``:
 
     * One finite score in [0, 1] per candidate, in candidate order, whatever the signals hold.
     * Pure: ``score`` changes nothing (request, candidates, cycle, itself), and the same inputs

@@ -10,9 +10,10 @@ A new scorer is a module in ``scorers/`` whose class follows the ``Scorer`` cont
 ``DEFAULT_WEIGHTS`` to run without weights in the policy). A new strategy is a module whose
 class follows the ``Router`` contract (``base.py``), with an ``epsilon`` if it applies the
 bounded-load rule, plus its line in ``STRATEGIES`` (or a ``register_strategy`` call). The
-conformance suites (``tests/routing/test_scorer_conformance.py``, ``test_router_conformance.py``)
-run every entry of these registries, so they check a new one without an edit; its own formula
-or choices go in ``test_scorers.py`` or ``test_strategies.py``.
+conformance suites (``tests/routing/test_framework.py`` for scorers, ``tests/dispatch/test_router.py``
+for strategies) run every entry of these registries, so they check a new one without an edit;
+its own formula or choices go in ``tests/routing/scorers/test_<name>.py`` or
+``tests/routing/test_<name>.py``.
 
 Usage::
 

@@ -24,6 +24,11 @@ tenant's hash tag (``gw:{acme}:held``, ...), the capacity ledger's its cell's
 (``gw:{fleet}:...``, ``gw:{fleet:eu-1}:...``: ``gateway/fleet/ledger.py``), the prefix view is one
 stream and a rollout's calls one key each. A cluster spreads them over its shards by tenant and
 by cell (``tests/shared/test_cluster_users.py`` runs each against a real three-node cluster).
+
+**Options** are the caller's (``SharedStore.open`` passes the store's: no socket timeouts, no
+retries), and reach every kind of client: a cluster's ``retry`` is its own, taken from the
+options like the rest (it re-learns the slots at the call after a failed one, retries or not), and
+the sentinels of a Sentinel URL are asked with the same timeouts and retries as the master.
 """
 
 from __future__ import annotations
@@ -40,8 +45,6 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SENTINEL_PORT = 26379
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 CLUSTER_PORT = 6379
-CLUSTER_DROPS = frozenset({"retry"})
-"""Connection options a cluster client does without: it retries on moved slots itself."""
 
 RedisClient = aioredis.Redis | RedisCluster
 """What the shared store's users talk to: one server (directly or through Sentinel) or a cluster.
@@ -158,7 +161,6 @@ def redis_client(url: str, **options: Any) -> RedisClient:
 
 
 def _cluster_client(where: ClusterURL, options: dict[str, Any]) -> RedisCluster:
-    options = {key: value for key, value in options.items() if key not in CLUSTER_DROPS}
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in where.nodes],
         username=where.username,
@@ -169,5 +171,6 @@ def _cluster_client(where: ClusterURL, options: dict[str, Any]) -> RedisCluster:
 
 
 def _sentinel_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The timeouts of ``options`` for the sentinels too: a silent sentinel must not hang a call."""
-    return {key: options[key] for key in ("socket_timeout", "socket_connect_timeout") if key in options}
+    """The timeouts and retries of ``options`` for the sentinels too: a silent sentinel must not hang
+    a call, and one that refuses is not asked again before the next one is."""
+    return {key: options[key] for key in ("socket_timeout", "socket_connect_timeout", "retry") if key in options}

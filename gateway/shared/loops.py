@@ -4,7 +4,7 @@ Why here, in the shared-state stage: the loops that swallow a cancellation are t
 the shared store (a cancellation that lands while a Redis call is being cut by its own timeout
 can be consumed below the loop), and every stage that runs such a loop sits above this one: the
 fleet's ledger and prefix view, response sharing's retrier (``gateway/responses/sharing.py``),
-the service's loops (``gateway/service.py``), a simulated process of ``loadtests/fleet_scale.py``.
+the service's loops (``gateway/service.py``), a simulated process of ``loadtests/proofs/fleet_scale.py``.
 The drain that comes before it is the server's (``gateway/server/lifecycle.py``).
 """
 

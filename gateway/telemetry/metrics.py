@@ -75,7 +75,7 @@ class PendingSamples:
     Why: recording a finished request touches a dozen labelled series; through
     ``prometheus_client`` each costs a label lookup, a lock and, for a histogram, a linear scan
     of its buckets: together about a tenth of the gateway's CPU per request at saturation
-    (``loadtests/telemetry_overhead.py``). Here a sample is one dict update (counters) or one
+    (``loadtests/proofs/telemetry_overhead.py``). Here a sample is one dict update (counters) or one
     list append (histograms) keyed by the metric and its label values; ``apply`` turns them
     into one ``inc`` per series and one bulk histogram update (``Metrics.observe_many``). It
     runs before every scrape, so ``/metrics`` is always exact, and whenever ``limit`` samples
@@ -392,12 +392,15 @@ class Metrics:
         )
 
     def _declare_state_metrics(self, r: CollectorRegistry | None) -> None:
-        """Shared limit state in Redis (``gateway/limitstore/redis.py``). Registered (``r``) only when
-        the policy puts the state in Redis: a gateway without Redis exports no ``gateway_redis_up``,
-        so an alert on ``gateway_redis_up == 0`` never fires for it."""
+        """Shared state in Redis: its health as every user of the process's shared store finds it
+        (``gateway/shared/store.py``), the limit store's errors and fallbacks
+        (``gateway/limitstore/redis.py``). Registered (``r``) only when the policy puts the state in
+        Redis: a gateway without Redis exports no ``gateway_redis_up``, so an alert on
+        ``gateway_redis_up == 0`` never fires for it."""
         self.redis_up = Gauge(
             "gateway_redis_up",
-            "1 when the last Redis command or ping succeeded, 0 when Redis is unreachable or too slow.",
+            "1 when the last Redis command or ping succeeded, 0 when Redis is unreachable or slower "
+            "than state.timeout_ms (any user of the shared store: limits, ledger, prefix view, responses, rollouts).",
             registry=r,
         )
         self.redis_errors = Counter(

@@ -10,7 +10,7 @@ types (``Span``, ``KeyValue``, ``AnyValue``, ``Event``, ``Status``:
 encoded here, as the request goes (``gateway/telemetry/tracing.py``): each attribute is one lookup in its
 key's table of encoded fields when it is recorded, each span's ids and times one ``struct`` call
 when it ends; nothing is built twice. The tests decode every byte with the official classes
-(``loadtests/otlp_sink.py``), so a mistake here fails them. The SDK still provides the resource
+(``loadtests/harness/otlp_sink.py``), so a mistake here fails them. The SDK still provides the resource
 (``OTEL_RESOURCE_ATTRIBUTES``, ``service.name``, ``telemetry.sdk.*``), the sampler's bound and
 the W3C propagator.
 

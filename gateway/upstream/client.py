@@ -4,7 +4,7 @@ Two clients, each where it fits:
 
 * the data plane (``open``, the inference requests): ``gateway/upstream/wire.py``, a lean HTTP/1.1
   client made for this one job (pooled keep-alive connections, httptools parsing, one write per
-  request, no timer operation per chunk). Measured in the same run (``loadtests/minimal_proxy.py
+  request, no timer operation per chunk). Measured in the same run (``loadtests/harness/minimal_proxy.py
   --client``, README "Hot path"), it costs less CPU per request than aiohttp's client called
   directly, which costs less than httpx's API over aiohttp's transport (``httpx-aiohttp``). It
   keeps no cookies (a backend's cookies must never be shared across tenants) and never

@@ -1,7 +1,8 @@
 """A simulated vLLM engine: continuous batching on a roofline cost model, behind vLLM's API.
 
 Entry points: `build_engine_app` (one engine as an ASGI app), `serve_engines` (several engines
-in the running event loop) and the ``inference-gateway sim`` command (`cli.register`).
+in the running event loop), the ``inference-gateway sim`` command (`cli.register`) and the
+``inference-gateway demo`` command, the gateway and two engines in one process (`demo.register`).
 """
 
 from __future__ import annotations

@@ -57,11 +57,11 @@ import aiohttp
 from gateway.admission.tenant_limits import resolve_class
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.telemetry.goodput import meets_slo
-from loadtests.harness import labelled, metrics
 from loadtests.loadgen.client import Exchange, make_session, send_request
 from loadtests.loadgen.records import RECORDS_FILE, RequestRecord, write_records
 from loadtests.loadgen.runner import CANCELLED_AT_END, run_sync
 from loadtests.whatif.model import EngineLoad, ReplayRequest, SideRun, StageSettings, Trace
+from loadtests.whatif.processes import labelled, metrics
 from loadtests.whatif.stage import StageError, StagePlan, running, stage_policy
 from loadtests.whatif.synth import CHAT_PATH, request_body, request_headers
 

@@ -25,7 +25,7 @@ so that a policy the gateway would refuse fails here, with the loader's message:
 
 ``running`` starts one ``sim`` process per served model (``--count`` engines on consecutive
 ports) and the gateway (``serve`` on ``port_base``, its operator listener at
-``harness.admin_args``), waits with a deadline until every engine answers ``/health``, the
+``processes.admin_args``), waits with a deadline until every engine answers ``/health``, the
 gateway ``/readyz`` and the gateway's health check has found every engine up, and stops them
 all at the end. The gateway runs without the caller's ``GATEWAY_*`` and ``OTEL_*`` environment
 (one process, no trace log unless asked for).
@@ -54,9 +54,18 @@ from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.timescale import scale_policy_time
 from gateway.request.keys import hash_api_key
 from gateway.service import load_policy
-from loadtests.harness import ADMIN_PORT_OFFSET, GATEWAY, admin_args, admin_url, bindable, labelled, metrics, process
 from loadtests.sim.profiles import profile_names
 from loadtests.whatif.model import StageSettings
+from loadtests.whatif.processes import (
+    ADMIN_PORT_OFFSET,
+    GATEWAY,
+    admin_args,
+    admin_url,
+    bindable,
+    labelled,
+    metrics,
+    process,
+)
 
 STAGED_POLICY = "policy.yaml"
 READY_TIMEOUT_S = 60.0

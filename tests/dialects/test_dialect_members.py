@@ -35,7 +35,7 @@ from gateway.dialects.messages import MESSAGES
 from gateway.dialects.registry import DIALECTS
 from gateway.request.output_length import OUTPUT_LENGTH_FIELDS
 from gateway.upstream import errors as upstream_errors
-from tests.dialects.test_dialect_roles import protocol_members
+from tests.dialects.test_base import protocol_members
 
 
 @dataclass(frozen=True)

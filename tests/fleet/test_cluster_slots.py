@@ -6,7 +6,7 @@ declares: a key the script touches without declaring it may live on another shar
 of each tenant carry its hash tag (``gw:{acme}:rpm``), and the ledger's its cell's (``{fleet}``,
 ``{fleet:c1}``: the simulated processes here are in two cells).
 
-Real parts: three simulated gateway processes of ``loadtests/fleet_scale.py`` (the real limit
+Real parts: three simulated gateway processes of ``loadtests/proofs/fleet_scale.py`` (the real limit
 store and ``TenantLimiter``, fleet coordinator and ledger, prefix view, response affinity and
 rollout store, each with its own clients) against a private ``redis-server``. Every command
 the gateway's connections send is recorded on the way out (``pack_command``), and every command
@@ -29,7 +29,7 @@ import redis
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
 
-from loadtests.fleet_scale import Shared, SimConfig, SimProcess, script_names, script_texts
+from loadtests.proofs.fleet_scale import Shared, SimConfig, SimProcess, script_names, script_texts
 from tests.limitstore.redis_server import RedisProcess
 
 NO_KEYS = frozenset(

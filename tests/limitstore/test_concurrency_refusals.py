@@ -6,7 +6,7 @@ asked, at no cost to its rpm. Now a concurrency refusal is remembered in the pro
 ``SLOT_REFUSAL_MEMORY_S``: the tenant's next requests are refused from their headers alone.
 
 Two gateways share one Redis; the second reaches it through a proxy that counts the commands
-it sends (``loadtests/delay_proxy.py``): its admissions, and a few pings and ledger syncs.
+it sends (``loadtests/harness/delay_proxy.py``): its admissions, and a few pings and ledger syncs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway.admission.tenant_limits import SLOT_REFUSAL_MEMORY_S
-from loadtests.delay_proxy import DelayProxy
+from loadtests.harness.delay_proxy import DelayProxy
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix

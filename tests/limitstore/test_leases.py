@@ -2,7 +2,7 @@
 instant, and a steady rate costs Redis a small fraction of a round trip per request.
 
 The stateful property test runs 2 to 5 store instances (gateway processes) against the real
-Redis, each through a proxy of its own (``loadtests/delay_proxy.py``) that a step may cut, on
+Redis, each through a proxy of its own (``loadtests/harness/delay_proxy.py``) that a step may cut, on
 one fake clock (Redis's scripts take it too, so leases expire when the test moves it). Steps:
 admissions (a concurrency slot, a request and some tokens, all from leases), settlements
 (some give tokens back), keeper ticks (the clock moves a second, every live process syncs),
@@ -45,7 +45,7 @@ from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.model import Tenant
 from gateway.service import parse_policy
 from gateway.types import InferenceRequest
-from loadtests.delay_proxy import DelayProxy
+from loadtests.harness.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, eventually, unique_prefix
 from tests.policy_builder import build_policy

@@ -7,7 +7,7 @@ loop longer than the 20 ms budget made every reply waiting in a socket look late
 
 Here a hog on the test's own event loop (a task that blocks it for 60 ms, again and again)
 runs beside requests through the tenant limiter, against the real Redis; then Redis itself is
-slowed by a proxy on its own thread (``loadtests/delay_proxy.py``), which must still be cut.
+slowed by a proxy on its own thread (``loadtests/harness/delay_proxy.py``), which must still be cut.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gateway.admission.tenant_limits import TenantLimiter
 from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.model import Tenant
 from gateway.service import parse_policy
-from loadtests.delay_proxy import DelayProxy
+from loadtests.harness.delay_proxy import DelayProxy
 from tests.limitstore.redis_server import REDIS_URL, StoreEvents, drop_keys, limit_request, unique_prefix
 from tests.policy_builder import build_policy
 

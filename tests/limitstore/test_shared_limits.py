@@ -4,6 +4,11 @@ Two gateway replicas on one Redis and one key prefix enforce one tenant's reques
 together; a replica whose Redis is killed keeps serving (its share of the limits,
 ``gateway_redis_up`` 0) and shares its limits again once Redis is back on the same port
 (``gateway_redis_up`` 1); with ``on_store_loss: closed`` it refuses limited tenants meanwhile.
+
+``gateway_redis_up`` is Redis's health as every user of the shared store finds it
+(``gateway/shared/store.py``): back to 1 at the first answer to any of them (the ledger syncs 20
+times a second), while the limit store comes back at its own keeper's next ping
+(``state.ping_interval_s``). So a test waits for the limits themselves to be shared again.
 """
 
 from __future__ import annotations
@@ -30,6 +35,17 @@ def chat(client: openai.OpenAI) -> str | None:
         model=CHAT_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
     )
     return reply.choices[0].message.content
+
+
+def served_or_refused_for_limits(client: openai.OpenAI) -> bool:
+    """True once a chat is served; False while it is refused as ``limits_unavailable`` (the limit
+    store not yet back); any other answer fails the test."""
+    try:
+        return bool(chat(client))
+    except openai.InternalServerError as refused:
+        if (refused.status_code, refused.code) != (503, "limits_unavailable"):
+            raise
+        return False
 
 
 @pytest.fixture
@@ -84,9 +100,13 @@ def test_a_replica_keeps_serving_while_redis_is_down_and_shares_again_when_it_is
 
             redis_server.start()  # same port, empty: no keys, no scripts
             wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1 again")
-            assert chat(client)
-            with redis_server.client() as redis_client:
-                assert redis_client.exists(f"{prefix}{{acme}}:rpm"), "the limits did not go back to Redis"
+
+            def limits_back_in_redis() -> bool:
+                assert chat(client)  # served at every step of the way back
+                with redis_server.client() as redis_client:
+                    return bool(redis_client.exists(f"{prefix}{{acme}}:rpm"))
+
+            wait_until(limits_back_in_redis, what="the limits to go back to Redis")
     finally:
         redis_server.stop()
 
@@ -107,6 +127,7 @@ def test_with_on_store_loss_closed_a_limited_tenant_is_refused_with_503_while_re
             # What the process's lease still holds is its own to spend (``limitstore/lease.py``);
             # once its keeper has found Redis lost, the tenant is refused.
             wait_until(lambda: metric(url, "gateway_redis_up") == 0, what="gateway_redis_up 0")
+            wait_until(lambda: not served_or_refused_for_limits(limited), what="the limit store to find Redis lost")
             with pytest.raises(openai.InternalServerError) as refused:
                 chat(limited)
             assert refused.value.status_code == 503
@@ -115,6 +136,6 @@ def test_with_on_store_loss_closed_a_limited_tenant_is_refused_with_503_while_re
             assert chat(unlimited), "a tenant without limits needs no store"
             redis_server.start()
             wait_until(lambda: metric(url, "gateway_redis_up") == 1, what="gateway_redis_up 1 again")
-            assert chat(limited)
+            wait_until(lambda: served_or_refused_for_limits(limited), what="the limited tenant served again")
     finally:
         redis_server.stop()

@@ -6,7 +6,7 @@ slot was taken in Redis, so the fallback had room again while the request still 
 
 First the issue's scenario, then a stateful property test: two limiter instances (two gateway
 processes) against the real Redis, each through a proxy of its own that a step may cut
-(``loadtests/delay_proxy.py``), over random interleavings of admissions, settlements, Redis lost and back
+(``loadtests/harness/delay_proxy.py``), over random interleavings of admissions, settlements, Redis lost and back
 for one or both, and pings. After every step the test checks the bounds the design promises
 (``gateway/limitstore/outage.py``), from its own record of which requests hold a slot and where:
 
@@ -43,7 +43,7 @@ from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.model import Tenant
 from gateway.service import parse_policy
 from gateway.types import InferenceRequest
-from loadtests.delay_proxy import DelayProxy
+from loadtests.harness.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
 from tests.policy_builder import build_policy

@@ -1,7 +1,7 @@
 """What each process enforces while Redis is lost (``state.on_store_loss``), and after it is back.
 
 Store instances play the gateway processes: each reaches the real Redis through a proxy of its
-own (``loadtests/delay_proxy.py``), which a test cuts (connections reset, new ones refused: Redis lost)
+own (``loadtests/harness/delay_proxy.py``), which a test cuts (connections reset, new ones refused: Redis lost)
 and restores. Issue 28: a slot taken in Redis was given back to the fallback, so two replicas
 admitted 12 for a concurrency limit of 4 during an outage; and every process enforced the
 whole limit alone, so a tenant could get N times its rate for as long as it lasted.
@@ -24,7 +24,7 @@ from gateway.limitstore.redis import RedisConfig, RedisLimitStore
 from gateway.policy.model import Tenant
 from gateway.service import parse_policy
 from gateway.types import InferenceRequest
-from loadtests.delay_proxy import DelayProxy
+from loadtests.harness.delay_proxy import DelayProxy
 from tests.fake_clock import FakeClock
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, unique_prefix
 from tests.policy_builder import build_policy

@@ -1,10 +1,10 @@
-"""The floor plan's figures (``loadtests/architecture.py``), and the walls they keep."""
+"""The floor plan's figures (``loadtests/proofs/architecture.py``), and the walls they keep."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests.architecture import imported, modules, report, stage_circles
+from loadtests.proofs.architecture import imported, modules, report, stage_circles
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOP_FILES = 12

@@ -1,4 +1,4 @@
-"""The canary bench's pure parts (``loadtests/canary.py``): no process is started here."""
+"""The canary bench's pure parts (``loadtests/proofs/canary.py``): no process is started here."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.service import parse_policy
-from loadtests import canary
-from loadtests.canary import (
+from loadtests.proofs import canary
+from loadtests.proofs.canary import (
     DEFAULT_STEPS,
     RESERVED_PORTS,
     SCENARIOS,

@@ -1,4 +1,4 @@
-"""``loadtests/fleet_scale.py`` counts what it claims to count, and its whole run produces a sizing.
+"""``loadtests/proofs/fleet_scale.py`` counts what it claims to count, and its whole run produces a sizing.
 
 Real parts: a private ``redis-server`` whose own command statistics the client-side counts are
 checked against, and the bench itself (its worker processes, its private Redis servers) on a
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from loadtests import fleet_scale
-from loadtests.fleet_scale import Tally, fit_line, instrument, under
+from loadtests.proofs import fleet_scale
+from loadtests.proofs.fleet_scale import Tally, fit_line, instrument, under
 from tests.limitstore.redis_server import RedisProcess
 
 

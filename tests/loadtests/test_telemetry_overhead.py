@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.telemetry_overhead import median_ratio
+from loadtests.proofs.telemetry_overhead import median_ratio
 
 
 def test_a_round_hit_by_other_work_does_not_move_the_median() -> None:

@@ -20,11 +20,11 @@ from gateway.policy.loader import PolicyError
 from gateway.policy.watch import PolicySource, ReloadOutcome
 from gateway.service import POLICY_LOADER, parse_policy
 from gateway.settings import Settings
+from tests.cli.test_commands import run
 from tests.fake_backend import FakeBackend
 from tests.policy.positions import POLICY, SOURCE, edited
 from tests.policy_builder import CHAT_MODEL, KEY_ACME, admin_keys, build_policy
 from tests.servers import admin_url, free_port, metric, serve_gateway_in_thread, serve_in_thread
-from tests.test_cli import run
 
 ADMIN_KEY = "admin-key-for-duplicate-tests"
 

@@ -264,7 +264,7 @@ def test_a_valid_client_request_id_is_echoed_and_never_sent_to_the_engine(
     response = http.post("/v1/chat/completions", content=valid_chat(), headers={"x-request-id": "client-id.42:a_b"})
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "client-id.42:a_b"
-    assert backend.received[-1].headers["x-request-id"].startswith("gw-")  # tests/upstream/test_engine_request_id.py
+    assert backend.received[-1].headers["x-request-id"].startswith("gw-")  # tests/upstream/test_client.py
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 The shapes are the ones profiled for the issue (about 900 KiB each): each is either refused by
 a structural bound before it is parsed, or cheap to parse; the CPU each costs is measured by
-``python -m loadtests.hostile_tenant``, not asserted here.
+``python -m loadtests.proofs.hostile_tenant``, not asserted here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Helpers for the routing tests: a policy with three backends, tenants, requests, states."""
+"""Helpers for the routing tests: a policy with three backends, tenants, requests, states, routers
+built by strategy, and the scorer-formula tests' cycle."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ from typing import Any
 import pytest
 
 from gateway.admission.build import build_request
+from gateway.clock import Clock
 from gateway.dialects.chat import CHAT
 from gateway.dispatch.backends import BackendPool, BackendState
+from gateway.dispatch.router import Router
 from gateway.policy.model import Tenant
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.tokens import CharRatioEstimator
+from gateway.routing.framework import Cycle
 from gateway.routing.prefix_secret import PrefixSecret
+from gateway.routing.registry import build_routers
 from gateway.service import parse_policy
-from gateway.types import InferenceRequest
+from gateway.types import InferenceRequest, PrefixKeys
+from tests.fake_clock import FakeClock
 from tests.policy_builder import NOWHERE, OMIT, backend, build_policy, model
 from tests.policy_builder import tenant as tenant_entry
 
@@ -101,3 +107,33 @@ def counters(candidates: Sequence[BackendState]) -> list[tuple[object, ...]]:
         )
         for s in candidates
     ]
+
+
+# Routers of one strategy (the strategy tests: tests/routing/test_<strategy>.py)
+
+
+def router_for(snapshot: PolicySnapshot, clock: Clock | None = None) -> Router:
+    return build_routers(snapshot, clock or FakeClock(), SECRET)[MODEL]
+
+
+def strategy(name: str, epsilon: float = 0.25) -> PolicySnapshot:
+    routing = {"strategy": name, "block_tokens": 16, "epsilon": epsilon}
+    return parse_policy(routing_policy(models={MODEL: {"routing": routing}}), "t")
+
+
+def dispatch(router: Router, snapshot: PolicySnapshot, who: str, candidates: list[BackendState], *turns: str) -> str:
+    request = chat_request(snapshot, *turns)
+    decision = router.pick(request, tenant(snapshot, who), candidates)
+    router.on_dispatch(request, tenant(snapshot, who), decision)
+    return decision.state.name
+
+
+# The scorer-formula tests' cycle (tests/routing/scorers/, and the profile's in test_framework.py)
+
+SCORED_AT = 100.0
+"""The time of ``scoring_cycle``, whose scrapes are fresh for 3 s."""
+
+
+def scoring_cycle(matched: list[int], blocks: int = 10, request_tokens: int = 100) -> Cycle:
+    keys = PrefixKeys(0, 16, tuple(range(blocks)))
+    return Cycle(SCORED_AT, 3.0, keys, matched, request_tokens)

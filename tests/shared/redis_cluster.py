@@ -25,7 +25,9 @@ def cluster_nodes(tmp_path: Path) -> Iterator[list[int]]:
             nodes.append(node)
         create = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"]
         subprocess.run(create, check=True, capture_output=True, timeout=30)
-        wait_until(lambda: _cluster_ok(ports[0]), what="the cluster to be ok")
+        # Every node, not the first alone: a node that has not yet heard the cluster is ok answers
+        # CLUSTERDOWN, and the store's client does not retry (``gateway/shared/store.py``).
+        wait_until(lambda: all(_cluster_ok(port) for port in ports), what="every node to find the cluster ok")
         yield ports
     finally:
         for node in nodes:

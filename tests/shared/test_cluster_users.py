@@ -2,7 +2,7 @@
 
 ``state.redis_url: redis+cluster://...`` reaches every user: the tenant limits, the capacity
 ledger, the prefix view, response affinity's shared map and the rollouts' store. Real parts:
-three simulated gateway processes of ``loadtests/fleet_scale.py`` (each the real limit store and
+three simulated gateway processes of ``loadtests/proofs/fleet_scale.py`` (each the real limit store and
 ``TenantLimiter``, fleet coordinator and ledger, prefix view, response affinity and rollout store,
 with its own clients) against a cluster of three ``redis-server`` nodes on loopback. The
 processes are in two fleet cells (``fleet.cell``): each cell has a ledger and a prefix view of
@@ -23,7 +23,7 @@ from gateway.fleet.ledger import ledger_base
 from gateway.fleet.prefix_wire import origin_of
 from gateway.policy.loader import PolicyError
 from gateway.service import parse_policy
-from loadtests.fleet_scale import Shared, SimConfig, SimProcess, fleet_cell_of, sim_policy
+from loadtests.proofs.fleet_scale import Shared, SimConfig, SimProcess, fleet_cell_of, sim_policy
 from tests.fake_backend import FakeBackend
 from tests.fleet.test_cluster_slots import every_path
 from tests.fleet.test_shared_capacity import CAPACITY, fleet_policy, gateways, held, sdk_stream

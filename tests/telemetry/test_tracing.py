@@ -14,7 +14,7 @@ from gateway.telemetry import tracing as t
 from gateway.telemetry.otlp import MAX_VALUES_PER_KEY, AttributeValue, SpanEncoder
 from gateway.telemetry.tracelog import ItlSummary
 from gateway.telemetry.tracing import Tracing
-from loadtests.otlp_sink import OtlpSink, SinkSpan, decode, resource_of
+from loadtests.harness.otlp_sink import OtlpSink, SinkSpan, decode, resource_of
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway
 from tests.fake_backend import FakeBackend
 from tests.policy_builder import session_policy, traces_to
@@ -293,7 +293,7 @@ def test_values_that_never_repeat_are_not_kept_and_the_kept_ones_are_bounded() -
 # Traces of real requests: a gateway exporting OTLP/HTTP to a real receiver on loopback.
 #
 # The gateway runs with ``telemetry.tracing`` in its policy; its spans leave through the SDK's
-# batch thread as protobuf, like in production, and land in ``loadtests/otlp_sink.py``. The
+# batch thread as protobuf, like in production, and land in ``loadtests/harness/otlp_sink.py``. The
 # fake backend records the ``traceparent`` each upstream request carried.
 
 SECRET_PROMPT = "the launch code is 0000"

@@ -15,7 +15,7 @@ import pytest
 from gateway.policy.loader import PolicyError
 from gateway.request.keys import hash_api_key
 from gateway.service import load_policy
-from loadtests.harness import metrics
+from loadtests.harness.processes import metrics
 from loadtests.whatif.model import ReplayRequest, StageSettings
 from loadtests.whatif.stage import StageError, StagePlan, ports_needed, running, stage_policy, tenant_key
 from loadtests.whatif.synth import CHAT_PATH, request_body, request_headers
