@@ -221,6 +221,24 @@ def setup(cell: Cell, processes: int, args: argparse.Namespace) -> Iterator[tupl
         yield engine, apis, admins
 
 
+PORT_TAKEN = "port is already in use"
+SETUP_ATTEMPTS = 3
+
+
+def started(stack: ExitStack, cell: Cell, processes: int, args: argparse.Namespace) -> tuple[str, list[str], list[str]]:
+    """``setup`` entered on ``stack``, started again on other ports (up to ``SETUP_ATTEMPTS``) when a
+    port probed free was taken by another program before the process bound it: the machine is
+    shared (a test suite may be running), and no run has begun yet, so nothing is measured twice."""
+    for attempt in range(1, SETUP_ATTEMPTS + 1):
+        try:
+            return stack.enter_context(setup(cell, processes, args))
+        except RuntimeError as exc:
+            if PORT_TAKEN not in str(exc) or attempt == SETUP_ATTEMPTS:
+                raise
+            print(f"# {cell.label}: a probed port was taken before it was bound; started again", file=sys.stderr)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def measured(run: Run, engine: str, apis: list[str], admins: list[str], args: argparse.Namespace, count: int) -> Run:
     """One burst of ``count`` requests on a running setup; the engine's peaks are since it
     started, the gateways' counters are this burst's (the difference across it)."""
@@ -248,7 +266,8 @@ def _counters(admin: str) -> tuple[float, float]:
 
 def one_run(cell: Cell, processes: int, args: argparse.Namespace) -> Run:
     """A cold run: every process started afresh, the burst as soon as all are ready."""
-    with setup(cell, processes, args) as (engine, apis, admins):
+    with ExitStack() as stack:
+        engine, apis, admins = started(stack, cell, processes, args)
         return measured(Run(processes), engine, apis, admins, args, 12 * cell.capacity)
 
 
@@ -263,7 +282,8 @@ def warm_runs(cell: Cell, args: argparse.Namespace) -> tuple[list[Run], list[Run
     alone: list[Run] = []
     every = max(1, args.runs // max(1, args.baseline_runs))
     count = 12 * cell.capacity
-    with setup(cell, 3, args) as three, setup(cell, 1, args) as one:
+    with ExitStack() as stack:
+        three, one = started(stack, cell, 3, args), started(stack, cell, 1, args)
         for index in range(args.runs):
             time.sleep(cell.start_after_s)
             fleet_runs.append(measured(Run(3), *three, args, count))
