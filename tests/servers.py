@@ -6,7 +6,8 @@ a test that stops it half-way); `serve_gateway_in_thread` does the same for the 
 exactly as `inference-gateway serve` builds it (`gateway/server/serve.py`: both listeners, the guarded
 protocol) and remembers its operator listener's URL for `admin_url`; `serve_in_process` runs
 `python -m gateway serve ...` as a child process on ports the child itself picks; `wait_until`
-polls a condition with a deadline, which is how tests synchronise (never a bare sleep).
+polls a condition with a deadline, which is how tests synchronise (never a bare sleep; it is the
+harness's, `loadtests/harness/processes.py`, re-exported here).
 `metric`, `samples` and `metric_types` read a server's /metrics, with the parser the benchmarks
 use (`loadtests.harness.processes`).
 """
@@ -20,7 +21,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +35,7 @@ from gateway.policy.snapshot import PolicySnapshot
 from gateway.server.serve import GatewayServer
 from gateway.settings import Settings
 from loadtests.harness.processes import Labels, Samples, families, labelled, metric_sum, metrics
+from loadtests.harness.processes import wait_until as wait_until  # re-exported: the tests import it from here
 
 ADMIN_URLS: dict[str, str] = {}
 """API URL -> operator listener URL of every gateway `serve_gateway_in_thread` is running."""
@@ -45,15 +46,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `condition` until it holds; fail the test with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 Why files, not Python strings: a ``.lua`` file is read, diffed and reviewed as Lua (an editor
 highlights it, a linter may check it), its comment block says what it does, its ``KEYS``,
-``ARGV`` and reply, and ``tests/test_lua_scripts.py`` runs each one against a real Redis, so a
+``ARGV`` and reply, and ``tests/shared/test_lua.py`` runs each one against a real Redis, so a
 syntax error fails a test of its own. They ship as package data (``pyproject.toml``:
 ``*.lua`` in every package), and each module reads its files once, at import:
 

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -63,6 +63,7 @@ __all__ = [
     "stop",
     "stop_all",
     "wait_ready",
+    "wait_until",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,20 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds; raise ``AssertionError`` naming ``what`` after ``timeout`` seconds.
+
+    How a test or a proof waits on something started elsewhere (a server in a thread, an engine
+    in another process): on the condition itself, with a deadline, never a bare sleep. An
+    ``AssertionError`` because a test that times out fails with it (``tests/servers.py``
+    re-exports this for the tests)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
 
 
 def pin(cpu: int) -> list[str]:

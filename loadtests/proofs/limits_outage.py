@@ -72,7 +72,7 @@ from loadtests.harness.processes import (
     policy_file,
     process,
 )
-from tests.limitstore.redis_server import REDIS_URL, drop_keys
+from loadtests.harness.shared_redis import REDIS_URL, drop_keys
 
 MODEL = "sim-fixed"
 KEY = "limits-outage-bench"

@@ -17,13 +17,16 @@ pipeline, is one write, one round trip. Counted after ``--warmup-s``.
 
 Each configuration runs for this tree and for ``--baseline`` (the revision before leases,
 its code extracted by ``git archive``), alternating, in a child process with that tree's
-``gateway`` on its path (this file is the driver for both). Reported: round trips per request
-(the store's own: ping, keeper, admissions, settlements), the rate achieved, the time a
-request spent in admission plus settlement (P50/P95/P99, µs), the store's fall-backs (operations
-answered without Redis: a store that fell back sends nothing, so its figure is no cost), the
-load average. At 2,000 req/s the code before leases cannot keep its Redis within the request
-budget on a shared 2-core machine (each request two round trips through the in-process proxy)
-and falls back: its row there is not its cost; the 200 req/s rows are.
+``gateway`` on its path (this file is the driver for both). The parent writes the child's policy,
+picks its key prefix and drops that prefix's keys when the child ends: the child imports nothing
+of the bench but the proxy, so a baseline tree needs neither this tree's harness nor a test
+suite. Reported: round trips per request (the store's own: ping, keeper, admissions,
+settlements), the rate achieved, the time a request spent in admission plus settlement
+(P50/P95/P99, µs), the store's fall-backs (operations answered without Redis: a store that fell
+back sends nothing, so its figure is no cost), the load average. At 2,000 req/s the code before
+leases cannot keep its Redis within the request budget on a shared 2-core machine (each request
+two round trips through the in-process proxy) and falls back: its row there is not its cost;
+the 200 req/s rows are.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_PORT = 6379
+MODEL = "m"
+LIMITS = "{rpm: 10000000, tpm: 10000000000, max_concurrent: 5000}"
+"""Each tenant's limits: ones the load never reaches (module docstring)."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -51,8 +57,33 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def drive(rate: float, seconds: float, warmup_s: float, tenants: int, hold_ms: float) -> dict[str, Any]:
-    """The child: the limit path of one replica at ``rate`` (module docstring); this tree's or the baseline's code."""
+def policy(tenants: int) -> str:
+    """Tenants ``t0``, ``t1``, ... with ``LIMITS``, in the smallest policy both trees load (the
+    parent's: the import is here because a baseline's ``gateway`` keeps ``hash_api_key`` elsewhere)."""
+    from gateway.request.keys import hash_api_key
+
+    rows = [
+        f'  - {{name: t{i}, key_hashes: ["{hash_api_key(f"key-t{i}")}"], models: ["*"], default_class: interactive,'
+        f" limits: {LIMITS}}}"
+        for i in range(tenants)
+    ]
+    return f"""
+version: limits-round-trips
+classes:
+  interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
+models:
+  - {{name: {MODEL}, max_prompt_tokens: 64, max_output_tokens: 32}}
+backends:
+  - {{name: nowhere, url: "http://127.0.0.1:1", kind: vllm, models: [{MODEL}]}}
+tenants:
+""" + "\n".join(rows)
+
+
+async def drive(
+    rate: float, seconds: float, warmup_s: float, policy_text: str, prefix: str, hold_ms: float
+) -> dict[str, Any]:
+    """The child: the limit path of one replica at ``rate`` (module docstring); this tree's or the
+    baseline's code, with every tenant of ``policy_text``, under the key ``prefix``."""
     from gateway.admission.tenant_limits import TenantLimiter
     from gateway.dialects.chat import CHAT
     from gateway.limitstore.redis import RedisConfig, RedisLimitStore
@@ -63,15 +94,8 @@ async def drive(rate: float, seconds: float, warmup_s: float, tenants: int, hold
         from loadtests.harness.delay_proxy import DelayProxy
     except ModuleNotFoundError:  # a baseline tree from before loadtests/ was split (issue 29)
         from loadtests.delay_proxy import DelayProxy  # type: ignore[import-not-found,no-redef]
-    from tests.limitstore.redis_server import REDIS_URL, drop_keys
-    from tests.policy_builder import build_policy, tenant
 
-    limits = {"rpm": 10_000_000, "tpm": 10_000_000_000, "max_concurrent": 5000}
-    names = [f"t{i}" for i in range(tenants)]
-    text = build_policy(tenants={name: tenant(name, f"key-{name}", limits=limits) for name in names})
-    policy = parse_policy(text, "p.yaml").policy
-    chosen = [t for t in policy.tenants if t.name in names]
-    prefix = f"rt-bench-{uuid.uuid4().hex[:8]}:"
+    chosen = list(parse_policy(policy_text, "limits_round_trips.yaml").policy.tenants)
     with DelayProxy(upstream_port=REDIS_PORT) as proxy:
         fallbacks: list[str] = []
         config = RedisConfig(url=proxy.url, key_prefix=prefix, timeout_s=0.2, request_budget_s=0.1)
@@ -81,7 +105,7 @@ async def drive(rate: float, seconds: float, warmup_s: float, tenants: int, hold
         counting = False
 
         async def one(i: int) -> None:
-            request = InferenceRequest("id", CHAT, "m", {}, b"", False, False, 100, 200, 0.0)
+            request = InferenceRequest("id", CHAT, MODEL, {}, b"", False, False, 100, 200, 0.0)
             started = time.perf_counter()
             admission = await limiter.admit(chosen[i % len(chosen)], request)
             admitted = time.perf_counter()
@@ -118,7 +142,6 @@ async def drive(rate: float, seconds: float, warmup_s: float, tenants: int, hold
             await asyncio.gather(keeper, return_exceptions=True)
             up = store.up
             await store.aclose()
-            drop_keys(REDIS_URL, prefix)
     return {
         "requests": requests,
         "rate_achieved": requests / (ended_at - started_at),
@@ -136,13 +159,24 @@ async def drive(rate: float, seconds: float, warmup_s: float, tenants: int, hold
 
 
 def child(tree: Path, args: argparse.Namespace, tenants: int, rate: float) -> dict[str, Any]:
-    """Run ``drive`` in a child process whose ``gateway`` (and tests, loadtests) come from ``tree``."""
+    """Run ``drive`` in a child process whose ``gateway`` (and loadtests) come from ``tree``; its
+    policy and key prefix are this process's, and so is the tidy-up of its keys."""
+    from loadtests.harness.processes import policy_file  # the parent's: the child may run a tree without them
+    from loadtests.harness.shared_redis import REDIS_URL, drop_keys
+
+    prefix = f"rt-bench-{uuid.uuid4().hex[:8]}:"
     argv = [sys.executable, str(Path(__file__).resolve()), "--driver", "--rate", str(rate)]
-    argv += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s), "--tenants", str(tenants)]
+    argv += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s), "--prefix", prefix]
     argv += ["--hold-ms", str(args.hold_ms)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     load = os.getloadavg()
-    done = subprocess.run(argv, cwd=tree, env=env, check=True, capture_output=True, text=True)
+    with policy_file(policy(tenants)) as path:
+        try:
+            done = subprocess.run(
+                [*argv, "--policy", str(path)], cwd=tree, env=env, check=True, capture_output=True, text=True
+            )
+        finally:
+            drop_keys(REDIS_URL, prefix)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["load_average_start"] = load
     result["load_average_end"] = os.getloadavg()
@@ -159,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="d09cf7b")
     parser.add_argument("--out", default=None)
     parser.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--policy", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.driver:
-        result = asyncio.run(drive(float(args.rate), args.seconds, args.warmup_s, int(args.tenants), args.hold_ms))
+        text = args.policy.read_text()
+        result = asyncio.run(drive(float(args.rate), args.seconds, args.warmup_s, text, args.prefix, args.hold_ms))
         print(json.dumps(result))
         return 0
 

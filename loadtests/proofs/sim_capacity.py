@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 import uvloop
 
-from tests.servers import wait_until
+from loadtests.harness.processes import wait_until
 
 ENGINES, STREAMS = 4, 32
 PROMPT = " ".join(f"w{i}" for i in range(200))

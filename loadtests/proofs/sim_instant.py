@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 import uvloop
 
-from tests.servers import wait_until
+from loadtests.harness.processes import wait_until
 
 BODY = orjson.dumps(
     {"model": "sim-model", "messages": [{"role": "user", "content": "Say hello in five words."}], "max_tokens": 16}

@@ -1,9 +1,10 @@
 """Redis for the tests: the shared server on 127.0.0.1:6379, and private ones to kill.
 
 Every test works under a key prefix of its own (``unique_prefix``), so runs and tests that
-share the Redis never see each other's limits. ``RedisProcess`` runs a private
-``redis-server`` on a free port, without persistence, which a test may kill and start again
-on the same port (an outage and a recovery).
+share the Redis never see each other's limits. ``REDIS_URL`` and ``drop_keys`` are the harness's
+(``loadtests/harness/shared_redis.py``, which the proofs use too), re-exported here.
+``RedisProcess`` runs a private ``redis-server`` on a free port, without persistence, which a
+test may kill and start again on the same port (an outage and a recovery).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import redis
 
 from gateway.dialects.chat import CHAT
 from gateway.types import InferenceRequest
+from loadtests.harness.shared_redis import REDIS_URL
+from loadtests.harness.shared_redis import drop_keys as drop_keys  # re-exported: the tests import it from here
 from tests.servers import free_port, wait_until
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def unique_prefix() -> str:
@@ -32,14 +33,6 @@ def unique_prefix() -> str:
 
 def shared_client() -> redis.Redis:
     return redis.Redis.from_url(REDIS_URL, socket_timeout=2)
-
-
-def drop_keys(url: str, prefix: str) -> None:
-    """Delete every key under ``prefix`` (tidy up the shared Redis after a test)."""
-    with redis.Redis.from_url(url, socket_timeout=2) as client:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
 
 
 async def eventually(condition: Callable[[], Awaitable[bool]], within: float = 10.0, what: str = "condition") -> None:

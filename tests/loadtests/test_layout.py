@@ -1,9 +1,13 @@
 """The bench's three layers (``loadtests/__init__.py``): proofs on the harness on the commands.
 
 Why a test: the commands (``sim/``, ``loadgen/``, ``whatif/``) ship with the ``bench`` extra and run
-from an installation, where a proof's or the harness's imports (``tests``, a bench's private Redis)
-have no business; and a harness that imports a proof ties every test using a proxy to one bench's
-setup. Every import counts, as in ``tests/test_import_graph.py``: at module level or in a function.
+from an installation, where a proof's or the harness's imports (a bench's private Redis) have no
+business; and a harness that imports a proof ties every test using a proxy to one bench's setup.
+No module of the bench, whatever its layer, imports the test suite (``tests``): a proof that did
+ran only from a checkout with the suite's fixtures (and pytest) importable, and a proof's driver
+run in a baseline tree found that tree's suite, not this one's. What a proof and a test both need
+lives in the harness, and the tests import it from there. Every import counts, as in
+``tests/test_import_graph.py``: at module level or in a function.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ BENCH = "loadtests"
 COMMANDS = ("sim", "loadgen", "whatif")
 FORBIDDEN = {"command": ("proofs", "harness"), "harness": ("proofs",), "proof": ()}
 """What each layer may not import (folders of ``loadtests/``)."""
+SUITE = "tests"
+"""What no module of the bench may import, in any layer: the test suite."""
 
 
 def layer(module: str) -> str:
@@ -28,12 +34,12 @@ def layer(module: str) -> str:
 
 
 def offences(root: Path) -> dict[str, list[str]]:
-    """Each module of ``root``'s bench that imports a layer it may not, with what it imports."""
+    """Each module of ``root``'s bench that imports a layer it may not, or the tests, with what it imports."""
     found = {}
     for name, path in modules(root, BENCH).items():
         if name == BENCH:
             continue
-        banned = tuple(f"{BENCH}.{folder}" for folder in FORBIDDEN.get(layer(name), ()))
+        banned = (*(f"{BENCH}.{folder}" for folder in FORBIDDEN.get(layer(name), ())), SUITE)
         bad = sorted({t for t in imported(path) if any(t == b or t.startswith(b + ".") for b in banned)})
         if bad:
             found[name] = bad
@@ -45,7 +51,7 @@ def test_no_module_stays_beside_the_layers() -> None:
     assert top == [], "a bench module belongs in proofs/, harness/ or a command's package"
 
 
-def test_commands_import_neither_the_harness_nor_a_proof_and_the_harness_no_proof() -> None:
+def test_commands_import_neither_the_harness_nor_a_proof_the_harness_no_proof_and_none_the_tests() -> None:
     assert offences(ROOT) == {}
 
 
@@ -56,9 +62,16 @@ def test_an_import_across_the_layers_is_found(tmp_path: Path) -> None:
     (tmp_path / BENCH / "whatif" / "stage.py").write_text("from loadtests.harness.processes import process\n")
     (tmp_path / BENCH / "harness" / "proxy.py").write_text("def f():\n    from loadtests import proofs\n")
     (tmp_path / BENCH / "proofs" / "bench.py").write_text("import loadtests.harness.proxy\nimport loadtests.whatif\n")
+    # the tests, from any layer, at module level or in a function; a name that only starts so is no offence
+    (tmp_path / BENCH / "proofs" / "outage.py").write_text("from tests.servers import wait_until\nimport testsuite\n")
+    (tmp_path / BENCH / "harness" / "redis.py").write_text("def f():\n    import tests.limitstore.redis_server\n")
+    (tmp_path / BENCH / "whatif" / "replay.py").write_text("from tests import policy_builder\n")
     assert offences(tmp_path) == {
         "loadtests.whatif.stage": ["loadtests.harness.processes", "loadtests.harness.processes.process"],
         "loadtests.harness.proxy": ["loadtests.proofs"],
+        "loadtests.proofs.outage": ["tests.servers", "tests.servers.wait_until"],
+        "loadtests.harness.redis": ["tests.limitstore.redis_server"],
+        "loadtests.whatif.replay": ["tests", "tests.policy_builder"],
     }
 
 

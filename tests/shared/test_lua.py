@@ -30,7 +30,7 @@ import gateway.rollout.store
 from gateway.fleet.ledger import BackendReport, ledger_base
 from tests.limitstore.redis_server import REDIS_URL, drop_keys, shared_client, unique_prefix
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
 LUA_FILES = sorted(GATEWAY.rglob("*.lua"))
 PYTHON_FILES = sorted(GATEWAY.rglob("*.py"))
