@@ -23,7 +23,7 @@ import pytest
 from gateway.routing.prefix_signature import private_scope, scoped_block_id, session_hash
 from gateway.telemetry.prefix_signature import PrefixSignature
 from gateway.telemetry.tracelog import TraceLog, trace_line
-from loadtests import harness
+from loadtests.harness import processes as harness
 from loadtests.loadgen.records import RequestRecord, read_records
 from loadtests.loadgen.runner import RunConfig, run_sync, run_workload
 from loadtests.loadgen.workload import parse_workload
@@ -35,7 +35,6 @@ MODEL = "whatif/chat"
 SECRET = "zanzibar-quokka"
 """A word in every prompt of the recorded run: it must appear in no trace."""
 SYSTEM = f"You answer questions about garden tools for {SECRET} shop customers, briefly. " * 12
-ENGINE_PORT, GATEWAY_PORT, ADMIN_PORT = 19001, 19002, 19003
 KEYS = {"acme": "key-acme", "globex": "key-globex", "initech": "key-initech"}
 
 
@@ -50,11 +49,11 @@ class Recording:
     """The gateway's lines by request id."""
 
 
-def policy() -> str:
+def policy(engine_port: int) -> str:
     return build_policy(
-        f"http://127.0.0.1:{ENGINE_PORT}",
+        f"http://127.0.0.1:{engine_port}",
         models=[model(MODEL, max_prompt_tokens=8192, max_output_tokens=256, default_max_tokens=16)],
-        backends=[backend("engine", f"http://127.0.0.1:{ENGINE_PORT}", [MODEL], kind="sim")],
+        backends=[backend("engine", f"http://127.0.0.1:{engine_port}", [MODEL], kind="sim")],
         tenants={
             "globex": {"models": ["*"], "default_class": "interactive"},
             "initech": tenant("initech", KEYS["initech"], limits={"tpm": 100}),
@@ -114,16 +113,17 @@ def load_generator_run(url: str, out: Path) -> None:
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
     folder = tmp_path_factory.mktemp("recording")
     log = folder / "trace.jsonl"
-    (folder / "policy.yaml").write_text(policy())
+    engine_port, gateway_port, admin_port = harness.free_port(), harness.free_port(), harness.free_port()
+    (folder / "policy.yaml").write_text(policy(engine_port))
     engine = [sys.executable, "-m", "gateway", "sim", "--profile", "fixed", "--ttft-ms", "2", "--itl-ms", "1"]
-    engine += ["--model", MODEL, "--port", str(ENGINE_PORT)]
+    engine += ["--model", MODEL, "--port", str(engine_port)]
     gateway = [sys.executable, "-m", "gateway", "serve", "--policy", str(folder / "policy.yaml")]
-    gateway += ["--port", str(GATEWAY_PORT), "--admin-port", str(ADMIN_PORT)]
+    gateway += ["--port", str(gateway_port), "--admin-port", str(admin_port)]
     env = {**os.environ, "GATEWAY_TRACE_LOG": str(log)}
-    url = f"http://127.0.0.1:{GATEWAY_PORT}"
+    url = f"http://127.0.0.1:{gateway_port}"
     with (
-        harness.process(engine, f"http://127.0.0.1:{ENGINE_PORT}/health"),
-        harness.process(gateway, f"http://127.0.0.1:{ADMIN_PORT}/readyz", env=env),
+        harness.process(engine, f"http://127.0.0.1:{engine_port}/health"),
+        harness.process(gateway, f"http://127.0.0.1:{admin_port}/readyz", env=env),
     ):
         with httpx.Client(base_url=url, timeout=10) as client:
             scripted(client)
