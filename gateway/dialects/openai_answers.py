@@ -18,6 +18,19 @@ that answers one API in the other's shape is still timed. vLLM's first, role-onl
 carries none. Usage is the chunk's ``usage`` object (already in the gateway's shape); the
 usage-only chunk has ``"choices": []``.
 
+**Prompt tokens reused** (``usage.prompt_tokens_details.cached_tokens``): vLLM (under
+``--enable-prompt-tokens-details``), SGLang (under ``--enable-cache-report``) and llama.cpp since
+its PR #19361 write them there, vLLM and SGLang only when above 0 (else the details are null or
+absent: 0, or the switch is off). llama.cpp before that PR writes them only in the chunk's or
+answer's top-level ``timings.cache_n``: the usage read then gets ``prompt_tokens_details:
+{"cached_tokens": cache_n}`` (``with_cache_n``), in a new mapping (the relay may forward the
+chunk's bytes as they came). llama.cpp puts ``timings`` on the last chunk it sends: the usage chunk,
+which the gateway always asks for (``stream_usage_fields``), so the count is always read there;
+the ``finish_reason`` chunk carries them only in a stream without a usage chunk, and is not read
+for them (a usage from a chunk whose ``usage`` is absent would be mistaken for per-chunk usage to
+cut out of it). A chunk without usage costs nothing more: ``timings`` is looked for only beside a
+usage.
+
 **Whole answers** are objects with ``choices`` (chat, completions) or ``data`` (embeddings)
 (``is_openai_answer``), their usage in ``usage``.
 """
@@ -83,8 +96,11 @@ def has_output(choice: dict[str, Any]) -> bool:
 def read_choices_chunk(chunk: dict[str, Any]) -> ChunkReading:
     """``ChunkReading`` of an OpenAI chunk (module docstring); the common token chunk allocates nothing."""
     usage = chunk.get("usage")
-    if usage is not None and not (usage and isinstance(usage, dict)):
-        usage = None
+    if usage is not None:
+        if not (usage and isinstance(usage, dict)):
+            usage = None
+        elif "timings" in chunk:  # llama.cpp's: its cache_n when the usage has no cached_tokens
+            usage = with_cache_n(usage, chunk["timings"])
     choices = chunk.get("choices")
     if not choices:
         return (False, usage, (), True) if usage is not None else NO_OUTPUT
@@ -102,9 +118,31 @@ def read_choices_chunk(chunk: dict[str, Any]) -> ChunkReading:
 
 
 def answer_usage(answer: dict[str, Any]) -> Mapping[str, Any] | None:
-    """The ``usage`` object of a whole OpenAI answer (already in the gateway's shape)."""
+    """The ``usage`` object of a whole OpenAI answer (already in the gateway's shape), with
+    llama.cpp's ``timings.cache_n`` as its cached tokens when it has none (``with_cache_n``)."""
     usage = answer.get("usage")
-    return usage if isinstance(usage, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    timings = answer.get("timings")
+    return usage if timings is None else with_cache_n(usage, timings)
+
+
+def with_cache_n(usage: dict[str, Any], timings: Any) -> dict[str, Any]:
+    """``usage`` with ``prompt_tokens_details.cached_tokens`` set from llama.cpp's ``timings.cache_n``
+    (an integer) when it has no integer there itself (llama.cpp before its PR #19361); ``usage``
+    itself otherwise. Never changes ``usage``: a new dict (its other details kept)."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
+        return usage
+    cache_n = timings.get("cache_n") if isinstance(timings, dict) else None
+    if not _is_count(cache_n):
+        return usage
+    merged = {**details, "cached_tokens": cache_n} if isinstance(details, dict) else {"cached_tokens": cache_n}
+    return {**usage, "prompt_tokens_details": merged}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def answer_text(document: dict[str, Any]) -> str:

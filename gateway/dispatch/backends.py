@@ -71,6 +71,7 @@ class BackendState:
         "others_rate",
         "others_waiting",
         "quota",
+        "reports_cached",
         "scraped_at",
         "waiting",
     )
@@ -110,6 +111,9 @@ class BackendState:
         (``service_rate``)."""
         self.hold_tokens = 0.0
         """Smoothed tokens (prompt plus output bound) of those requests."""
+        self.reports_cached = False
+        """The engine has said in an answer how much of a prompt it reused (``cache_report.py``): from
+        then on, an answer that does not say means it reused nothing."""
 
     @property
     def fleet_in_flight(self) -> int:

@@ -48,9 +48,11 @@ import asyncio
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool, BackendState, Lane
+from gateway.dispatch.cache_report import CacheReport, cache_report
 from gateway.dispatch.capacity import has_room
 from gateway.dispatch.observers import DispatchObserver, QuietObserver
 from gateway.dispatch.queueing import ClassQueue, DrainMeter, Ticket
@@ -650,6 +652,20 @@ class Dispatcher:
         self.load.dispatched(decision.state.name, rank, tenant.name, tenant.weight, tokens, self.clock.now())
         self.router_for(request.model).on_dispatch(request, tenant, decision)
         self.observer.routed(request, decision)
+
+    def answered(
+        self, request: InferenceRequest, decision: RoutingDecision, usage: Mapping[str, Any] | None
+    ) -> CacheReport | None:
+        """The engine answered ``request`` (routed by ``decision``) with ``usage``: what it says it
+        reused of the prompt against what the router expected (``cache_report.py``), heard by the
+        model's router (its closed loop) and, on a miss, by the observers (the fleet's prefix
+        view); None when the engine did not say."""
+        report = cache_report(decision, usage)
+        if report is not None:
+            self.router_for(request.model).on_answer(request, decision, report)
+            if report.missed:
+                self.observer.cache_missed(request, decision, report)
+        return report
 
     def first_token(self, model: str, grant: Grant) -> None:
         """The request's prefill is done: a class paced by ``max_prefilling`` may start another.

@@ -1,4 +1,4 @@
-"""What the dispatcher tells the collaborators above it: a request must wait, demand moved, a backend was chosen.
+"""What the dispatcher tells the collaborators above it: waits, demand, decisions, cache misses.
 
 Three collaborators listen to the dispatcher, and each needs the dispatcher to be built: the
 shadow runner (``gateway/shadow/runner.py``) places its copies through it, the fleet coordinator
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.dispatch.backends import BackendState
+from gateway.dispatch.cache_report import CacheReport
 from gateway.dispatch.router import RoutingDecision
 from gateway.types import InferenceRequest
 
@@ -60,6 +61,14 @@ class DispatchObserver(Protocol):
         replicas' routers learn which backend now caches the request's prefix."""
         return None
 
+    def cache_missed(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
+        """The engine answered ``request`` holding less of its prompt than the router predicted
+        (``report.missed``); the model's router has corrected itself first (``Router.on_answer``).
+
+        Why: the fleet's prefix view carries the correction to the other replicas
+        (``PrefixSync.cache_missed``), whose indexes believed the same."""
+        return None
+
 
 class QuietObserver(DispatchObserver):
     """Hears nothing: the observer of a dispatcher built alone (a test, a bench, a process without
@@ -96,3 +105,7 @@ class Observers(DispatchObserver):
     def routed(self, request: InferenceRequest, decision: RoutingDecision) -> None:
         for observer in self._observers:
             observer.routed(request, decision)
+
+    def cache_missed(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
+        for observer in self._observers:
+            observer.cache_missed(request, decision, report)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from gateway.dispatch.backends import BackendState
 from gateway.policy.model import Tenant
@@ -55,6 +55,33 @@ class RoutingDecision:
     scores: Mapping[str, float] = field(default_factory=dict)
     pick_s: float = 0.0
     detail: RouteDetail | None = None
+    matched_at: float | None = None
+    """When the chosen backend was last sent the deepest matched block (the router's clock): the
+    oldest of what it is expected to hold for this request. If the engine turns out not to hold
+    it, it evicted what was last used then, and under LRU everything older too (``on_answer``)."""
+
+
+class CacheReport(NamedTuple):
+    """One answer's cache figures, in the engine's tokens (``cache_report.py`` computes it and says why)."""
+
+    predicted_tokens: int
+    """What the router expected the engine to hold of the prompt."""
+    cached_tokens: int
+    """What the engine said it reused."""
+    prompt_tokens: int
+    """The prompt, as the engine counted it."""
+    missed: bool
+    """The engine held less than predicted by more than ``cache_report.MISS_SLACK_BLOCKS`` of the router's blocks."""
+
+    @property
+    def computed_tokens(self) -> int:
+        """Prompt tokens the engine computed (its prefill): what a better route would have saved."""
+        return max(0, self.prompt_tokens - self.cached_tokens)
+
+    @property
+    def confirmed_tokens(self) -> int:
+        """Predicted tokens the engine really held: the prediction's precision is this over ``predicted_tokens``."""
+        return min(self.predicted_tokens, self.cached_tokens)
 
 
 class Router(Protocol):
@@ -70,8 +97,9 @@ class Router(Protocol):
       ``ChainMemo``) but changes nothing a later decision depends on, so picking again without
       ``on_dispatch`` gives the same decision. A strategy that wants randomness derives it from a
       hash of the request, or advances its generator in ``on_dispatch``.
-    * Learning happens in ``on_dispatch`` only, in the router: the dispatcher owns the
-      ``BackendState`` counters (it has reserved the request before calling it).
+    * Learning happens in ``on_dispatch`` and ``on_answer`` only, in the router: the dispatcher owns
+      the ``BackendState`` counters (it has reserved the request before calling it). ``on_answer``
+      may only forget (the engine held less than believed), never add what no dispatch taught.
     * ``forget_backend(b)`` voids what the requests sent to ``b`` taught about their content (the
       prefixes ``b`` holds): decisions are then those of a router whose dispatches to ``b`` carried
       other prompts. Content-free state (a rotation cursor) may stay, as may what was learnt about
@@ -97,4 +125,9 @@ class Router(Protocol):
 
     def forget_backend(self, backend: str) -> None:
         """The backend restarted or left: whatever was learnt about it is void."""
+        ...
+
+    def on_answer(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
+        """The engine answered ``request`` and said what it reused of the prompt (``report``):
+        a router that predicts the engines' caches corrects itself when the engine held less."""
         ...

@@ -20,6 +20,12 @@ others':
   by prefix, are skipped. Polling rather than a blocking read: a blocking reader would wake
   for every flush of every replica, its own included; polling costs one round trip per
   interval whatever the fleet's size. The stream expires one index TTL after the last flush.
+* **Corrections**: when an answer shows an engine holding less of a prompt than this process's
+  index predicted (``gateway/dispatch/cache_report.py``), the router forgets what it sent that
+  engine no later than the missing block (``on_answer``), and ``cache_missed`` queues the same
+  correction for the others: the next entry carries the backend and how long ago that block was
+  sent, and each reader forgets what it knows of that engine from before then (the engine is one,
+  and every replica's index believed the same).
 * **Catch up** (start-up): a new process reads what the stream holds of the last
   ``routing.index.ttl_s`` before it serves, so a replica added under load starts with the
   fleet's view.
@@ -52,9 +58,18 @@ from typing import Any
 
 from gateway.clock import Clock
 from gateway.dispatch.backends import BackendPool
+from gateway.dispatch.cache_report import CacheReport
 from gateway.dispatch.observers import DispatchObserver
 from gateway.dispatch.router import Router, RoutingDecision
-from gateway.fleet.prefix_wire import Decision, MalformedEntry, decode, encode, origin_of
+from gateway.fleet.prefix_wire import (
+    Correction,
+    Decision,
+    MalformedEntry,
+    decode,
+    decode_corrections,
+    encode,
+    origin_of,
+)
 from gateway.policy.model import Policy
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.routing.base import PrefixLearner
@@ -68,6 +83,8 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING = 20_000
 """Decisions waiting for the next flush, at most (about 0.2 s at 100,000 requests/s)."""
+MAX_CORRECTIONS = 1_000
+"""Corrections waiting for the next flush, at most (the oldest dropped: a later one says more)."""
 READ_COUNT = 512
 RETRY_S = 1.0
 CATCH_UP_S = 2.0
@@ -115,6 +132,8 @@ class PrefixSync(DispatchObserver):
         self.clock = clock
         self.metrics = metrics
         self._pending: deque[Decision] = deque()
+        self._corrections: deque[tuple[str, str, float]] = deque(maxlen=MAX_CORRECTIONS)
+        """(model, backend, when the evicted block was last sent, on this process's clock)."""
         self._cursor: str | None = None
         """The last entry read; None until the first read places it (``_start_cursor``)."""
         self._redis_ahead_ms = 0.0
@@ -125,6 +144,7 @@ class PrefixSync(DispatchObserver):
         self._published = metrics.child(metrics.fleet_prefix_decisions, "published")
         self._received = metrics.child(metrics.fleet_prefix_decisions, "received")
         self._dropped = metrics.child(metrics.fleet_prefix_decisions, "dropped")
+        self._corrected = metrics.child(metrics.fleet_prefix_decisions, "correction_received")
 
     def routed(self, request: InferenceRequest, decision: RoutingDecision) -> None:
         """The dispatcher acted on a decision (``DispatchObserver``, once per dispatch): queue it for
@@ -137,6 +157,17 @@ class PrefixSync(DispatchObserver):
         if len(pending) > MAX_PENDING:
             pending.popleft()
             self._dropped.inc()
+
+    def cache_missed(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
+        """An engine held less than predicted (``DispatchObserver``; this process's router has
+        forgotten already): queue the correction for the others."""
+        if decision.matched_at is not None and self._closed_loop(request.model):
+            self._corrections.append((request.model, decision.state.name, decision.matched_at))
+
+    def _closed_loop(self, model: str) -> bool:
+        """Whether ``model``'s index is corrected from the engines' answers (``routing.index.closed_loop``)."""
+        policy = self.policy().models.get(model)
+        return policy is not None and policy.routing.index.closed_loop
 
     async def catch_up(self) -> None:
         """Fold the decisions of the last index TTL (start-up, before serving), for ``CATCH_UP_S``
@@ -164,14 +195,17 @@ class PrefixSync(DispatchObserver):
         the entries after the cursor in; more reads while a read comes back full."""
         batch = list(self._pending)
         self._pending.clear()
+        now = self.clock.now()
+        corrections = [Correction(model, backend, max(0.0, now - at)) for model, backend, at in self._corrections]
+        self._corrections.clear()
         fleet = self.policy().policy.fleet
         try:
             async with self.store.budget(fleet.timeout_ms / 1000):
                 if self._cursor is None:
                     await self._start_cursor()
                 async with self.client.pipeline(transaction=False) as pipe:
-                    if batch:
-                        fields: dict[Any, Any] = encode(self.origin, batch, self.secret)
+                    if batch or corrections:
+                        fields: dict[Any, Any] = encode(self.origin, batch, self.secret, corrections)
                         pipe.xadd(self.key, fields, maxlen=fleet.prefix_history, approximate=True)
                         now = self.clock.now()
                         if now >= self._expire_due:  # the stream is gone an index TTL after the fleet
@@ -222,6 +256,7 @@ class PrefixSync(DispatchObserver):
     def _fold(self, entry_id: str, fields: Mapping[bytes, bytes]) -> None:
         try:
             decisions = decode(fields, self.secret)
+            corrections = decode_corrections(fields)
         except MalformedEntry as exc:
             log.warning("fleet prefix view: skipped entry %s: %s", entry_id, exc)
             return
@@ -233,6 +268,12 @@ class PrefixSync(DispatchObserver):
             if isinstance(router, PrefixLearner) and state is not None and state.healthy:
                 router.learn(state, decision.blocks, at)
                 self._received.inc()
+        for correction in corrections:
+            router = routers.get(correction.model)
+            state = self.pool.named(correction.backend)
+            if isinstance(router, PrefixLearner) and state is not None and self._closed_loop(correction.model):
+                router.forget_before(state, at - correction.age_s)
+                self._corrected.inc()
 
     def _stamp(self, entry_id: str) -> float:
         """When the entry was written, on this process's clock (never earlier than the last stamp,

@@ -17,6 +17,13 @@ One entry holds every decision a process made since its last flush, in three fie
   (8 bytes a block, packed and unpacked in C by ``array``; JSON would take about 20), sealed
   (``PrefixSecret.seal``: 24 bytes of nonce and check, then the blocks XOR a keystream).
 
+and, when some of this process's answers showed an engine holding less than its index predicted
+(``gateway/dispatch/cache_report.py``), a fourth:
+
+* ``c``: JSON ``[[model, backend, age_ms], ...]``: that engine evicted what it was last sent
+  ``age_ms`` before the entry was written (names and ages only, no hash: nothing to seal); each
+  reader forgets what it sent or learnt it sent there until then.
+
 ``decode`` refuses an entry sealed under another secret, or whose header does not match its
 blocks (``MalformedEntry``): a reader skips it rather than fold a wrong chain into its index.
 """
@@ -32,7 +39,7 @@ import orjson
 
 from gateway.routing.prefix_secret import PrefixSecret
 
-ORIGIN, HEADER, BLOCKS = b"o", b"h", b"k"
+ORIGIN, HEADER, BLOCKS, CORRECTIONS = b"o", b"h", b"k", b"c"
 
 
 class Decision(NamedTuple):
@@ -43,19 +50,66 @@ class Decision(NamedTuple):
     blocks: Sequence[int]
 
 
+class Correction(NamedTuple):
+    """An engine held less than predicted: it evicted what it was last sent ``age_s`` ago."""
+
+    model: str
+    backend: str
+    age_s: float
+
+
 class MalformedEntry(ValueError):
     """A stream entry that is not a batch of decisions (another writer, a truncated entry)."""
 
 
-def encode(origin: str, decisions: Sequence[Decision], secret: PrefixSecret) -> dict[bytes, bytes]:
-    """The stream entry's fields for ``decisions``, the blocks sealed with ``secret`` (module docstring)."""
+def encode(
+    origin: str, decisions: Sequence[Decision], secret: PrefixSecret, corrections: Sequence[Correction] = ()
+) -> dict[bytes, bytes]:
+    """The stream entry's fields for ``decisions`` and ``corrections``, the blocks sealed with
+    ``secret`` (module docstring)."""
     header = [[d.model, d.backend, len(d.blocks)] for d in decisions]
     packed = array("Q")
     for decision in decisions:
         packed.extend(decision.blocks)
     if sys.byteorder == "big":
         packed.byteswap()
-    return {ORIGIN: origin.encode(), HEADER: orjson.dumps(header), BLOCKS: secret.seal(packed.tobytes())}
+    fields = {ORIGIN: origin.encode(), HEADER: orjson.dumps(header), BLOCKS: secret.seal(packed.tobytes())}
+    if corrections:
+        fields[CORRECTIONS] = orjson.dumps([[c.model, c.backend, round(c.age_s * 1000)] for c in corrections])
+    return fields
+
+
+def decode_corrections(fields: Mapping[bytes, bytes]) -> list[Correction]:
+    """The corrections of one entry (none when it has no ``c`` field); ``MalformedEntry`` when the
+    field is not a list of ``[model, backend, age_ms]``."""
+    raw = fields.get(CORRECTIONS)
+    if raw is None:
+        return []
+    try:
+        items = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedEntry(f"corrections are not JSON: {exc}") from exc
+    if not isinstance(items, list):
+        raise MalformedEntry("the corrections are not a list")
+    corrections = []
+    for item in items:
+        if not _is_triple(item):
+            raise MalformedEntry(f"a correction is not [model, backend, age_ms]: {item!r:.80}")
+        corrections.append(Correction(item[0], item[1], item[2] / 1000))
+    return corrections
+
+
+def _is_triple(item: object) -> bool:
+    """``[model, backend, n]`` with a count or an age that is a non-negative int: the shape of a
+    header item and of a correction alike."""
+    return (
+        isinstance(item, list)
+        and len(item) == 3
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+        and isinstance(item[2], int)
+        and item[2] >= 0
+    )
 
 
 def origin_of(fields: Mapping[bytes, bytes]) -> str:
@@ -83,14 +137,7 @@ def decode(fields: Mapping[bytes, bytes], secret: PrefixSecret) -> list[Decision
     if not isinstance(header, list):
         raise MalformedEntry("the header is not a list")
     for item in header:
-        if not (
-            isinstance(item, list)
-            and len(item) == 3
-            and isinstance(item[0], str)
-            and isinstance(item[1], str)
-            and isinstance(item[2], int)
-            and item[2] >= 0
-        ):
+        if not _is_triple(item):
             raise MalformedEntry(f"a header item is not [model, backend, count]: {item!r:.80}")
         decisions.append(Decision(item[0], item[1], packed[at : at + item[2]]))
         at += item[2]

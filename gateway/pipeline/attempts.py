@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
+from gateway.dispatch.cache_report import CacheReport
 from gateway.dispatch.dispatcher import Grant
 from gateway.dispatch.router import RoutingDecision
 from gateway.errors import ErrorCode, GatewayError, NoHealthyBackend, Overloaded, code_of
@@ -55,6 +56,8 @@ class Answered(NamedTuple):
     """The answer's output timing and usage, once a backend answered."""
     text: str | None
     """Choice 0's text, when collected for a shadow's scorer (``on_dispatched`` asked for it)."""
+    cache: CacheReport | None
+    """What the engine that answered said it reused of the prompt, against the router's prediction."""
 
 
 class Attempts:
@@ -65,6 +68,7 @@ class Attempts:
 
     __slots__ = (
         "_answer",
+        "_cache",
         "_fallback",
         "_next_target",
         "_on_dispatched",
@@ -93,6 +97,7 @@ class Attempts:
         self._next_target = 1
         """Index in ``ctx.route.targets`` of the next fallback target to try."""
         self._fallback: str | None = None
+        self._cache: CacheReport | None = None
         self.model = ctx.request.model
         """The target (served model) the request is on now: its first, or the fallback it moved to."""
 
@@ -128,6 +133,7 @@ class Attempts:
             self._fallback,
             timer.stats() if timer is not None else None,
             "".join(texts) if texts is not None else None,
+            self._cache,
         )
 
     async def _attempts(self) -> ErrorCode | None:
@@ -137,6 +143,7 @@ class Attempts:
         budget.record_request()
         request = ctx.request
         tried: frozenset[str] = frozenset()
+        continued = False
         for attempt in range(retry.max_retries + 1):
             t_ask = deps.clock.now()
             request, grant = await self._grant(request, tried)
@@ -158,6 +165,9 @@ class Attempts:
             finally:
                 deps.dispatcher.give_back(request.model, grant)
             if result.error is None:
+                if not continued:  # a continuation's usage is spliced: not its own prompt's figures
+                    timer = self._answer.timer
+                    self._cache = deps.dispatcher.answered(request, grant.decision, timer.usage if timer else None)
                 return result.ended
             error = result.error
             self._records[-1] = self._records[-1]._replace(error=code_of(error))
@@ -166,6 +176,7 @@ class Attempts:
                 if follow_up is None:
                     raise error
                 request = follow_up
+                continued = True
                 deps.metrics.retries.labels(grant.state.name, error.code).inc()
                 tried = tried | {grant.state.name}
                 continue

@@ -387,6 +387,7 @@ def _outcome(
         span=span,
         context=known.context,
         fallback=answered.fallback if answered is not None else None,
+        cache=answered.cache if answered is not None else None,
     )
 
 

@@ -27,6 +27,7 @@ from gateway.errors import ErrorCode
 from gateway.telemetry.token_stats import TokenStats
 
 if TYPE_CHECKING:
+    from gateway.dispatch.cache_report import CacheReport
     from gateway.dispatch.router import RoutingDecision
     from gateway.pipeline.context import RequestContext
     from gateway.policy.model import Slo
@@ -83,6 +84,9 @@ class RequestOutcome(NamedTuple):
     trace log's prefix signature and session are computed from it, and only when there is one."""
     fallback: str | None = None
     """Why a model group's request left the target first drawn for it (``gateway/routing/targets.py``)."""
+    cache: CacheReport | None = None
+    """What the engine that answered said it reused of the prompt, against the router's prediction
+    (None: no answer, or an engine that does not say: ``gateway/dispatch/cache_report.py``)."""
 
     @property
     def label(self) -> str:

@@ -114,6 +114,15 @@ class Recorder:
         if tokens.usage:
             p.inc(m.tokens, (model, api, "input"), tokens.usage_int("prompt_tokens") or 0)
             p.inc(m.tokens, (model, api, "output"), tokens.usage_int("completion_tokens") or 0)
+        cache = outcome.cache
+        if cache is not None:
+            backend = (outcome.backend, model)
+            p.inc(m.predicted_cached_tokens, backend, cache.predicted_tokens)
+            p.inc(m.confirmed_cached_tokens, backend, cache.confirmed_tokens)
+            p.inc(m.engine_cached_tokens, backend, cache.cached_tokens)
+            p.inc(m.engine_computed_prompt_tokens, backend, cache.computed_tokens)
+            if cache.missed:
+                p.inc(m.prefix_cache_misses, backend, 1)
 
     def _write_trace_log(self, log: TraceLog, outcome: RequestOutcome, itl: ItlSummary | None, met: bool) -> None:
         """One line of the request trace log (no prompt or completion text, ever)."""
@@ -140,6 +149,7 @@ class Recorder:
                 tokens_in=tokens.usage_int("prompt_tokens") if tokens else None,
                 tokens_out=tokens.usage_int("completion_tokens") if tokens else None,
                 cached_tokens=tokens.cached_tokens if tokens else None,
+                predicted_cached_tokens=outcome.cache.predicted_tokens if outcome.cache else None,
                 slo_met=met,
                 engine_request_ids=[attempt.engine_request_id for attempt in outcome.attempts],
                 api=outcome.api.name,
@@ -182,6 +192,7 @@ def finish_span(span: RequestSpan, outcome: RequestOutcome, itl: ItlSummary | No
         input_tokens=tokens.usage_int("prompt_tokens"),
         output_tokens=tokens.usage_int("completion_tokens"),
         cached_tokens=tokens.cached_tokens,
+        predicted_cached_tokens=outcome.cache.predicted_tokens if outcome.cache else None,
         finish_reasons=tokens.finish_reasons,
         ttft_s=tokens.ttft,
         itl=itl,

@@ -238,11 +238,16 @@ class PrefixIndexPolicy(Strict):
 
     ``max_blocks`` per backend defaults to the backend's ``capacity.kv_cache_tokens`` (else its
     ``max_tokens_in_flight``) divided by the routing ``block_tokens``; an entry older than
-    ``ttl_s`` no longer counts as cached.
+    ``ttl_s`` no longer counts as cached. ``closed_loop`` (on by default) corrects the index from
+    the engines' answers: when an engine reports fewer cached tokens than the index predicted, it
+    evicted what it was sent no later than the missing block, and the index forgets that too
+    (``gateway/dispatch/cache_report.py``); off, the index is the gateway's belief alone (to
+    measure what the loop is worth: ``python -m loadtests.proofs.routing_bench --truth``).
     """
 
     max_blocks: PositiveInt | None = None
     ttl_s: PositiveFloat = 600.0
+    closed_loop: bool = True
 
 
 class Routing(Strict):

@@ -24,6 +24,12 @@ class PrefixLearner(Protocol):
         """``state``'s backend was sent a prompt of these tenant-scoped ``blocks`` at time ``at``."""
         ...
 
+    def forget_before(self, state: BackendState, at: float) -> int:
+        """``state``'s engine evicted what was last sent to it at time ``at`` (another process saw it
+        hold less than predicted: ``gateway/dispatch/cache_report.py``): forget all it was sent
+        until then; how many blocks were forgotten."""
+        ...
+
 
 @runtime_checkable
 class LoadBounded(Protocol):

@@ -34,9 +34,13 @@ Reason codes: ``prefix_match`` (the winner holds the longest match), ``load_boun
 match was over the bound), ``load_over_prefix`` (a longer match lost on load), ``no_prefix``
 (no candidate holds any block: chosen on load).
 
-Learning happens in ``on_dispatch`` only: the request's chain goes into the chosen backend's
-index. With several processes, ``learn`` folds the other processes' decisions into the same
-index (``gateway/fleet/prefix_sync.py``), so every replica scores what the fleet sent where.
+Learning happens in ``on_dispatch``: the request's chain goes into the chosen backend's
+index; and in ``on_answer``, which only forgets: when the engine says it held less than the
+index matched (``gateway/dispatch/cache_report.py``), every block the index had from that
+backend no later than the match's own entry goes, since the engine evicted past it (the closed
+loop, ``routing.index.closed_loop``). With several processes, ``learn`` folds the other
+processes' decisions into the same index (``gateway/fleet/prefix_sync.py``), so every replica
+scores what the fleet sent where.
 ``forget_backend`` drops a backend's index when it restarts or leaves.
 """
 
@@ -47,6 +51,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from gateway.clock import Clock
+from gateway.dispatch.cache_report import CacheReport
 from gateway.dispatch.router import RouteDetail, RoutingDecision
 from gateway.policy.model import Routing, Tenant
 from gateway.routing.framework import Cycle, Profile, load_bound, rendezvous
@@ -95,7 +100,8 @@ class PrefixAffinityRouter:
             only = candidates[0]
             detail = RouteDetail((only.name,), matched, len(keys.blocks), {}, (1.0,), 0)
             reason = "prefix_match" if matched[0] else "no_prefix"
-            return RoutingDecision(only, self.strategy, reason, matched[0], {}, perf_counter() - start, detail)
+            at = self._matched_at(only, keys.blocks, matched[0])
+            return RoutingDecision(only, self.strategy, reason, matched[0], {}, perf_counter() - start, detail, at)
         scored = self.profile.run(request, candidates, cycle)
         bound = load_bound(candidates, self.routing.epsilon)
         totals = scored.totals
@@ -114,7 +120,12 @@ class PrefixAffinityRouter:
             scores=dict(zip(names, totals, strict=True)),
             pick_s=perf_counter() - start,
             detail=detail,
+            matched_at=self._matched_at(chosen, keys.blocks, matched[best]),
         )
+
+    def _matched_at(self, state: BackendState, blocks: Sequence[int], matched: int) -> float | None:
+        """When ``state`` was last sent the deepest block it is expected to hold (one lookup)."""
+        return self._indexes.served_at(state.name, blocks[matched - 1]) if matched else None
 
     @property
     def epsilon(self) -> float:
@@ -144,6 +155,17 @@ class PrefixAffinityRouter:
 
     def forget_backend(self, backend: str) -> None:
         self._indexes.forget(backend)
+
+    def on_answer(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
+        """The closed loop: the engine held less than matched, so it evicted the deepest matched block
+        (last sent at ``decision.matched_at``) and, being LRU, all it was sent no later: forget
+        them. The request's own chain stays (this dispatch sent it again after that, and the
+        engine holds it now). Only forgets: no answer makes a block match that no dispatch sent."""
+        if report.missed and decision.matched_at is not None and self.routing.index.closed_loop:
+            self._indexes.forget_before(decision.state.name, decision.matched_at)
+
+    def forget_before(self, state: BackendState, at: float) -> int:
+        return self._indexes.forget_before(state.name, at)
 
     def index_blocks(self, state: BackendState) -> int:
         """The index bound of a backend: the policy's, else its KV capacity in blocks."""

@@ -10,7 +10,10 @@ is inserted deepest block first, so a block is always at least as recent as ever
 below it: eviction and expiry remove the tips of chains before their roots, the blocks a
 backend remembers for a chain always form a prefix of it, and ``match`` can binary-search
 (``O(log n)`` lookups instead of one per block). The index of a backend that restarts or
-leaves is dropped (``forget``): its cache is gone.
+leaves is dropped (``forget``): its cache is gone. When the backend's engine says it held less
+of a prompt than its index matched (``gateway/dispatch/cache_report.py``), it evicted a block
+last served at a known time, and an LRU cache evicts the least recently used first: everything
+served no later than that goes too (``forget_before``), one pass from the LRU end.
 """
 
 from __future__ import annotations
@@ -48,6 +51,22 @@ class PrefixIndex:
                 break
             del seen[block]
 
+    def served_at(self, block: int) -> float | None:
+        """When ``block`` was last served here (None: not remembered)."""
+        return self._seen.get(block)
+
+    def forget_before(self, at: float) -> int:
+        """Forget every block last served at or before ``at``; how many were forgotten."""
+        seen = self._seen
+        forgotten = 0
+        while seen:
+            block, served = next(iter(seen.items()))
+            if served > at:
+                break
+            del seen[block]
+            forgotten += 1
+        return forgotten
+
     def match(self, blocks: Sequence[int], now: float) -> int:
         """How many leading ``blocks`` this backend served within the TTL."""
         seen = self._seen
@@ -81,6 +100,14 @@ class BackendIndexes:
         if index is None:
             index = self._indexes[backend] = PrefixIndex(max_blocks, self.ttl_s)
         index.insert(blocks, now)
+
+    def served_at(self, backend: str, block: int) -> float | None:
+        index = self._indexes.get(backend)
+        return index.served_at(block) if index is not None else None
+
+    def forget_before(self, backend: str, at: float) -> int:
+        index = self._indexes.get(backend)
+        return index.forget_before(at) if index is not None else 0
 
     def size(self, backend: str) -> int:
         index = self._indexes.get(backend)

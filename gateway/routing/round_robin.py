@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING
 
+from gateway.dispatch.cache_report import CacheReport
 from gateway.dispatch.router import RoutingDecision
 from gateway.policy.model import Tenant
 from gateway.types import InferenceRequest
@@ -37,3 +38,6 @@ class RoundRobinRouter:
 
     def forget_backend(self, backend: str) -> None:
         pass
+
+    def on_answer(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
+        pass  # predicts no cache: nothing to correct

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
+from gateway.dispatch.cache_report import CacheReport
 from gateway.dispatch.router import RoutingDecision
 from gateway.policy.model import Tenant
 from gateway.routing.framework import load_bound, rendezvous, within_bound
@@ -66,3 +67,6 @@ class SessionAffinityRouter:
 
     def forget_backend(self, backend: str) -> None:
         pass
+
+    def on_answer(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
+        pass  # predicts no cache: nothing to correct

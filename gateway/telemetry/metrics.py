@@ -262,6 +262,45 @@ class Metrics:
             "gateway_queue_capacity", "The queue's max_depth from the policy.", ["model", "class"], registry=r
         )
 
+    def _declare_cache_truth_metrics(self, r: CollectorRegistry) -> None:
+        """What the engines said they reused of each prompt, beside what routing predicted
+        (``gateway/dispatch/cache_report.py``); only for answers of engines that say it."""
+        labels = ["backend", "model"]
+        self.predicted_cached_tokens = Counter(
+            "gateway_predicted_cached_tokens",
+            "Prompt tokens the router expected the engine to hold (its matched share of the prompt, in the "
+            "engine's tokens), over the answers of engines that report what they reused.",
+            labels,
+            registry=r,
+        )
+        self.confirmed_cached_tokens = Counter(
+            "gateway_predicted_cached_tokens_confirmed",
+            "Of the predicted cached tokens, those the engine said it reused (min of the two per answer): "
+            "over gateway_predicted_cached_tokens_total, the prediction's precision.",
+            labels,
+            registry=r,
+        )
+        self.engine_cached_tokens = Counter(
+            "gateway_engine_cached_tokens",
+            "Prompt tokens the engine said it reused from its cache (usage.prompt_tokens_details.cached_tokens, "
+            "llama.cpp's timings.cache_n).",
+            labels,
+            registry=r,
+        )
+        self.engine_computed_prompt_tokens = Counter(
+            "gateway_engine_computed_prompt_tokens",
+            "Prompt tokens the engine computed (its prompt less what it reused): the prefill routing did not save.",
+            labels,
+            registry=r,
+        )
+        self.prefix_cache_misses = Counter(
+            "gateway_prefix_cache_misses",
+            "Answers whose engine held less of the prompt than the router predicted (by more than two of its blocks): "
+            "each makes the router forget what that engine was sent no later than the missing block.",
+            labels,
+            registry=r,
+        )
+
     def _declare_routing_metrics(self, r: CollectorRegistry) -> None:
         """Routing decisions and retries."""
         self.routing_decisions = Counter(
@@ -277,6 +316,7 @@ class Metrics:
             buckets=MATCHED_BLOCK_BUCKETS,
             registry=r,
         )
+        self._declare_cache_truth_metrics(r)
         self.routing_pick = Histogram(
             "gateway_routing_pick_seconds",
             "CPU time of choosing a backend (prefix hashing, index lookups, scoring).",
@@ -444,7 +484,8 @@ class Metrics:
         self.fleet_prefix_decisions = Counter(
             "gateway_fleet_prefix_decisions",
             "Routing decisions in the fleet's prefix view: published by this process, received "
-            "(folded into its index) from the others, or dropped (Redis unreachable, backlog full).",
+            "(folded into its index) from the others, or dropped (Redis unreachable, backlog full); "
+            "correction_received: another process's engine held less than predicted, its index corrected.",
             ["result"],
             registry=r,
         )

@@ -39,6 +39,10 @@ class TokenStats(NamedTuple):
 
     @property
     def cached_tokens(self) -> int | None:
+        """Prompt tokens the engine reused (``usage.prompt_tokens_details.cached_tokens``; the
+        dialects put llama.cpp's ``timings.cache_n`` there, ``gateway/dialects/openai_answers.py``).
+        None when the usage does not say: no usage, or details missing or ``null``, which vLLM and
+        SGLang write both for 0 and when their switch is off, so it is not read as 0 here."""
         details = self.usage.get("prompt_tokens_details") if self.usage else None
         value = details.get("cached_tokens") if isinstance(details, dict) else None
         return value if isinstance(value, int) else None

@@ -18,7 +18,10 @@ What a replay needs (``loadtests/whatif/``), when the request got as far as vali
 null, or empty): ``api`` (the dialect's name, always), ``max_tokens`` (the output cap asked
 for, after the model's default and clamp), ``prompt_tokens_est`` (the gateway's estimate of the
 prompt, for requests the engine never answered, whose ``tokens_in`` is null),
-``prefix_block_tokens`` and ``prefix_hashes`` (the prompt's tenant-scoped block-hash chain as
+``predicted_cached_tokens`` (what the router expected the engine to hold of the prompt, in the
+engine's tokens, beside the engine's own ``cached_tokens``: ``gateway/dispatch/cache_report.py``;
+null when the engine does not report what it reused), ``prefix_block_tokens`` and
+``prefix_hashes`` (the prompt's tenant-scoped block-hash chain as
 16-hex-digit strings, keyed with the cache-salt secret, ``gateway/routing/prefix_signature.py``: shared
 prefixes share a head, two tenants' chains never meet, and without the secret no hash can be
 checked against a guessed prompt) and ``session`` (the client's conversation id, ``x-session-id``
@@ -103,6 +106,7 @@ class TraceLine(TypedDict):
     prefix_block_tokens: int | None
     prefix_hashes: list[str]
     prompt_tokens_est: int | None
+    predicted_cached_tokens: int | None
 
 
 TRACE_LINE_FIELDS: tuple[str, ...] = tuple(TraceLine.__annotations__)
@@ -166,6 +170,7 @@ def trace_line(
     tokens_in: int | None = None,
     tokens_out: int | None = None,
     cached_tokens: int | None = None,
+    predicted_cached_tokens: int | None = None,
     slo_met: bool = False,
     engine_request_ids: Sequence[str] = (),
     api: str | None = None,
@@ -224,6 +229,7 @@ def trace_line(
         "prefix_block_tokens": None if signature is None else signature.block_tokens,
         "prefix_hashes": [] if signature is None else list(signature.hashes),
         "prompt_tokens_est": None if signature is None else signature.prompt_tokens_est,
+        "predicted_cached_tokens": predicted_cached_tokens,
     }
 
 

@@ -97,6 +97,7 @@ QUEUE_S = "gateway.queue_s"
 ROUTING_STRATEGY = "gateway.routing.strategy"
 ROUTING_REASON = "gateway.routing.reason"
 ROUTING_MATCHED_BLOCKS = "gateway.routing.matched_blocks"
+PREDICTED_CACHED_TOKENS = "gateway.routing.predicted_cached_tokens"  # beside the engine's own cache_read figure
 ROUTING_CANDIDATES = "gateway.routing.candidates"
 ROUTING_SCORES = "gateway.routing.scores"
 ITL_P50_S = "gateway.itl.p50_s"
@@ -346,6 +347,7 @@ class RequestSpan:
         input_tokens: int | None = None,
         output_tokens: int | None = None,
         cached_tokens: int | None = None,
+        predicted_cached_tokens: int | None = None,
         finish_reasons: Sequence[str] = (),
         response_model: str | None = None,
         ttft_s: float | None = None,
@@ -371,6 +373,8 @@ class RequestSpan:
             attributes.append(tables[GEN_AI_USAGE_OUTPUT_TOKENS][output_tokens])
         if cached_tokens is not None:
             attributes.append(tables[GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS][cached_tokens])
+        if predicted_cached_tokens is not None:
+            attributes.append(tables[PREDICTED_CACHED_TOKENS][predicted_cached_tokens])
         if response_model is not None:
             attributes.append(tables[GEN_AI_RESPONSE_MODEL][response_model])
         if ttft_s is not None:  # the TTFT, under its GenAI name

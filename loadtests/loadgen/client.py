@@ -179,7 +179,11 @@ def _from_body(raw: bytes, t_start: float, t_end: float) -> Exchange:
 
 
 def _usage(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None, int | None]:
+    """Tokens in, out and reused. With a usage object but no ``cached_tokens`` the engine reused
+    nothing: vLLM writes ``prompt_tokens_details`` only when its count is above 0 (null in a
+    whole answer, absent from a stream's usage chunk), so the absence reads as 0, not unknown
+    (else a hit rate over the requests that report would count only the hits)."""
     if not usage:
         return None, None, None
     details = usage.get("prompt_tokens_details") or {}
-    return usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens")
+    return usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens") or 0

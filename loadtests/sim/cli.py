@@ -14,6 +14,7 @@ from loadtests.sim.faults import Fault, FaultMode
 from loadtests.sim.kvcache import CacheScope
 from loadtests.sim.profiles import ProfileKind, get_profile, profile_names
 from loadtests.sim.serve import serve_engines
+from loadtests.sim.usage_report import AnswerFormat
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -51,6 +52,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="running sequences per engine (vLLM's --max-num-seqs; llama.cpp's --parallel slots)",
     )
+    parser.add_argument(
+        "--answer-format",
+        choices=[f.value for f in AnswerFormat],
+        default=AnswerFormat.VLLM.value,
+        help="how answers report usage and the prompt tokens reused: vllm (prompt_tokens_details), llamacpp "
+        "(prompt_tokens_details always, and timings with cache_n), llamacpp-legacy (llama.cpp before PR #19361: "
+        "timings only); see loadtests/sim/usage_report.py",
+    )
+    parser.add_argument(
+        "--no-prompt-tokens-details",
+        dest="prompt_tokens_details",
+        action="store_false",
+        help="answer as vLLM started without --enable-prompt-tokens-details: no cached_tokens (vllm format only)",
+    )
     faults = parser.add_argument_group(
         "fault injection", "as POST /admin/fault on each engine; see loadtests/sim/faults.py"
     )
@@ -73,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ports is not None:
         args.count = len(args.ports)
     ports = args.ports or [args.port + i for i in range(args.count)]
+    if not args.prompt_tokens_details and args.answer_format != AnswerFormat.VLLM.value:
+        raise SystemExit("--no-prompt-tokens-details is vLLM's switch; llama.cpp always reports cached_tokens")
     faults = _faults(args)
     main = serve_engines(
         args.profile,
@@ -86,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         cache_scope=args.cache_scope,
         max_num_seqs=args.max_num_seqs,
+        answer_format=args.answer_format,
+        prompt_tokens_details=args.prompt_tokens_details,
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, contextlib.suppress(KeyboardInterrupt):
         runner.run(main)

@@ -122,6 +122,7 @@ class _EngineBase:
     def _emit(self, timing: _Timing, index: int, now: float) -> None:
         if index == 0:
             self.metrics.ttft.observe(now - timing.arrival)
+            timing.stream.first_at = now
         else:
             self.metrics.itl.observe(now - timing.last)
         timing.last = now
@@ -135,6 +136,7 @@ class _EngineBase:
         else:
             self.metrics.prompt_tokens.inc(prompt_tokens)
             self.metrics.generation_tokens.inc(stream.num_tokens)
+        stream.end_at = self.clock.now()
         stream.finish(reason)
 
 
@@ -184,7 +186,8 @@ class BatchingEngine(_EngineBase):
             f"r{id(stream):x}", list(request.token_ids), request.max_tokens, request.priority, request.cache_salt
         )
         seq.stall_at = request.stall_at
-        seq.user = _Timing(stream, self.clock.now())
+        stream.arrival = self.clock.now()
+        seq.user = _Timing(stream, stream.arrival)
         self._by_stream[stream] = seq
         self.scheduler.add(seq)
         self._waker.poke()
@@ -279,6 +282,7 @@ class FixedEngine(_EngineBase):
     def submit(self, request: EngineRequest) -> TokenStream:
         now = self.clock.now()
         stream = TokenStream(len(request.token_ids))
+        stream.arrival = now
         req = _FixedRequest(_Timing(stream, now), request.max_tokens, len(request.token_ids), request.stall_at)
         stream.cached_tokens = self._cache_prompt(req, request) * BLOCK_SIZE
         self._active[stream] = req

@@ -5,7 +5,9 @@ Shapes follow vLLM's ``entrypoints/openai/protocol.py`` and ``serving_chat.py`` 
 ``{"role": "assistant", "content": ""}``; content chunks carry ``"logprobs": null`` and
 ``"finish_reason": null`` (and ``"usage": null`` when ``stream_options.include_usage``); the last
 content chunk carries ``finish_reason`` and ``stop_reason``; with ``include_usage`` a final chunk
-has ``"choices": []`` and the usage totals; then ``data: [DONE]``. With
+has ``"choices": []`` and the usage totals; then ``data: [DONE]``. The prompt tokens the engine
+reused (``prompt_tokens_details``), and llama.cpp's shapes of the usage and ``timings``, are
+``usage_report.py``'s: the renderer takes the usage objects it builds. With
 ``stream_options.continuous_usage_stats`` (and ``include_usage``) every chunk carries the usage so
 far instead of ``null``, as vLLM does: the gateway reads the exact count of tokens already streamed
 from it when it migrates a broken stream to another engine. Errors use vLLM's shape
@@ -367,16 +369,14 @@ def parse_body(
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
-    """vLLM's ``UsageInfo``; the per-chunk usage of continuous stats has no details."""
-    use: dict[str, Any] = {
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """vLLM's ``UsageInfo`` without ``prompt_tokens_details``: the per-chunk usage of continuous
+    stats, which never has it (the answers' usage, with the reuse: ``usage_report.py``)."""
+    return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
-    if cached_tokens is not None:
-        use["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return use
 
 
 class StreamRenderer:
@@ -421,31 +421,43 @@ class StreamRenderer:
     def content(self, text: str, completion_tokens: int = 0) -> bytes:
         if self._continuous_prompt is None:
             return self._open + orjson.dumps(text) + self._close
-        use = usage(self._continuous_prompt, completion_tokens, None)
+        use = usage(self._continuous_prompt, completion_tokens)
         return self._open + orjson.dumps(text) + self._close + b',"usage":' + orjson.dumps(use) + b"}\n\n"
 
-    def final(self, text: str, finish_reason: str, completion_tokens: int = 0) -> bytes:
+    def final(
+        self, text: str, finish_reason: str, completion_tokens: int = 0, timings: dict[str, Any] | None = None
+    ) -> bytes:
+        """The last token's chunk, with the finish reason (and llama.cpp's ``timings`` when given)."""
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None}
         else:
             choice = {"index": 0, "text": text, "logprobs": None}
         choice.update(finish_reason=finish_reason, stop_reason=None)
-        return self._event({**self._head, "choices": [choice]}, completion_tokens)
+        return self._event(self._with_timings({**self._head, "choices": [choice]}, timings), completion_tokens)
 
-    def tool_chunk(self, call: ToolCall, index: int, last: bool) -> bytes:
-        """Token ``index`` of a forced tool call (the last one carries the finish reason)."""
+    def tool_chunk(self, call: ToolCall, index: int, last: bool, timings: dict[str, Any] | None = None) -> bytes:
+        """Token ``index`` of a forced tool call (the last one carries the finish reason, and
+        llama.cpp's ``timings`` when given)."""
         choice: dict[str, Any] = {"index": 0, "delta": call.delta(index), "logprobs": None, "finish_reason": None}
         if last:
             choice.update(finish_reason=call.finish_reason, stop_reason=None)
-        return self._event({**self._head, "choices": [choice]}, index + 1)
+        return self._event(self._with_timings({**self._head, "choices": [choice]}, timings), index + 1)
 
-    def usage_chunk(self, prompt: int, completion: int, cached: int) -> bytes:
-        return self._event({**self._head, "choices": [], "usage": usage(prompt, completion, cached)}, completion)
+    def usage_chunk(self, use: dict[str, Any], timings: dict[str, Any] | None = None) -> bytes:
+        """The usage-only chunk (``"choices": []``) with ``use`` (``UsageReport.final``) and
+        llama.cpp's ``timings`` when given."""
+        return self._event(self._with_timings({**self._head, "choices": [], "usage": use}, timings), 0)
+
+    @staticmethod
+    def _with_timings(obj: dict[str, Any], timings: dict[str, Any] | None) -> dict[str, Any]:
+        if timings is not None:
+            obj["timings"] = timings
+        return obj
 
     def _event(self, obj: dict[str, Any], completion_tokens: int) -> bytes:
         if self._include_usage and "usage" not in obj:
             prompt = self._continuous_prompt
-            obj["usage"] = None if prompt is None else usage(prompt, completion_tokens, None)
+            obj["usage"] = None if prompt is None else usage(prompt, completion_tokens)
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -461,9 +473,11 @@ def full_response(
     finish_reason: str,
     use: dict[str, Any],
     tool_calls: list[dict[str, Any]] | None = None,
+    timings: dict[str, Any] | None = None,
 ) -> bytes:
     """A non-streaming `chat.completion` or `text_completion` body; with ``tool_calls`` (chat), a
-    message that makes them (``text`` is then its content: vLLM's ``""``)."""
+    message that makes them (``text`` is then its content: vLLM's ``""``); with ``timings``,
+    llama.cpp's object last (``usage_report.py``)."""
     if endpoint is Endpoint.CHAT:
         message = {"role": "assistant", "content": text, "tool_calls": tool_calls or []}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
@@ -481,6 +495,8 @@ def full_response(
     body = {"id": req_id, "object": obj, "created": created, "model": model, "choices": [choice], "usage": use}
     if endpoint is Endpoint.CHAT:
         body["prompt_logprobs"] = None
+    if timings is not None:
+        body["timings"] = timings
     return orjson.dumps(body)
 
 

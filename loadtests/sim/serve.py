@@ -45,10 +45,13 @@ async def serve_engines(
     gpu_memory_utilization: float | None = None,
     cache_scope: str | None = None,
     max_num_seqs: int | None = None,
+    answer_format: str = "vllm",
+    prompt_tokens_details: bool = True,
 ) -> None:
     """Serve one engine per port in the running loop until cancelled (or signalled).
 
-    ``faults`` maps an engine's index (0 for the first port) to the fault it injects from the start.
+    ``faults`` maps an engine's index (0 for the first port) to the fault it injects from the start;
+    ``answer_format`` and ``prompt_tokens_details`` are ``build_engine_app``'s.
     """
     apps = [
         build_engine_app(
@@ -61,6 +64,8 @@ async def serve_engines(
             gpu_memory_utilization=gpu_memory_utilization,
             cache_scope=cache_scope,
             max_num_seqs=max_num_seqs,
+            answer_format=answer_format,
+            prompt_tokens_details=prompt_tokens_details,
         )
         for i in range(len(ports))
     ]

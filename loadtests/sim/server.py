@@ -15,6 +15,11 @@ Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, 
 them, see ``messages.py``); ``GET /health`` (200, empty body), ``/metrics``,
 ``/v1/models``, ``/version``.
 
+Usage: chat and completions answers report the prompt tokens the engine reused as vLLM does
+(started with ``--enable-prompt-tokens-details``, or without), or as llama.cpp does, with its
+``timings`` (``build_engine_app``'s ``answer_format``; ``usage_report.py``). The other APIs keep
+vLLM's shapes.
+
 Fault injection (not in vLLM): ``POST /admin/fault`` with ``{"mode", "after_tokens"}`` sets
 the fault injected into later requests, ``GET /admin/fault`` shows it (see ``faults.py``).
 
@@ -64,7 +69,6 @@ from loadtests.sim.protocol import (
     full_response,
     models_response,
     parse_request,
-    usage,
 )
 from loadtests.sim.responses import (
     RESPONSES_PATH,
@@ -77,6 +81,7 @@ from loadtests.sim.responses import (
 from loadtests.sim.scheduler import Scheduler
 from loadtests.sim.stream import FinishReason, TokenStream
 from loadtests.sim.tokenizer import embed, output_text
+from loadtests.sim.usage_report import AnswerFormat, UsageReport
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -96,9 +101,19 @@ _ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETION: "cmpl-", Endpoint
 class EngineApp:
     """ASGI app of one simulated engine (see the module docstring)."""
 
-    def __init__(self, profile: Profile, *, model: str, index: int, time_scale: float, clock: Clock | None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        model: str,
+        index: int,
+        time_scale: float,
+        clock: Clock | None,
+        usage_report: UsageReport | None = None,
+    ) -> None:
         self.profile = profile
         self.model = model
+        self.usage_report = usage_report or UsageReport()  # vLLM's shapes unless told (usage_report.py)
         self.engine: Engine | None = None
         if profile.kind is not ProfileKind.INSTANT:
             self.engine = build_engine(profile, model_name=model, index=index, time_scale=time_scale, clock=clock)
@@ -333,21 +348,26 @@ class EngineApp:
         self, req: ParsedRequest, req_id: str, stream: TokenStream, send: Send, close_at: int | None = None
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        continuous = stream.prompt_tokens if req.continuous_usage else None
-        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage, continuous)
+        report = self.usage_report
+        renderer = self._renderer(req, req_id, stream.prompt_tokens)
         last = req.max_tokens - 1
         call = req.tool_call
+        on_finish = report.timings_on_finish(req.include_usage)
         first = True
         sent = 0
         while sent != close_at and (batch := await stream.drain()):
             parts = [renderer.role_chunk()] if first and renderer.chat else []
             first = False
             for i in batch:
+                timings = report.timings(stream) if on_finish and i == last else None
                 if call is not None:
-                    parts.append(renderer.tool_chunk(call, i, i == last))
+                    parts.append(renderer.tool_chunk(call, i, i == last, timings))
                     continue
                 text = output_text(i)
-                parts.append(renderer.final(text, "length", i + 1) if i == last else renderer.content(text, i + 1))
+                if i == last:
+                    parts.append(renderer.final(text, "length", i + 1, timings))
+                else:
+                    parts.append(renderer.content(text, i + 1))
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
             sent += len(batch)
         if sent == close_at:
@@ -355,8 +375,20 @@ class EngineApp:
             return
         if stream.finish_reason is FinishReason.ABORT:
             return
-        tail = renderer.usage_chunk(stream.prompt_tokens, stream.num_tokens, stream.cached_tokens) + DONE
-        await send({"type": "http.response.body", "body": tail if req.include_usage else DONE, "more_body": False})
+        if req.include_usage:
+            use = report.final(stream.prompt_tokens, stream.num_tokens, stream.cached_tokens)
+            tail = renderer.usage_chunk(use, report.timings(stream)) + DONE
+        else:
+            tail = DONE
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _renderer(self, req: ParsedRequest, req_id: str, prompt_tokens: int) -> StreamRenderer:
+        """The stream's renderer; vLLM's ``"usage": null`` on each chunk and per-chunk usage
+        (``continuous_usage_stats``) only in vLLM's format: llama.cpp has neither."""
+        vllm = self.usage_report.vllm
+        continuous = prompt_tokens if req.continuous_usage and vllm else None
+        created = int(time.time())
+        return StreamRenderer(req.endpoint, req_id, req.model, created, req.include_usage and vllm, continuous)
 
     async def _responses(self, body: bytes, receive: Receive, send: Send) -> None:
         """``POST /v1/responses``: the chat path (faults, engine, disconnects) with the Responses API's shapes."""
@@ -431,11 +463,16 @@ class EngineApp:
         if req.endpoint is Endpoint.EMBEDDING:
             return embedding_response(req_id, req.model, created, embed(req.token_ids), len(req.token_ids))
         n = stream.num_tokens
-        use = usage(stream.prompt_tokens, n, stream.cached_tokens)
-        if req.tool_call is not None:
-            calls = [req.tool_call.message_call(n)]
-            return full_response(req.endpoint, req_id, req.model, created, "", req.tool_call.finish_reason, use, calls)
-        return full_response(req.endpoint, req_id, req.model, created, self._text(n), "length", use)
+        report = self.usage_report
+        use = report.whole(stream.prompt_tokens, n, stream.cached_tokens)
+        timings = report.timings(stream)
+        call = req.tool_call
+        if call is not None:
+            calls = [call.message_call(n)]
+            return full_response(
+                req.endpoint, req_id, req.model, created, "", call.finish_reason, use, calls, timings=timings
+            )
+        return full_response(req.endpoint, req_id, req.model, created, self._text(n), "length", use, timings=timings)
 
     def _text(self, n: int) -> str:
         text = self._texts.get(n)
@@ -457,17 +494,21 @@ class EngineApp:
             stream.num_tokens = n
             await _respond(send, 200, self._unary_body(req, req_id, stream))
             return
-        continuous = prompt if req.continuous_usage else None
-        renderer = StreamRenderer(req.endpoint, req_id, req.model, int(time.time()), req.include_usage, continuous)
+        report = self.usage_report
+        done = TokenStream(prompt)
+        done.num_tokens = n
+        timings = report.timings(done)
+        on_finish = timings if report.timings_on_finish(req.include_usage) else None
+        renderer = self._renderer(req, req_id, prompt)
         parts = [renderer.role_chunk()] if renderer.chat else []
         call = req.tool_call
         if call is not None:
-            parts.extend(renderer.tool_chunk(call, i, i == n - 1) for i in range(n))
+            parts.extend(renderer.tool_chunk(call, i, i == n - 1, on_finish if i == n - 1 else None) for i in range(n))
         else:
             parts.extend(renderer.content(output_text(i), i + 1) for i in range(n - 1))
-            parts.append(renderer.final(output_text(n - 1), "length", n))
+            parts.append(renderer.final(output_text(n - 1), "length", n, on_finish))
         if req.include_usage:
-            parts.append(renderer.usage_chunk(prompt, n, 0))
+            parts.append(renderer.usage_chunk(report.final(prompt, n, 0), timings))
         parts.append(DONE)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         await send({"type": "http.response.body", "body": b"".join(parts)})
@@ -519,10 +560,17 @@ def build_engine_app(
     gpu_memory_utilization: float | None = None,
     cache_scope: str | None = None,
     max_num_seqs: int | None = None,
+    answer_format: str = AnswerFormat.VLLM.value,
+    prompt_tokens_details: bool = True,
 ) -> EngineApp:
-    """One engine's ASGI app; its step loop runs between lifespan startup and shutdown."""
+    """One engine's ASGI app; its step loop runs between lifespan startup and shutdown.
+
+    ``answer_format`` (``vllm``, ``llamacpp``, ``llamacpp-legacy``) and ``prompt_tokens_details``
+    (vLLM's ``--enable-prompt-tokens-details``) choose how its answers report the prompt tokens it
+    reused (``usage_report.py``)."""
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
+    report = UsageReport(AnswerFormat(answer_format), prompt_tokens_details)
     spec = get_profile(
         profile,
         ttft_ms=ttft_ms,
@@ -531,7 +579,8 @@ def build_engine_app(
         cache_scope=cache_scope,
         max_num_seqs=max_num_seqs,
     )
-    return EngineApp(spec, model=model or spec.model.name, index=index, time_scale=time_scale, clock=clock)
+    name = model or spec.model.name
+    return EngineApp(spec, model=name, index=index, time_scale=time_scale, clock=clock, usage_report=report)
 
 
 async def _finished_whole(stream: TokenStream, send: Send, close_at: int | None) -> bool:

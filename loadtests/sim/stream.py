@@ -20,11 +20,26 @@ class FinishReason(enum.Enum):
 class TokenStream:
     """Tokens produced for one request, in order; `drain()` waits for the next batch."""
 
-    __slots__ = ("_pending", "_waiter", "cached_tokens", "finish_reason", "num_tokens", "prompt_tokens")
+    __slots__ = (
+        "_pending",
+        "_waiter",
+        "arrival",
+        "cached_tokens",
+        "end_at",
+        "finish_reason",
+        "first_at",
+        "num_tokens",
+        "prompt_tokens",
+    )
 
     def __init__(self, prompt_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = 0
+        # Engine clock stamps (seconds), for llama.cpp's timings (usage_report.py): arrival, first
+        # token, end; an engine sets them once each, no per-token cost. 0.0 when none was taken.
+        self.arrival = 0.0
+        self.first_at = 0.0
+        self.end_at = 0.0
         self.num_tokens = 0
         self.finish_reason: FinishReason | None = None
         self._pending: list[int] = []

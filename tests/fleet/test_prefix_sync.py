@@ -24,6 +24,7 @@ from gateway.routing.prefix_keys import CHARS_PER_TOKEN, chain, scope_root
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.service import parse_policy
 from gateway.settings import Settings
+from loadtests.sim import build_engine_app
 from tests.conftest import CHAT_MODEL, KEY_ACME, KEY_GLOBEX
 from tests.fake_backend import FakeBackend
 from tests.limitstore.redis_server import REDIS_URL, RedisProcess, drop_keys, shared_client, unique_prefix
@@ -35,14 +36,13 @@ SECRET = "prefix-view-test-secret"
 BLOCK_TOKENS = 16
 
 
-def view_policy(urls: dict[str, str], state: dict[str, Any], **fleet: Any) -> str:
+def view_policy(urls: dict[str, str], state: dict[str, Any], *, closed_loop: bool = True, **fleet: Any) -> str:
     """Two backends, prefix-affinity routing on 16-token blocks, the fleet's view on."""
+    routing = {"block_tokens": BLOCK_TOKENS, "index": {"closed_loop": closed_loop}}
     return build_policy(
         "http://unused",
         backends=[backend(name, url, [CHAT_MODEL]) for name, url in urls.items()],
-        models=[
-            model(CHAT_MODEL, max_prompt_tokens=4096, max_output_tokens=32, routing={"block_tokens": BLOCK_TOKENS})
-        ],
+        models=[model(CHAT_MODEL, max_prompt_tokens=4096, max_output_tokens=32, routing=routing)],
         state=state,
         fleet={"sync_interval_s": 0.02, "lease_ttl_s": 1.0, "timeout_ms": 1000, **fleet},
         health_checks={"interval_s": 60, "timeout_s": 1},
@@ -276,3 +276,58 @@ def test_after_a_redis_outage_the_view_resumes_by_itself_in_real_processes(
             assert metric(second.admin_url, "gateway_routing_decisions_total", reason="prefix_match") == 1
     finally:
         server.stop()
+
+
+@pytest.fixture
+def forgetful_engine() -> Iterator[dict[str, str]]:
+    """One simulated engine that forgets a prompt when its sequence ends, answering as llama.cpp
+    does (``cached_tokens`` said even when 0): every later turn is a miss the gateways predicted."""
+    app = build_engine_app(
+        "llama-3.1-8b-h100", model=CHAT_MODEL, time_scale=0.01, cache_scope="running", answer_format="llamacpp"
+    )
+    with serve_in_thread(app) as url:
+        yield {"engine": url}
+
+
+def test_a_miss_seen_by_one_gateway_corrects_the_other_gateways_index(
+    forgetful_engine: dict[str, str], prefix: str
+) -> None:
+    corrected = _after_a_miss_on_the_first_gateway(forgetful_engine, prefix, closed_loop=True)
+    assert corrected == ("no_prefix", 1), "the second gateway forgot the conversation the engine evicted"
+
+
+def test_with_the_loop_off_no_correction_travels(forgetful_engine: dict[str, str], prefix: str) -> None:
+    corrected = _after_a_miss_on_the_first_gateway(forgetful_engine, prefix, closed_loop=False)
+    assert corrected == ("prefix_match", 0), "the second gateway still believes the engine holds it"
+
+
+def _after_a_miss_on_the_first_gateway(urls: dict[str, str], prefix: str, *, closed_loop: bool) -> tuple[str, float]:
+    """Two conversations through the first gateway (the second learns them through the view), then
+    the second conversation's next turn there: the engine held none of it. What the second gateway
+    then decides for the first conversation's next turn, and the corrections it received."""
+    with started(view_policy(urls, redis_state(REDIS_URL, prefix), closed_loop=closed_loop), 2) as (first, second):
+        ask(first, conversation(0))
+        ask(first, conversation(1))
+        wait_until(
+            lambda: metric(second, "gateway_fleet_prefix_decisions_total", result="received") >= 2,
+            what="the second gateway folded the first one's decisions",
+        )
+        ask(first, next_turn(1))
+        assert metric(first, "gateway_prefix_cache_misses_total", backend="engine", model=CHAT_MODEL) == 1
+        if closed_loop:
+            wait_until(
+                lambda: metric(second, "gateway_fleet_prefix_decisions_total", result="correction_received") >= 1,
+                what="the second gateway received the correction",
+            )
+        else:  # the flush that carries the miss's own decision would carry its correction too
+            wait_until(
+                lambda: metric(first, "gateway_fleet_prefix_decisions_total", result="published") >= 3,
+                what="the first gateway flushed the miss's own decision",
+            )
+            wait_until(
+                lambda: metric(second, "gateway_fleet_prefix_decisions_total", result="received") >= 3,
+                what="the second gateway folded that flush",
+            )
+        ask(second, next_turn(0))
+        reason = "no_prefix" if decisions(second, "no_prefix") == 1 else "prefix_match"
+        return reason, metric(second, "gateway_fleet_prefix_decisions_total", result="correction_received")

@@ -7,7 +7,18 @@ from array import array
 import orjson
 import pytest
 
-from gateway.fleet.prefix_wire import BLOCKS, HEADER, Decision, MalformedEntry, decode, encode, origin_of
+from gateway.fleet.prefix_wire import (
+    BLOCKS,
+    CORRECTIONS,
+    HEADER,
+    Correction,
+    Decision,
+    MalformedEntry,
+    decode,
+    decode_corrections,
+    encode,
+    origin_of,
+)
 from gateway.routing.prefix_secret import CHECK_BYTES, NONCE_BYTES, PrefixSecret
 
 SECRET = PrefixSecret(b"wire-test-secret")
@@ -74,3 +85,22 @@ def test_an_entry_sealed_under_another_secret_is_refused() -> None:
 def test_an_entry_whose_parts_disagree_is_refused(fields: dict[bytes, bytes]) -> None:
     with pytest.raises(MalformedEntry):
         decode(fields, SECRET)
+
+
+def test_corrections_travel_as_names_and_ages_beside_the_decisions() -> None:
+    corrections = [Correction("m", "b0", 1.5), Correction("other", "b1", 0.0)]
+    fields = encode("r", [Decision("m", "b0", (1, 2))], SECRET, corrections)
+    assert orjson.loads(fields[CORRECTIONS]) == [["m", "b0", 1500], ["other", "b1", 0]]
+    assert decode_corrections(fields) == corrections
+    assert [tuple(d.blocks) for d in decode(fields, SECRET)] == [(1, 2)]
+    only = encode("r", [], SECRET, corrections[:1])
+    assert decode(only, SECRET) == [], "a correction alone is an entry"
+    assert decode_corrections(only) == corrections[:1]
+    assert CORRECTIONS not in encode("r", [Decision("m", "b0", (1,))], SECRET), "no field when nothing to correct"
+
+
+@pytest.mark.parametrize("raw", [b"{", b'{"m": 1}', b'[["m", "b0"]]', b'[["m", "b0", -1]]', b'[["m", 3, 10]]'])
+def test_a_malformed_correction_is_refused(raw: bytes) -> None:
+    fields = {**encode("r", [], SECRET), CORRECTIONS: raw}
+    with pytest.raises(MalformedEntry):
+        decode_corrections(fields)

@@ -52,3 +52,25 @@ def test_forgetting_a_backend_drops_only_its_index() -> None:
     indexes.forget("a")
     assert indexes.match("a", [1, 2], now=0) == 0
     assert indexes.match("b", [1, 2], now=0) == 2
+
+
+def test_forgetting_before_a_time_drops_every_block_served_no_later_and_keeps_the_rest() -> None:
+    index = PrefixIndex(max_blocks=100, ttl_s=60)
+    index.insert([1, 2, 3], now=0)
+    index.insert([7, 8], now=1)
+    index.insert([1, 9], now=2)  # the shared root 1 served again later
+    assert (index.served_at(3), index.served_at(1), index.served_at(42)) == (0, 2, None)
+    assert index.forget_before(1) == 4  # 2, 3 (at 0), 7, 8 (at 1)
+    assert index.match([1, 2, 3], now=2) == 1, "the root survives: it was served after"
+    assert index.match([7, 8], now=2) == 0
+    assert index.match([1, 9], now=2) == 2
+    assert index.forget_before(-1) == 0
+
+
+def test_forgetting_before_a_time_touches_only_that_backend() -> None:
+    indexes = BackendIndexes(ttl_s=60)
+    indexes.insert("a", 100, [1, 2], now=0)
+    indexes.insert("b", 100, [1, 2], now=0)
+    assert indexes.forget_before("a", 0) == 2
+    assert indexes.forget_before("missing", 0) == 0
+    assert (indexes.match("a", [1, 2], now=0), indexes.match("b", [1, 2], now=0)) == (0, 2)
