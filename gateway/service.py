@@ -36,10 +36,10 @@ from gateway.pipeline.attempt import AttemptDeps
 from gateway.pipeline.handler import InFlight, PipelineDeps
 from gateway.pipeline.recorder import Recorder
 from gateway.policy.checks import PolicyChecks
-from gateway.policy.loader import PolicyLoader
+from gateway.policy.loader import PolicyError, PolicyLoader
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource, ReloadRefused
-from gateway.request.tokens import CharRatioEstimator
+from gateway.request.estimators import Estimators, TokenizerUnavailable, build_estimators, tokenizer_problems
 from gateway.responses.affinity import ResponseAffinity
 from gateway.responses.ids import ResponseIds
 from gateway.responses.sharing import lookup_budget_s
@@ -72,12 +72,20 @@ policy (serve, workers, ``policy validate`` and ``explain``, reloads, tests, ben
 
 def load_policy(path: str | Path) -> PolicySnapshot:
     """Read, validate, check and index a policy file (``POLICY_LOADER``); ``PolicyError`` lists every problem."""
-    return POLICY_LOADER.load(path)
+    return _files_readable(POLICY_LOADER.load(path))
 
 
 def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
     """Like ``load_policy`` for text already in memory; ``source`` names it in every message."""
-    return POLICY_LOADER.parse(text, source)
+    return _files_readable(POLICY_LOADER.parse(text, source))
+
+
+def _files_readable(snapshot: PolicySnapshot) -> PolicySnapshot:
+    """``snapshot``, or ``PolicyError`` when a model's tokenizer file cannot be opened (``policy validate``)."""
+    problems = tokenizer_problems(snapshot)
+    if problems:
+        raise PolicyError(snapshot.source, problems)
+    return snapshot
 
 
 class Gateway:
@@ -95,6 +103,10 @@ class Gateway:
             on_spans_dropped=self.metrics.trace_spans_dropped.inc,
         )
         self.runtime: Runtime = self.builder.first(snapshot)
+        try:
+            self.estimators: Estimators = build_estimators(snapshot)  # each tokenizer file read once per policy
+        except TokenizerUnavailable as exc:
+            raise RuntimeError(str(exc)) from exc
         self.pool = BackendPool(snapshot, on_forget=self._forget_backend, breakers=self._breaker)
         self.upstream = UpstreamClient({}, max_connections=settings.max_upstream_connections)
         try:
@@ -241,7 +253,7 @@ class Gateway:
             clock=self.clock,
             runtime=lambda: self.runtime,
             limiter=self.limiter,
-            estimator=CharRatioEstimator(),
+            estimators=lambda: self.estimators,
             attempts=AttemptDeps(self.clock, self.dispatcher, self.upstream, self.pool, self.metrics, self.affinity),
             recorder=self.recorder,
             in_flight=self.in_flight,
@@ -255,7 +267,12 @@ class Gateway:
 
     def install(self, snapshot: PolicySnapshot) -> None:
         """Plan everything ``snapshot`` needs, then install it in one step; ``ReloadRefused`` if it cannot be."""
+        try:
+            estimators = build_estimators(snapshot)
+        except TokenizerUnavailable as exc:
+            raise ReloadRefused(str(exc)) from exc
         self._install(self.builder.plan(self.runtime, snapshot, self.pool))
+        self.estimators = estimators
 
     def _install(self, plan: ReloadPlan) -> None:
         """Nothing here can fail: every part was built by ``plan``."""

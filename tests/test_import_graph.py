@@ -73,6 +73,7 @@ STAGE_ORDER = (
     "settings",
     "policy",
     "engines",
+    "kv_events",
     "shared",
     "limitstore",
     "telemetry",

@@ -48,6 +48,7 @@ from gateway.pipeline.shadowing import ShadowCopy, Shadows
 from gateway.policy.model import Slo, Tenant
 from gateway.request.auth import authenticate, authorize_model
 from gateway.request.disconnect import DisconnectSignal, disconnect_signal
+from gateway.request.estimators import Estimators
 from gateway.request.intake import (
     ClientDisconnected,
     RequestHeaders,
@@ -58,7 +59,6 @@ from gateway.request.intake import (
     read_headers,
     require_json_content_type,
 )
-from gateway.request.tokens import TokenEstimator
 from gateway.responses.affinity import Holder
 from gateway.routing.targets import TargetChoice, TargetPicker, lookup_public
 from gateway.runtime import Runtime
@@ -103,7 +103,8 @@ class PipelineDeps:
     clock: Clock
     runtime: Callable[[], Runtime]
     limiter: TenantLimiter
-    estimator: TokenEstimator
+    estimators: Callable[[], Estimators]
+    """The policy in force's estimator per model (``gateway/request/estimators.py``)."""
     attempts: AttemptDeps
     recorder: Recorder
     in_flight: InFlight
@@ -266,7 +267,7 @@ class InferenceHandler:
             arrival=arrival,
             model_policy=model_policy,
             limits=limits,
-            estimator=self.deps.estimator,
+            estimator=self.deps.estimators().for_model(model_policy.name),
         )
         if headers.session_id or stripped or renamed:
             session_id = headers.session_id.decode(errors="replace") if headers.session_id else None

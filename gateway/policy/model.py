@@ -282,6 +282,22 @@ class Routing(Strict):
         return weights
 
 
+class TokenizerPolicy(Strict):
+    """The model's own Hugging Face ``tokenizer.json``, read from a local file (nothing is downloaded),
+    so that prompt-token limits and TPM reservations count real tokens, not the character estimate.
+    A relative ``path`` is read from the policy file's folder; a file that cannot be read or parsed
+    refuses the policy (``gateway/request/estimators.py``).
+
+    Usage in a policy file::
+
+        models:
+          - name: meta-llama/Llama-3.1-8B-Instruct
+            tokenizer: {path: tokenizers/llama-3.1.json}
+    """
+
+    path: Annotated[str, Field(min_length=1)]
+
+
 class ModelPolicy(Strict):
     """A model clients may ask for, with its per-request limits and its routing."""
 
@@ -291,6 +307,8 @@ class ModelPolicy(Strict):
     default_max_tokens: PositiveInt | None = None
     upstream_name: Name | None = None
     routing: Routing = Routing()
+    tokenizer: TokenizerPolicy | None = None
+    """Count this model's prompts with its own tokenizer (``TokenizerPolicy``); else the character estimate."""
 
 
 class Capacity(Strict):

@@ -81,8 +81,12 @@ PACED_MODEL = "sim-paced"
 """The model of the paced engine (``--stream-itl-ms``): tokens one at a time, as a real engine sends them."""
 
 
-def _policy(backend_url: str, *, fleet: bool = False, paced_url: str | None = None) -> str:
-    """The bench's policy; ``fleet`` shares the state (and the capacity) through the local Redis."""
+def _policy(
+    backend_url: str, *, fleet: bool = False, paced_url: str | None = None, tokenizer: str | None = None
+) -> str:
+    """The bench's policy; ``fleet`` shares the state (and the capacity) through the local Redis;
+    ``tokenizer`` (a ``tokenizer.json``) counts the bench model's prompts with it, not the estimate."""
+    counted = f', tokenizer: {{path: "{Path(tokenizer).resolve()}"}}' if tokenizer else ""
     shared = (
         f'state: {{backend: redis, redis_url: "redis://127.0.0.1:6379/0", key_prefix: "overhead-{os.getpid()}:"}}'
         if fleet
@@ -94,7 +98,7 @@ limits: {{max_body_bytes: 1048576}}
 classes:
   interactive: {{rank: 0, slo: {{ttft_ms: 500, itl_ms: 30, e2e_ms: 60000}}}}
 models:
-  - {{name: {MODEL}, max_prompt_tokens: 8192, max_output_tokens: 4096}}
+  - {{name: {MODEL}, max_prompt_tokens: 8192, max_output_tokens: 4096{counted}}}
   - {{name: {PACED_MODEL}, max_prompt_tokens: 8192, max_output_tokens: 4096}}
 backends:
   - {{name: instant, url: "{backend_url}", kind: sim, models: [{MODEL}],
@@ -449,6 +453,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--current", default=None, metavar="REF", help="run the gateway of git revision REF instead of this tree's"
     )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="count the bench model's prompts with this tokenizer.json (the CPU a request costs with a tokenizer; "
+        "a --previous or --current revision before tokenizers refuses the policy)",
+    )
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",") if r]
     args.stream_rates = [float(r) for r in args.stream_rates.split(",") if r]
@@ -465,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     gateway = f"http://127.0.0.1:{args.gateway_port}"
     exe = [sys.executable, "-m", "gateway"]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as policy:
-        policy.write(_policy(backend, paced_url=paced))
+        policy.write(_policy(backend, paced_url=paced, tokenizer=args.tokenizer))
     sim = [*pin(0), *exe, "sim", "--profile", "instant", "--model", MODEL, "--port", str(args.backend_port)]
     serve = [*pin(1), *exe, "serve", "--policy", policy.name, "--port", str(args.gateway_port)]
     if args.gateway_cmd:
@@ -524,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.fleet:
             fleet_port = args.gateway_port + 4
             fleet_url = f"http://127.0.0.1:{fleet_port}"
-            fleet_policy = stack.enter_context(policy_file(_policy(backend, fleet=True)))
+            fleet_policy = stack.enter_context(policy_file(_policy(backend, fleet=True, tokenizer=args.tokenizer)))
             serve_fleet = [*pin(1), *GATEWAY, "serve", "--policy", str(fleet_policy), "--port", str(fleet_port)]
             fleet_proc = stack.enter_context(process([*serve_fleet, *admin_args(fleet_port)], fleet_url + "/healthz"))
             args.extra_arms.append(("fleet", fleet_url + "/v1/chat/completions", fleet_proc.pid))

@@ -66,6 +66,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         action="store_false",
         help="answer as vLLM started without --enable-prompt-tokens-details: no cached_tokens (vllm format only)",
     )
+    parser.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        default=None,
+        help="publish KV-cache events as vLLM does (ZeroMQ PUB bound here, e.g. tcp://127.0.0.1:5557; engine I on "
+        "the port + I); see loadtests/sim/kv_events.py",
+    )
+    parser.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        default=None,
+        help="the replay socket (ROUTER) of the KV events, e.g. tcp://127.0.0.1:5558 (needs --kv-events)",
+    )
     faults = parser.add_argument_group(
         "fault injection", "as POST /admin/fault on each engine; see loadtests/sim/faults.py"
     )
@@ -90,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     ports = args.ports or [args.port + i for i in range(args.count)]
     if not args.prompt_tokens_details and args.answer_format != AnswerFormat.VLLM.value:
         raise SystemExit("--no-prompt-tokens-details is vLLM's switch; llama.cpp always reports cached_tokens")
+    if args.kv_events_replay is not None and args.kv_events is None:
+        raise SystemExit("--kv-events-replay needs --kv-events")
     faults = _faults(args)
     main = serve_engines(
         args.profile,
@@ -105,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         answer_format=args.answer_format,
         prompt_tokens_details=args.prompt_tokens_details,
+        kv_events=args.kv_events,
+        kv_events_replay=args.kv_events_replay,
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, contextlib.suppress(KeyboardInterrupt):
         runner.run(main)

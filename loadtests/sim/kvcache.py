@@ -21,6 +21,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import xxhash
 
@@ -42,10 +43,19 @@ def chain_hashes(parent: int, token_ids: Sequence[int], start: int, stop: int, b
     return hashes
 
 
+class KVCacheObserver(Protocol):
+    """Told of every hash the cache publishes and evicts (the sim's KV events, ``kv_events.py``)."""
+
+    def stored(self, block_hash: int, parent: int | None, token_ids: Sequence[int]) -> None: ...
+
+    def removed(self, block_hash: int) -> None: ...
+
+
 class KVCache:
     """Block allocator with reference counts, a hash index and LRU eviction."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.observer: KVCacheObserver | None = None  # set by ``observe``
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._refs = [0] * num_blocks
@@ -53,6 +63,10 @@ class KVCache:
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.evictions = 0
+
+    def observe(self, observer: KVCacheObserver) -> None:
+        """Report commits and evictions to ``observer`` from now on."""
+        self.observer = observer
 
     @property
     def num_free(self) -> int:
@@ -94,6 +108,8 @@ class KVCache:
                 del self._cached[h]
                 self._hash_of[block] = _NO_HASH
                 self.evictions += 1
+                if self.observer is not None:
+                    self.observer.removed(h)
             self._refs[block] = 1
             blocks.append(block)
         return blocks
@@ -105,11 +121,14 @@ class KVCache:
             if self._refs[block] == 0:
                 self._free[block] = None
 
-    def commit(self, block: int, block_hash: int) -> None:
-        """Publish a full, computed block under its hash (first writer wins, as in vLLM)."""
+    def commit(self, block: int, block_hash: int, parent: int | None = None, token_ids: Sequence[int] = ()) -> None:
+        """Publish a full, computed block under its hash (first writer wins, as in vLLM); ``parent``
+        (the chain's previous hash) and ``token_ids`` only go to the observer, when given."""
         if block_hash not in self._cached and self._hash_of[block] == _NO_HASH:
             self._cached[block_hash] = block
             self._hash_of[block] = block_hash
+            if self.observer is not None:
+                self.observer.stored(block_hash, parent, token_ids)
 
 
 class CacheScope(enum.Enum):

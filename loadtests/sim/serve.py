@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 import uvicorn
 
 from loadtests.sim.faults import Fault
+from loadtests.sim.kv_events import attach_publishers
+from loadtests.sim.kvcache import KVCache
 from loadtests.sim.server import EngineApp, build_engine_app
 
 log = logging.getLogger("loadtests.sim")
@@ -47,11 +49,15 @@ async def serve_engines(
     max_num_seqs: int | None = None,
     answer_format: str = "vllm",
     prompt_tokens_details: bool = True,
+    kv_events: str | None = None,
+    kv_events_replay: str | None = None,
 ) -> None:
     """Serve one engine per port in the running loop until cancelled (or signalled).
 
     ``faults`` maps an engine's index (0 for the first port) to the fault it injects from the start;
-    ``answer_format`` and ``prompt_tokens_details`` are ``build_engine_app``'s.
+    ``answer_format`` and ``prompt_tokens_details`` are ``build_engine_app``'s; ``kv_events`` (and
+    ``kv_events_replay``) publish each engine's KV events there, engine ``i`` on the port + ``i``
+    (``kv_events.py``).
     """
     apps = [
         build_engine_app(
@@ -72,10 +78,15 @@ async def serve_engines(
     for index, fault in (faults or {}).items():
         apps[index].set_fault(fault)
     servers = build_servers(apps, host=host, ports=ports)
+    caches = [kv for app in apps if isinstance(kv := getattr(app.engine, "kv", None), KVCache)]
+    if kv_events is not None and len(caches) != len(apps):
+        raise ValueError(f"--kv-events needs an engine; the {profile} profile has none")
+    publishers = [] if kv_events is None else attach_publishers(caches, kv_events, kv_events_replay)
     tasks = [
         asyncio.create_task(server.serve(), name=f"sim-engine-{port}")
         for server, port in zip(servers, ports, strict=True)
     ]
+    replays = [asyncio.create_task(p.serve_replay(), name="sim-kv-events-replay") for p in publishers]
     log.info("simulated engines: profile=%s ports=%s time_scale=%s", profile, list(ports), time_scale)
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -83,8 +94,11 @@ async def serve_engines(
         for server in servers:
             server.should_exit = True
         _done, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
-        for task in pending:
+        for task in [*pending, *replays]:
             task.cancel()
+        await asyncio.gather(*replays, return_exceptions=True)
+        for publisher in publishers:
+            publisher.close()
     for task in tasks:
         error = None if task.cancelled() or not task.done() else task.exception()
         if error is not None:
