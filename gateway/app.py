@@ -126,6 +126,7 @@ class GatewayApp:
                 OpenAIRoute("/admin/reload", admin["/admin/reload"], methods=["POST"]),
                 OpenAIRoute("/admin/policy", admin["/admin/policy"], methods=["GET"]),
                 OpenAIRoute("/admin/rollout", admin["/admin/rollout"], methods=["GET", "POST"]),
+                OpenAIRoute("/admin/backends", admin["/admin/backends"], methods=["GET"]),
             ],
             default=self._not_found,
             redirect_slashes=False,

@@ -23,7 +23,9 @@ from gateway.admission.tenant_limits import TenantLimiter
 from gateway.clock import Clock, MonotonicClock
 from gateway.dispatch.backends import BackendPool
 from gateway.dispatch.breaker import CircuitBreaker
+from gateway.dispatch.capacity_check import CapacityCheck, CapacityGauges
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.kv_feeds import KvFeeds
 from gateway.dispatch.observers import Observers
 from gateway.dispatch.scrape import SaturationScraper
 from gateway.fleet.coordinator import FleetCoordinator, partition_quotas, replica_id
@@ -143,7 +145,13 @@ class Gateway:
         self.rollouts = self._rollouts(settings, snapshot)
         self.targets = TargetPicker(candidate_share=self.rollouts.candidate_percent)
         self.recorder.on_group_outcome = self.rollouts.observe
+        self.kv_feeds = KvFeeds(self.metrics)  # the engines' KV events; run from ``start``, not routed on yet
+        self.kv_feeds.adopt(snapshot.policy.backends)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.capacity_check = CapacityCheck(  # declared capacity vs the engines' own limits, said not acted on
+            self.upstream.http,
+            CapacityGauges(self.metrics.backend_capacity_disagreement, self.metrics.backend_engine_limit),
+        )
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
 
     def _limit_store(self, snapshot: PolicySnapshot) -> MemoryLimitStore | RedisLimitStore:
@@ -287,12 +295,18 @@ class Gateway:
         self.dispatcher.adopt(snapshot)
         self.rollouts.adopt(snapshot)
         self.costs.reprice(snapshot.policy.backends)
+        self.kv_feeds.adopt(snapshot.policy.backends)  # changed feeds rebuilt, the others keep running
         self.metrics.policy_info.clear()
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
         if plan.retired_tracing is not None:
             threading.Thread(target=plan.retired_tracing.shutdown, name="tracing-shutdown", daemon=True).start()
         self.dispatcher.hand_out_all()
         log.warning("policy %s (digest %s) is now in force", snapshot.version, snapshot.digest)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a test installing by hand): the next health round checks
+            return
+        self._spawn(self._check_capacity())  # the changed backends' capacity against their engines
 
     def policy_status(self) -> dict[str, object]:
         snapshot, source = self.policy(), self.source
@@ -307,6 +321,20 @@ class Gateway:
 
     def rollout_status(self) -> list[dict[str, Any]]:
         return self.rollouts.status()
+
+    def backends_status(self) -> list[dict[str, Any]]:
+        """Each backend of the policy in force as ``GET /admin/backends`` shows it."""
+        capacity = self.capacity_check.status()  # declared vs the engine's own limits, once read
+        return [
+            {
+                "name": b.name,
+                "kind": b.kind.value,
+                "url": b.url,
+                "kv_events": self.kv_feeds.status(b.name),
+                "capacity": capacity.get(b.name),
+            }
+            for b in self.policy().policy.backends
+        ]
 
     async def force_rollout(self, group: str, action: str, who: str, reason: str) -> dict[str, Any]:
         """An operator's verdict on a group's rollout (``POST /admin/rollout``); KeyError: no such rollout."""
@@ -370,6 +398,8 @@ class Gateway:
         if self.settings.health_checks:
             await self.pool.check_all(self.upstream.http, policy.health_checks.timeout_s)
             self._spawn(self._health_loop())
+        self._spawn(self._check_capacity())
+        self.kv_feeds.start()
         if policy.scrape.interval_s > 0:
             scraper = SaturationScraper(self.pool, self.upstream.http, self.clock, self.dispatcher.hand_out_all)
             self._spawn(scraper.run(policy.scrape.interval_s, policy.scrape.timeout_s))
@@ -381,6 +411,11 @@ class Gateway:
             await asyncio.sleep(checks.interval_s)
             await self.pool.check_all(self.upstream.http, checks.timeout_s)
             self.dispatcher.hand_out_all()
+            await self._check_capacity()  # backends that came up since, once each
+
+    async def _check_capacity(self) -> None:
+        """Compare each healthy backend not yet compared with its engine's limits (WARNINGs, gauges)."""
+        await self.capacity_check.check(self.pool.all())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a background loop (health checks, scrapes, ...) owned by the gateway."""
@@ -409,6 +444,7 @@ class Gateway:
         await asyncio.to_thread(self.runtime.tracing.shutdown)
 
     async def _stop_background(self) -> None:
+        await self.kv_feeds.aclose()
         left = await stop_loops(self._tasks)
         if left:
             log.error("shutdown: background loop(s) still running, left behind: %s", [t.get_coro() for t in left])

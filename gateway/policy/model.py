@@ -335,6 +335,24 @@ class Timeouts(Strict):
     between_chunks_s: PositiveFloat = 30.0
 
 
+class KvEvents(Strict):
+    """Where a backend's engine publishes its KV-cache events (vLLM's ``--kv-events-config``,
+    ``publisher: zmq``; ``inference-gateway sim --kv-events``).
+
+    ``kv_events: {endpoint: "tcp://10.0.0.5:5557", replay_endpoint: "tcp://10.0.0.5:5558"}``:
+    ``endpoint`` is the engine's PUB socket, ``replay_endpoint`` its replay ROUTER (unset: a gap
+    in the batches cannot be replayed, the index is emptied instead), ``topic`` the engine's
+    ``topic`` ("" is vLLM's default and takes every message), ``silence_s`` the longest the
+    gateway trusts the engine's index without hearing from it (vLLM publishes only when blocks
+    change, so an idle engine is silent too). Read by ``gateway/dispatch/kv_feeds.py``.
+    """
+
+    endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://\S+$")]
+    replay_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://\S+$")] | None = None
+    topic: str = ""
+    silence_s: PositiveFloat = 30.0
+
+
 class Backend(Strict):
     """One OpenAI-compatible server (a vLLM engine, an SGLang server, ...)."""
 
@@ -357,6 +375,8 @@ class Backend(Strict):
 
     Dedicated capacity for any kind, and how tenants of different cache scopes are kept apart on
     engines that cannot salt their prefix cache (``CacheIsolation.unsalted``)."""
+    kv_events: KvEvents | None = None
+    """Subscribe to the engine's KV-cache events (``KvEvents``); unset: no feed."""
 
     @field_validator("url")
     @classmethod

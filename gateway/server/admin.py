@@ -10,6 +10,8 @@ first and keeps the old policy if the new one is invalid (answering 422 with the
 decisions); ``POST /admin/rollout`` with ``{"group": ..., "action": "promote" | "rollback" |
 "hold" | "resume", "reason": "..."}`` forces a verdict, saved like the canary's own
 (``gateway/rollout/controller.py``); the operator is named by ``x-operator`` (else ``admin``).
+``GET /admin/backends`` shows what the gateway knows of each backend of the policy in force (its
+KV-event feed: live or not, the blocks its index holds).
 
 An admin key is no reason to parse loosely; the data plane's rules hold here too. A header the
 endpoints act on comes once (two ``Authorization`` lines: 400 ``duplicate_header``, as
@@ -62,6 +64,8 @@ class PolicyControl(Protocol):
     def rollout_status(self) -> list[dict[str, Any]]: ...
 
     async def force_rollout(self, group: str, action: str, who: str, reason: str) -> dict[str, Any]: ...
+
+    def backends_status(self) -> list[dict[str, Any]]: ...
 
 
 def _authorize(headers: RequestHeaders, gateway: PolicyControl) -> None:
@@ -126,10 +130,14 @@ def admin_routes(
     def policy(current: PolicyControl) -> Response:
         return JSONResponse(current.policy_status())
 
+    def backends(current: PolicyControl) -> Response:
+        return JSONResponse({"backends": current.backends_status()})
+
     return {
         "/admin/reload": guarded(reload),
         "/admin/policy": guarded(policy),
         "/admin/rollout": guarded_async(rollout),
+        "/admin/backends": guarded(backends),
     }
 
 

@@ -149,6 +149,7 @@ class Metrics:
         self._declare_backend_metrics(r)
         self._declare_admission_metrics(r)
         self._declare_routing_metrics(r)
+        self._declare_kv_event_metrics(r)
         self._declare_slo_metrics(r)
         self._declare_cost_metrics(r)
         self._declare_trace_log_metrics(r)
@@ -236,6 +237,18 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.backend_capacity_disagreement = Gauge(
+            "gateway_backend_capacity_disagreement",
+            "1 when the backend's declared capacity field disagrees with its engine's own limit, else 0.",
+            ["backend", "field"],
+            registry=r,
+        )
+        self.backend_engine_limit = Gauge(
+            "gateway_backend_engine_limit",
+            "The engine's own limit (max_concurrent, kv_cache_tokens), as it reports it.",
+            ["backend", "field"],
+            registry=r,
+        )
         self.model_healthy_backends = Gauge(
             "gateway_model_healthy_backends", "Healthy backends serving the model.", ["model"], registry=r
         )
@@ -298,6 +311,37 @@ class Metrics:
             "Answers whose engine held less of the prompt than the router predicted (by more than two of its blocks): "
             "each makes the router forget what that engine was sent no later than the missing block.",
             labels,
+            registry=r,
+        )
+
+    def _declare_kv_event_metrics(self, r: CollectorRegistry) -> None:
+        """The engines' KV-event feeds (``gateway/dispatch/kv_feeds.py``): one per backend with
+        ``kv_events`` in the policy; a backend leaving the policy leaves these too."""
+        self.kv_events_feed_live = Gauge(
+            "gateway_kv_events_feed_live",
+            "1 while the backend's KV-event feed is in sequence and heard from within its silence_s; "
+            "0 while it is not (routing then uses the gateway's own estimate).",
+            ["backend"],
+            registry=r,
+        )
+        self.kv_events_feed_lost = Counter(
+            "gateway_kv_events_feed_lost",
+            "Times a backend's KV-event feed stopped being live: silent, gap_unreplayed (a gap the replay "
+            "socket could not fill: the index was emptied), decode_error.",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.kv_events_batches = Counter(
+            "gateway_kv_events_batches",
+            "KV-event batches applied to the backend's exact block index (replayed ones included, and the "
+            "index's own resets after a gap or an engine restart).",
+            ["backend"],
+            registry=r,
+        )
+        self.kv_events_blocks = Gauge(
+            "gateway_kv_events_blocks",
+            "Block hashes the backend's exact index holds, as its engine's KV events say.",
+            ["backend"],
             registry=r,
         )
 
@@ -617,6 +661,15 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def remove_child(self, metric: MetricWrapperBase, *labels: str) -> None:
+        """Drop one labelled series and its memo (``child``): a backend that left, a feed that
+        stopped. A series never exported is no error."""
+        self._children.pop((id(metric), labels), None)
+        try:
+            metric.remove(*labels)
+        except KeyError:
+            return
 
     @staticmethod
     def observe_many(histogram: Histogram, values: Sequence[float]) -> None:

@@ -246,7 +246,7 @@ class BatchingEngine(_EngineBase):
 
 
 class _FixedRequest:
-    __slots__ = ("blocks", "hashes", "max_tokens", "prompt_tokens", "stall_at", "timing")
+    __slots__ = ("blocks", "hashes", "max_tokens", "prompt_tokens", "stall_at", "timing", "token_ids")
 
     def __init__(self, timing: _Timing, max_tokens: int, prompt_tokens: int, stall_at: int | None = None) -> None:
         self.timing = timing
@@ -255,6 +255,7 @@ class _FixedRequest:
         self.stall_at = stall_at
         self.blocks: list[int] = []
         self.hashes: list[int] = []
+        self.token_ids: list[int] = []
 
 
 class FixedEngine(_EngineBase):
@@ -328,7 +329,7 @@ class FixedEngine(_EngineBase):
 
     def _cache_prompt(self, req: _FixedRequest, request: EngineRequest) -> int:
         """Hold the prompt's blocks (the cached ones shared); the number of blocks found cached."""
-        tokens = request.token_ids
+        tokens = req.token_ids = request.token_ids
         req.hashes = chain_hashes(salt_root(request.cache_salt), tokens, 0, len(tokens) // BLOCK_SIZE, BLOCK_SIZE)
         hit = self.kv.lookup(req.hashes[: (len(tokens) - 1) // BLOCK_SIZE])
         self.kv.acquire(hit)
@@ -339,8 +340,9 @@ class FixedEngine(_EngineBase):
         return len(hit)
 
     def _release(self, req: _FixedRequest) -> None:
-        for block, block_hash in zip(req.blocks, req.hashes, strict=False):
-            self.kv.commit(block, block_hash)
+        parents = [None, *req.hashes]  # vLLM's parent_block_hash: None at a chain's start
+        for i, (block, block_hash) in enumerate(zip(req.blocks, req.hashes, strict=False)):
+            self.kv.commit(block, block_hash, parents[i], req.token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
         self.kv.release(req.blocks)
         req.blocks = []
 

@@ -7,6 +7,12 @@ Beyond vLLM's set: ``sim:requests_aborted_total`` counts aborts (client disconne
 also counts them as ``vllm:request_success_total{finished_reason="abort"}``, which is kept too —
 ``sim:step_lag_seconds`` records how late each step ran against its roofline deadline, and
 ``sim:faults_injected_total{mode}`` counts requests hit by an injected fault (``faults.py``).
+
+``vllm:cache_config_info`` is vLLM's "info" gauge (``PrometheusStatLogger.log_metrics_info``: a gauge
+set to 1 whose labels are ``CacheConfig.metrics_info()``, every field as ``str(value)``, then
+``engine``); the simulator writes the fields a reader of the engine's limits needs
+(``num_gpu_blocks`` and ``block_size``: the KV cache holds their product in tokens) and a few
+others with vLLM's defaults, and only for an engine that has a KV cache.
 Histograms measure wall-clock seconds as a client sees them (already multiplied by the time scale).
 """
 
@@ -67,6 +73,20 @@ ITL_BUCKETS = (
 LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 FINISH_REASONS = ("length", "stop", "abort")
 FAULT_MODES = ("fail_503", "stall", "close_mid_stream")
+CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "num_gpu_blocks", "num_cpu_blocks")
+"""Labels of ``vllm:cache_config_info`` (a subset of vLLM's ``CacheConfig`` fields, in its order), ``engine`` last."""
+
+
+def _kv_blocks(kv_usage: Callable[[], float]) -> tuple[int, int] | None:
+    """``(num_blocks, block_size)`` of the KV cache whose ``usage`` is ``kv_usage``; None without one.
+
+    Read from the bound method's owner (``kvcache.KVCache``) so that every engine built with a
+    KV cache reports its size without its constructor passing it twice."""
+    owner = getattr(kv_usage, "__self__", None)
+    blocks, block_size = getattr(owner, "num_blocks", None), getattr(owner, "block_size", None)
+    if isinstance(blocks, int) and isinstance(block_size, int):
+        return blocks, block_size
+    return None
 
 
 class _ByPriority(Collector):
@@ -142,6 +162,15 @@ class EngineMetrics:
         )
         gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0 to 1.", kv_usage)
+        kv_blocks = _kv_blocks(kv_usage)
+        if kv_blocks is not None:
+            info = Gauge(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                [*CACHE_CONFIG_LABELS, "engine"],
+                registry=reg,
+            )
+            info.labels(str(kv_blocks[1]), "auto", "True", str(kv_blocks[0]), "None", str(engine)).set(1)
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")

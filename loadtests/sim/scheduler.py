@@ -298,6 +298,8 @@ class Scheduler:
             seq.num_committed = full
             return
         self._extend_hashes(seq, full)
+        bs = self.kv.block_size
         for i in range(seq.num_committed, min(full, len(seq.blocks))):
-            self.kv.commit(seq.blocks[i], seq.block_hashes[i])
+            parent = seq.block_hashes[i - 1] if i else None  # vLLM's parent_block_hash: None at a chain's start
+            self.kv.commit(seq.blocks[i], seq.block_hashes[i], parent, seq.token_ids[i * bs : (i + 1) * bs])
         seq.num_committed = full
