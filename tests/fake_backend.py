@@ -25,6 +25,11 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+ENGINE_INFO_PATHS = frozenset({"/props", "/server_info", "/get_server_info"})
+"""Where the gateway reads llama.cpp's and SGLang's own limits (``gateway/dispatch/engine_limits.py``):
+the fake is no particular engine, so it answers 404 there (the gateway then says the limits are
+unknown) and does not count the read among the requests it received."""
+
 
 @dataclass
 class Received:
@@ -63,6 +68,9 @@ class FakeBackend:
             return
         if scope["path"] == "/health":
             await _respond(send, 200, b"")
+            return
+        if scope["path"] in ENGINE_INFO_PATHS:  # the gateway reading an engine's own limits: not one of ours
+            await _respond(send, 404, b"")
             return
         if scope["path"] == "/metrics":
             page = f'vllm:num_requests_waiting{{model_name="m"}} {self.waiting}\n'

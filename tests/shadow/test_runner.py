@@ -390,7 +390,7 @@ def test_the_runner_and_its_handle_offer_no_path_to_a_client() -> None:
     assert set(ShadowHandle.__slots__) == {"_judge", "_primary", "_primary_known", "_shadow", "_shadow_known"}
     public = {name for name in dir(ShadowRunner) if not name.startswith("_")}
     hears = {name for name in dir(DispatchObserver) if not name.startswith("_")}
-    assert hears == {"request_waits", "demand_changed", "routed"}
+    assert hears == {"request_waits", "demand_changed", "routed", "cache_missed"}
     assert public == {"copy", "aclose", "in_flight"} | hears
     assert list(inspect.signature(ShadowRunner.copy).parameters) == ["self", "ctx", "group"]
     assert inspect.signature(ShadowRunner.copy).return_annotation == "ShadowHandle | None"
