@@ -74,6 +74,13 @@ SGLANG_METRICS = ScrapedMetrics(
     kv_usage=("sglang:token_usage",),
     counters=("sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total"),
 )
+LLAMACPP_METRICS = ScrapedMetrics(
+    waiting=("llamacpp:requests_deferred",),  # tasks deferred for want of a free slot
+    running=("llamacpp:requests_processing",),  # slots processing a task
+    kv_usage=(),  # none since llamacpp:kv_cache_usage_ratio was dropped from the server
+    counters=("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"),
+)
+"""llama.cpp's server under ``--metrics`` (``tools/server``: gauges and counters, no labels)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +223,7 @@ ENGINES: Mapping[BackendKind, EngineKind] = MappingProxyType(
             serves_rerank=True,  # Jina's shape, under --reranking
             serves_score=False,
             serves_count_tokens=False,
-            metrics=NO_METRICS,  # llamacpp:* under --metrics, which the scraper does not read
+            metrics=LLAMACPP_METRICS,  # under --metrics; without it the page is a 501 and nothing is read
         ),
         BackendKind.OPENAI: EngineKind(
             kind=BackendKind.OPENAI,

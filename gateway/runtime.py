@@ -34,6 +34,7 @@ from gateway.dispatch.router import Router
 from gateway.policy.model import TracingConfig
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import ReloadRefused
+from gateway.routing.engine_view import EngineView
 from gateway.routing.isolation import CacheSalter
 from gateway.routing.prefix_secret import PrefixSecret
 from gateway.routing.registry import build_routers, update_routers
@@ -83,19 +84,22 @@ class RuntimeBuilder:
         epoch_offset: float,
         telemetry: bool,
         on_spans_dropped: Callable[[int], None],
+        engines: EngineView | None = None,
     ) -> None:
         """``telemetry=False`` (``GATEWAY_TELEMETRY=off``) keeps tracing off whatever the policy says."""
         self.clock = clock
         self.epoch_offset = epoch_offset
         self.telemetry = telemetry
         self._on_spans_dropped = on_spans_dropped
+        self.engines = engines
+        """What the engines report holding (KV events), given to every prefix router it builds."""
 
     def first(self, snapshot: PolicySnapshot) -> Runtime:
         policy = snapshot.policy
         secret = PrefixSecret.from_env(policy.cache_isolation.secret_env)
         return Runtime(
             snapshot=snapshot,
-            routers=MappingProxyType(build_routers(snapshot, self.clock, secret)),
+            routers=MappingProxyType(build_routers(snapshot, self.clock, secret, self.engines)),
             tracing=self._tracing(self.tracing_config(snapshot)),
             salter=CacheSalter.from_env(policy.cache_isolation.secret_env),
             prefix_secret=secret,
@@ -117,9 +121,9 @@ class RuntimeBuilder:
         same_secret = policy.cache_isolation == old.cache_isolation
         secret = current.prefix_secret if same_secret else PrefixSecret.from_env(policy.cache_isolation.secret_env)
         routers = (
-            update_routers(current.routers, current.snapshot, new, self.clock, secret)
+            update_routers(current.routers, current.snapshot, new, self.clock, secret, self.engines)
             if same_secret
-            else build_routers(new, self.clock, secret)
+            else build_routers(new, self.clock, secret, self.engines)
         )
         pool_plan = pool.plan(new)
         retry, old_retry = policy.retry, old.retry

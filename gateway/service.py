@@ -25,6 +25,7 @@ from gateway.dispatch.backends import BackendPool
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.capacity_check import CapacityCheck, CapacityGauges
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.engine_limits import auto_capacity_problems
 from gateway.dispatch.kv_feeds import KvFeeds
 from gateway.dispatch.observers import Observers
 from gateway.dispatch.scrape import SaturationScraper
@@ -47,6 +48,7 @@ from gateway.responses.ids import ResponseIds
 from gateway.responses.sharing import lookup_budget_s
 from gateway.rollout.controller import OPERATOR_ACTIONS, Rollouts
 from gateway.rollout.store import open_rollout_store
+from gateway.routing.engine_view import KvEngineView
 from gateway.routing.isolation import check_isolation
 from gateway.routing.registry import routing_problems
 from gateway.routing.targets import TargetPicker
@@ -83,8 +85,9 @@ def parse_policy(text: bytes | str, source: str) -> PolicySnapshot:
 
 
 def _files_readable(snapshot: PolicySnapshot) -> PolicySnapshot:
-    """``snapshot``, or ``PolicyError`` when a model's tokenizer file cannot be opened (``policy validate``)."""
-    problems = tokenizer_problems(snapshot)
+    """``snapshot``, or ``PolicyError`` when a model's tokenizer file cannot be opened (``policy validate``)
+    or a backend's ``capacity: auto`` asks its engine for a figure its kind does not publish."""
+    problems = [*tokenizer_problems(snapshot), *auto_capacity_problems(snapshot.policy)]
     if problems:
         raise PolicyError(snapshot.source, problems)
     return snapshot
@@ -98,17 +101,22 @@ class Gateway:
         self.clock: Clock = clock or MonotonicClock()
         self.metrics = Metrics(redis=snapshot.policy.state.backend == "redis")
         self.epoch_offset = time.time() - self.clock.now()
+        self.kv_feeds = KvFeeds(self.metrics)  # the engines' KV events; run from ``start``
+        self.kv_feeds.adopt(snapshot.policy.backends)
+        self.engine_view = KvEngineView(self.kv_feeds.indexes, self.kv_feeds.live, self._hashing_mismatch)
         self.builder = RuntimeBuilder(
             self.clock,
             epoch_offset=self.epoch_offset,
             telemetry=settings.telemetry,
             on_spans_dropped=self.metrics.trace_spans_dropped.inc,
+            engines=self.engine_view,
         )
         self.runtime: Runtime = self.builder.first(snapshot)
         try:
             self.estimators: Estimators = build_estimators(snapshot)  # each tokenizer file read once per policy
         except TokenizerUnavailable as exc:
             raise RuntimeError(str(exc)) from exc
+        self.engine_view.adopt(snapshot.policy.backends, self.estimators.engine_tokenizers, self.runtime.salter)
         self.pool = BackendPool(snapshot, on_forget=self._forget_backend, breakers=self._breaker)
         self.upstream = UpstreamClient({}, max_connections=settings.max_upstream_connections)
         try:
@@ -145,13 +153,14 @@ class Gateway:
         self.rollouts = self._rollouts(settings, snapshot)
         self.targets = TargetPicker(candidate_share=self.rollouts.candidate_percent)
         self.recorder.on_group_outcome = self.rollouts.observe
-        self.kv_feeds = KvFeeds(self.metrics)  # the engines' KV events; run from ``start``, not routed on yet
-        self.kv_feeds.adopt(snapshot.policy.backends)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.capacity_check = CapacityCheck(  # declared capacity vs the engines' own limits, said not acted on
+        self.capacity_check = CapacityCheck(  # the engines' own limits: said against the declared, taken for auto
             self.upstream.http,
             CapacityGauges(self.metrics.backend_capacity_disagreement, self.metrics.backend_engine_limit),
+            clock=self.clock,
+            on_change=self._capacity_changed,
         )
+        self.capacity_check.apply(self.pool.all())  # an auto backend is shown not ready from the start
         self.metrics.policy_info.labels(snapshot.version, snapshot.digest).set(1)
 
     def _limit_store(self, snapshot: PolicySnapshot) -> MemoryLimitStore | RedisLimitStore:
@@ -279,8 +288,12 @@ class Gateway:
             estimators = build_estimators(snapshot)
         except TokenizerUnavailable as exc:
             raise ReloadRefused(str(exc)) from exc
+        unpublished = auto_capacity_problems(snapshot.policy)
+        if unpublished:
+            raise ReloadRefused("; ".join(str(problem) for problem in unpublished))
         self._install(self.builder.plan(self.runtime, snapshot, self.pool))
         self.estimators = estimators
+        self.engine_view.adopt(snapshot.policy.backends, estimators.engine_tokenizers, self.runtime.salter)
 
     def _install(self, plan: ReloadPlan) -> None:
         """Nothing here can fail: every part was built by ``plan``."""
@@ -288,6 +301,7 @@ class Gateway:
         self.runtime = plan.runtime
         self.upstream.install(plan.upstream)
         self.pool.install(plan.pool)  # forgets removed backends in the new routers
+        self.capacity_check.apply(self.pool.all(), reloaded=True)  # the engines' figures kept for auto, read again
         if self.fleet is not None:
             self.fleet.adopt(snapshot)
         else:
@@ -306,7 +320,7 @@ class Gateway:
             asyncio.get_running_loop()
         except RuntimeError:  # no event loop (a test installing by hand): the next health round checks
             return
-        self._spawn(self._check_capacity())  # the changed backends' capacity against their engines
+        self._spawn(self._check_capacity())  # every engine's limits read again (``CapacityCheck``)
 
     def policy_status(self) -> dict[str, object]:
         snapshot, source = self.policy(), self.source
@@ -330,11 +344,18 @@ class Gateway:
                 "name": b.name,
                 "kind": b.kind.value,
                 "url": b.url,
-                "kv_events": self.kv_feeds.status(b.name),
+                "kv_events": self._feed_status(b.name),
                 "capacity": capacity.get(b.name),
             }
             for b in self.policy().policy.backends
         ]
+
+    def _feed_status(self, backend: str) -> dict[str, Any] | None:
+        """The backend's KV-event feed, and whether prefix routing reads its engine's index now."""
+        status = self.kv_feeds.status(backend)
+        if status is not None:
+            status["routing"] = "events" if self.engine_view.routes_on_events(backend) else "estimate"
+        return status
 
     async def force_rollout(self, group: str, action: str, who: str, reason: str) -> dict[str, Any]:
         """An operator's verdict on a group's rollout (``POST /admin/rollout``); KeyError: no such rollout."""
@@ -364,10 +385,24 @@ class Gateway:
     def _breaker(self, backend: str, snapshot: PolicySnapshot) -> CircuitBreaker:
         return CircuitBreaker(backend, snapshot.policy.breaker, self.clock)
 
+    def _hashing_mismatch(self, backend: str, mismatched: bool) -> None:
+        """The engine view judged ``backend``'s ``kv_events.hashing`` wrong (or a reload replaced it)."""
+        gauge = self.metrics.kv_events_hashing_mismatch.labels(backend)
+        gauge.set(1 if mismatched else 0)
+        if mismatched:
+            log.error(
+                "kv events of %s: its index never matched a prompt the engine says it reused; kv_events.hashing "
+                "(algorithm, seed = the engine's PYTHONHASHSEED, block_size) or the model's tokenizer or "
+                "chat_template is not the engine's: routing on the estimate for it until a reload",
+                backend,
+            )
+
     def _forget_backend(self, backend: str) -> None:
-        """A backend went down or left: every router drops what it learnt about it."""
+        """A backend went down, restarted or left: every router drops what it learnt about it, and the
+        gateway's copy of its engine's KV-event index is emptied (``KvFeeds.clear``)."""
         for router in self.runtime.routers.values():
             router.forget_backend(backend)
+        self.kv_feeds.clear(backend)
 
     async def start(self) -> None:
         if self.recorder.trace_log is not None:
@@ -414,8 +449,17 @@ class Gateway:
             await self._check_capacity()  # backends that came up since, once each
 
     async def _check_capacity(self) -> None:
-        """Compare each healthy backend not yet compared with its engine's limits (WARNINGs, gauges)."""
+        """Read the engines' limits that are due: compared with the declared ones, taken for ``auto``."""
         await self.capacity_check.check(self.pool.all())
+
+    def _capacity_changed(self) -> None:
+        """A backend's capacity came from its engine (``capacity: auto``): fixed parts resized (the
+        ledger hears it at the next sync, woken now), and its room handed to waiting requests."""
+        if self.fleet is None:
+            partition_quotas(self.pool, self.policy(), self.settings.workers)
+        else:
+            self.fleet.wake()
+        self.dispatcher.hand_out_all()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a background loop (health checks, scrapes, ...) owned by the gateway."""

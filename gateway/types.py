@@ -59,6 +59,9 @@ class InferenceRequest:
     public_previous_id: str | None = None
     """The client's ``previous_response_id`` when it is sealed (``gateway/responses/ids.py``): the
     body then carries the engine's own id, and the answer, which names it back, gets the client's."""
+    engine_keys: dict[object, Any] | None = None
+    """The request's token ids and block hashes as engines compute them, by hashing setting and
+    salt (``gateway/routing/engine_view.py``): computed once, by the first pick that needs them."""
 
     @property
     def client_wants_continuous_usage(self) -> bool:

@@ -184,7 +184,7 @@ def test_the_scraper_reads_every_saturation_name_of_the_record(kind: BackendKind
 
 
 def test_the_scraper_reads_no_name_outside_the_table() -> None:
-    page = b"llamacpp:requests_processing 4\nllamacpp:kv_cache_usage_ratio 0.9\nllamacpp:prompt_tokens_total 8\n"
+    page = b"llamacpp:n_busy_slots_per_decode 4\nllamacpp:kv_cache_usage_ratio 0.9\nllamacpp:n_decode_total 8\n"
     signals = parse_saturation(page)
     assert (signals.waiting, signals.running, signals.kv_usage) == (0.0, 0.0, 0.0)
     assert not any(signals.counters)

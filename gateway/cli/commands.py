@@ -1,4 +1,5 @@
-"""The gateway's own sub-commands: serve, policy validate, policy explain, keys hash.
+"""The gateway's own sub-commands: serve, policy validate (``--live``: against the engines), policy
+explain, keys hash.
 
 The bench's commands (``demo``, ``sim``, ``loadtest``, ``report``) live under ``loadtests/`` and
 join the command line through the ``inference_gateway.commands`` entry points (``gateway/cli/main.py``).
@@ -16,7 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from gateway.app import build_server
+from gateway.dispatch.capacity_check import live_check
 from gateway.policy.loader import PolicyError
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.request.keys import hash_api_key
@@ -42,9 +46,26 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     policy = subparsers.add_parser("policy", help="policy file tools").add_subparsers(
         dest="policy_command", required=True
     )
-    validate = policy.add_parser("validate", help="exit 0 when every file is valid, else print errors")
+    validate = policy.add_parser(
+        "validate",
+        help="exit 0 when every file is valid, else print errors (exit 1)",
+        description=(
+            "Exit 0 when every file is valid, 1 when one is not (errors on stderr). With --live, each "
+            "backend's engine is asked for its own limits too: declared against engine figures per "
+            f"backend, the disagreements the gateway would log, unreachable engines; exit {LIVE_DISAGREES} "
+            "on a disagreement or a capacity: auto the engine does not give (an invalid file still exits 1)."
+        ),
+    )
     validate.add_argument("paths", nargs="+")
-    validate.add_argument("--strict", action="store_true", help="exit 1 as well when a file has warnings")
+    validate.add_argument(
+        "--strict", action="store_true", help="fail on warnings too (with --live: on unreachable engines too)"
+    )
+    validate.add_argument(
+        "--live", action="store_true", help="read every backend's own limits from its engine and compare"
+    )
+    validate.add_argument(
+        "--timeout", dest="timeout_s", type=float, default=2.0, help="seconds per engine read with --live (2)"
+    )
     validate.set_defaults(func=_validate)
     explain = policy.add_parser("explain", help="which class, queue and backend a request would get, and why")
     explain.add_argument("--policy", required=True, help="policy file (YAML)")
@@ -168,20 +189,40 @@ def _serve(args: argparse.Namespace) -> int:
     return 0 if built.server.started else 1
 
 
+LIVE_DISAGREES = 3
+"""``policy validate --live``'s exit status when an engine disagrees with its backend's declared
+capacity, or does not give a figure its ``capacity: auto`` takes. Not 1, which stays an invalid
+file (as without ``--live``: a script's check keeps its meaning), nor 2, argparse's usage error."""
+
+
 def _validate(args: argparse.Namespace) -> int:
     """Errors and warnings on stderr, ``file:line:column: [warning: ]path: problem``; warnings fail
-    only ``--strict``."""
-    ok = True
+    only ``--strict``. ``--live``: then each engine's limits against the declared (``_live``)."""
+    invalid = disagrees = False
     for path in args.paths:
         snapshot = load_or_report(path)
         if snapshot is None:
-            ok = False
+            invalid = True
             continue
         print(f"{path}: valid (version {snapshot.version}, digest {snapshot.digest})")
         for warning in snapshot.warnings:
             print(warning, file=sys.stderr)
-        ok = ok and not (args.strict and snapshot.warnings)
-    return 0 if ok else 1
+        invalid = invalid or bool(args.strict and snapshot.warnings)
+        if args.live:
+            disagrees = not asyncio.run(_live(snapshot, args.timeout_s, args.strict)) or disagrees
+    return 1 if invalid else LIVE_DISAGREES if disagrees else 0
+
+
+async def _live(snapshot: PolicySnapshot, timeout_s: float, strict: bool) -> bool:
+    """Print each backend's declared capacity against its engine's, read now, and the WARNINGs the
+    gateway would log (on stderr); True when all agree (and, ``strict``, every engine answered)."""
+    async with httpx.AsyncClient() as client:
+        reports = await live_check(snapshot.policy.backends, client, timeout_s)
+    for report in reports:
+        print(report.summary())
+        for line in report.problems():
+            print(line, file=sys.stderr)
+    return all(r.agrees and not (strict and r.unreachable) for r in reports)
 
 
 def _explain(args: argparse.Namespace) -> int:

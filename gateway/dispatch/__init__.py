@@ -11,7 +11,7 @@ above it (a request waits, demand changed, a decision was acted on) goes through
 protocol given at construction (``observers.py``), never through callbacks assigned later.
 What the engines say of themselves is read here too: each answer's reused tokens
 (``cache_report.py``), the engines' own limits against the declared capacity (``engine_limits.py``,
-``capacity_check.py``: said, not yet acted on), and their KV-event feeds (``kv_feeds.py``: run and
+``capacity_check.py``: said, and taken under ``capacity: auto``), and their KV-event feeds (``kv_feeds.py``: run and
 watched, not yet routed on).
 
 Below routing and the fleet in the stage order (``tests/test_import_graph.py``): the routers

@@ -58,6 +58,7 @@ class BackendState:
         "class_prefilling",
         "class_tokens",
         "dispatched",
+        "finished_since_scrape",
         "healthy",
         "hold_s",
         "hold_tokens",
@@ -87,6 +88,9 @@ class BackendState:
         self.class_tokens: dict[int, int] = {}
         self.class_prefilling: dict[int, int] = {}
         self.waiting = 0.0
+        self.finished_since_scrape = 0
+        """Requests of this process that ended here since ``waiting`` was scraped: each freed a slot
+        the engine gave to one it had waiting (``capacity.held``)."""
         self.kv_usage = 0.0
         self.scraped_at = -1e9
         self.quota: Quota | None = None
@@ -137,6 +141,7 @@ class BackendState:
         self.class_prefilling[rank] -= 1
 
     def unreserve(self, rank: int, tokens: int, prefilling: bool) -> None:
+        self.finished_since_scrape += 1
         self.in_flight -= 1
         self.in_flight_tokens -= tokens
         self.class_in_flight[rank] -= 1

@@ -12,10 +12,23 @@ A backend has room for a request of cost ``tokens`` (prompt plus ``max_tokens``)
   while a request of a higher class is prefilling there (batch prefills are paced, and yield
   to interactive ones, so that they do not stretch the engine steps interactive requests
   wait on);
-* the backend's own saturation signals, when freshly scraped, are below the policy's
-  thresholds: waiting requests at most ``max_waiting`` and KV cache usage at most
-  ``max_kv_usage``. These only tighten; with nothing in flight there a backend is always
-  given work, so stale or pessimistic signals cannot starve a model.
+* it is not held (``held``): every figure its policy takes from the engine (``capacity: auto``)
+  has been read, and its engine, when freshly scraped, has at most ``max_waiting`` requests
+  waiting in its own queue (0 by default: vLLM's and SGLang's waiting requests, llama.cpp's
+  deferred ones). An engine that queues requests of its own gets none from the gateway until a
+  scrape finds it drained, whatever the room here, even with nothing of the gateway's in flight
+  there: it is busy with other traffic, and a request sent now would wait inside it, out of
+  reach of its class's order, its deadline and its tenant's fair share, where in the gateway's
+  queue it keeps them (it waits there under the queue's usual bounds and timeout). The hold does
+  not wait for the next scrape to end: each request of this process that ends there after the
+  scrape freed a slot the engine gave to one of its waiting requests, so the engine's queue is
+  taken as the scraped figure less those (``finished_since_scrape``); a queue of 3 lets the
+  gateway send again once 3 of its requests there have ended. Only a fresh scrape holds
+  (``scrape.fresh_s``): one that failed or stopped lets the backend go after at most three
+  intervals, so a stale page never holds a backend for ever;
+* its KV cache usage, when freshly scraped, is at most ``max_kv_usage``. This only tightens:
+  with nothing in flight there a backend is given work whatever its KV usage, so a pessimistic
+  signal cannot starve a model.
 
 The budgets are this process's part of the backend's capacity (``state.quota``, ``quota.py``,
 sized by ``gateway/fleet/quota.py``): the whole of it for a process alone, a share when several
@@ -31,12 +44,36 @@ an idle backend only from a process that holds the whole budget.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from gateway.dispatch.backends import BackendState
 from gateway.policy.model import PriorityClass
 
 
+class Held(StrEnum):
+    """Why a backend takes no new request whatever its room (``held``); the values are the
+    ``reason`` label of ``gateway_backend_held``."""
+
+    ENGINE_LIMITS_UNREAD = "engine_limits_unread"
+    """A figure of its ``capacity: auto`` is not read from the engine yet."""
+    ENGINE_QUEUE = "engine_queue"
+    """Its engine has more than ``max_waiting`` requests waiting in its own queue (fresh scrape)."""
+
+
+def held(state: BackendState, now: float, fresh_s: float) -> Held | None:
+    """Why ``state`` takes no new request at all now, or None (module docstring)."""
+    capacity = state.backend.capacity
+    if capacity.awaiting_engine:
+        return Held.ENGINE_LIMITS_UNREAD
+    if now - state.scraped_at <= fresh_s and state.waiting - state.finished_since_scrape > capacity.max_waiting:
+        return Held.ENGINE_QUEUE
+    return None
+
+
 def has_room(state: BackendState, priority_class: PriorityClass, tokens: int, now: float, fresh_s: float) -> bool:
     if not state.healthy or (state.breaker is not None and not state.breaker.allow()):
+        return False
+    if held(state, now, fresh_s) is not None:
         return False
     capacity = state.backend.capacity
     quota = state.quota
@@ -68,11 +105,7 @@ def has_room(state: BackendState, priority_class: PriorityClass, tokens: int, no
                 return False
         elif class_requests > part.requests or class_tokens > part.tokens:
             return False  # this process's part of the class's fleet-wide share
-    if now - state.scraped_at <= fresh_s and (
-        state.waiting > capacity.max_waiting or state.kv_usage > capacity.max_kv_usage
-    ):
-        return False
-    return True
+    return not (now - state.scraped_at <= fresh_s and state.kv_usage > capacity.max_kv_usage)
 
 
 def _prefill_blocked(state: BackendState, rank: int, max_prefilling: int) -> bool:

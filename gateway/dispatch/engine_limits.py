@@ -28,7 +28,9 @@ openai      unknown                                  unknown
 ==========  =======================================  ===========================================
 
 A figure the engine does not give is None, never a guess; a page that cannot be read gives
-``EngineLimits`` with both None and a ``source`` saying why.
+``EngineLimits`` with both None and a ``source`` saying why. Each reader states which figures its
+kind publishes at all (``LimitsReader.publishes``): a policy asking a kind for one it never gives
+(``capacity: {max_concurrent: auto}`` on vLLM) is refused at load (``auto_capacity_problems``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from gateway.policy.model import Backend, BackendKind
+from gateway.policy.model import ENGINE_FIELDS, Backend, BackendKind, EngineField, Policy
+from gateway.policy.problems import Problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,9 @@ class EngineLimits:
 
 class LimitsReader(Protocol):
     """Reads one kind's limits from a backend's base URL."""
+
+    publishes: frozenset[EngineField]
+    """The figures this kind gives at all (the module docstring's table); any other is always None."""
 
     async def read(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLimits: ...
 
@@ -102,6 +108,8 @@ def parse_cache_config(page: str) -> int | None:
 class VllmLimits:
     """vLLM publishes its KV cache on ``/metrics``, not its ``max_num_seqs`` (module docstring)."""
 
+    publishes: frozenset[EngineField] = frozenset({"kv_cache_tokens"})
+
     async def read(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLimits:
         response = await client.get(url + "/metrics", timeout=timeout_s)
         response.raise_for_status()
@@ -142,6 +150,8 @@ def _sum_all(values: Iterable[int | None]) -> int | None:
 
 
 class SglangLimits:
+    publishes: frozenset[EngineField] = frozenset(ENGINE_FIELDS)
+
     async def read(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLimits:
         for path in SGLANG_INFO_PATHS:
             response = await client.get(url + path, timeout=timeout_s)
@@ -168,6 +178,8 @@ def parse_llamacpp_props(props: Mapping[str, Any]) -> tuple[int | None, int | No
 
 
 class LlamacppLimits:
+    publishes: frozenset[EngineField] = frozenset(ENGINE_FIELDS)
+
     async def read(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLimits:
         props = await _get_json(client, url + "/props", timeout_s)
         if not isinstance(props, Mapping):
@@ -178,6 +190,8 @@ class LlamacppLimits:
 
 class NoLimits:
     """A generic OpenAI-compatible server says nothing of its limits."""
+
+    publishes: frozenset[EngineField] = frozenset()
 
     async def read(self, client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineLimits:
         return EngineLimits(None, None, "unknown: the kind publishes no limits")
@@ -206,3 +220,24 @@ async def read_engine_limits(client: httpx.AsyncClient, backend: Backend, timeou
         return await READERS[backend.kind].read(client, backend.url, timeout_s)
     except (httpx.HTTPError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         return EngineLimits(None, None, f"unreadable: {type(exc).__name__}: {exc}")
+
+
+WHY_NOT_PUBLISHED: Mapping[EngineField, str] = MappingProxyType(
+    {
+        "max_concurrent": "declare it as a number (for vLLM and the simulator: their --max-num-seqs)",
+        "kv_cache_tokens": "declare it as a number (the KV-cache size the engine logs at start), or leave it out",
+    }
+)
+
+
+def auto_capacity_problems(policy: Policy) -> list[Problem]:
+    """Each backend whose ``capacity`` takes from its engine (``auto``) a figure its kind never
+    publishes: refused at load rather than guessed (``Capacity``'s docstring says why)."""
+    problems: list[Problem] = []
+    for backend in policy.backends:
+        for field in sorted(backend.capacity.from_engine - READERS[backend.kind].publishes):
+            message = (
+                f"auto, but an engine of kind {backend.kind.value} does not publish it; {WHY_NOT_PUBLISHED[field]}"
+            )
+            problems.append(Problem(f"backends[{backend.name}].capacity.{field}", message))
+    return problems

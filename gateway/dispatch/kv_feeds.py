@@ -3,7 +3,8 @@
 ``KvFeeds`` turns the policy's ``kv_events`` (``gateway/policy/model.py``, ``KvEvents``) into
 running ``KvEventSubscriber``s (``gateway/kv_events/subscriber.py``) that feed one exact
 ``KvBlockIndexes``, and says how each feed is doing: metrics (``gateway_kv_events_*``) and a
-status per backend for ``/admin/backends``. Nothing routes on the index yet.
+status per backend for ``/admin/backends``. The prefix router reads the index through
+``gateway/routing/engine_view.py`` while ``live(backend)`` says so.
 
 Lifecycle, driven by the composition root (``gateway/service.py``):
 
@@ -65,6 +66,10 @@ class FeedMetrics:
 
     def on_live(self, backend: str) -> None:
         self._metrics.child(self._metrics.kv_events_feed_live, backend).set(1)
+
+    def on_stopped(self, backend: str) -> None:
+        """The feed's task ended on an error: not live, whatever its last state said."""
+        self._metrics.child(self._metrics.kv_events_feed_live, backend).set(0)
 
     def on_lost(self, backend: str, reason: LostReason) -> None:
         self._metrics.child(self._metrics.kv_events_feed_live, backend).set(0)
@@ -141,6 +146,19 @@ class KvFeeds:
             "blocks": len(self.indexes.index(backend)),
         }
 
+    def clear(self, backend: str) -> None:
+        """The backend went down or restarted (``BackendPool``'s health checks and scrapes): its engine
+        may hold nothing of what its index says, and a restarted engine announces only what it
+        stores from then on. Emptied, the index under-reports until the engine stores again, never
+        claims a block the engine may have lost (the same rule as a gap that cannot be replayed)."""
+        if backend in self._feeds:
+            self.indexes.index(backend).clear()
+
+    def live(self, backend: str) -> bool:
+        """Whether ``backend``'s index may be routed on now: its feed runs and is in sequence."""
+        feed = self._feeds.get(backend)
+        return feed is not None and feed.task is not None and not feed.task.done() and feed.subscriber.live
+
     def subscribers(self) -> dict[str, KvEventSubscriber]:
         """The subscriber of each backend with a feed (a copy)."""
         return {name: feed.subscriber for name, feed in self._feeds.items()}
@@ -161,7 +179,7 @@ class KvFeeds:
 
     def _run(self, name: str, feed: _Running) -> None:
         feed.task = asyncio.get_running_loop().create_task(feed.subscriber.run(), name=f"kv-events-{name}")
-        feed.task.add_done_callback(self._feed_done)
+        feed.task.add_done_callback(lambda task: self._feed_done(name, task))
 
     def _stop(self, name: str) -> None:
         feed = self._feeds.pop(name)
@@ -172,8 +190,10 @@ class KvFeeds:
         self._sink.untrack(name)
         log.info("kv events of %s: feed stopped (policy)", name)
 
-    @staticmethod
-    def _feed_done(task: asyncio.Task[None]) -> None:
-        """A feed that dies must say so: its backend would otherwise stay on a stale index unnoticed."""
+    def _feed_done(self, name: str, task: asyncio.Task[None]) -> None:
+        """A feed that dies must say so: its backend would otherwise stay on a stale index unnoticed
+        (``live`` is False from now on, so routing falls back to the estimate)."""
         if not task.cancelled() and task.exception() is not None:
             log.error("kv events: feed %s stopped", task.get_name(), exc_info=task.exception())
+            if self._feeds.get(name) is not None and self._feeds[name].task is task:
+                self._sink.on_stopped(name)

@@ -59,6 +59,9 @@ class RoutingDecision:
     """When the chosen backend was last sent the deepest matched block (the router's clock): the
     oldest of what it is expected to hold for this request. If the engine turns out not to hold
     it, it evicted what was last used then, and under LRU everything older too (``on_answer``)."""
+    engine_reported: bool = False
+    """``matched_blocks`` is the chosen engine's own report (its KV events,
+    ``gateway/routing/engine_view.py``), not the router's estimate."""
 
 
 class CacheReport(NamedTuple):

@@ -4,21 +4,27 @@ The gateway counts only its own in-flight work; a backend may also serve other g
 be slower than its policy capacity says. Its own metrics tell: how many requests wait in
 its scheduler and how full its KV cache is. Names differ by engine:
 
-=================  ==============================  ====================================
-signal             vLLM                            SGLang
-=================  ==============================  ====================================
-waiting requests   ``vllm:num_requests_waiting``   ``sglang:num_queue_reqs``
-running requests   ``vllm:num_requests_running``   ``sglang:num_running_reqs``
-KV cache usage     ``vllm:kv_cache_usage_perc``    ``sglang:token_usage``
+=================  ==============================  ======================  ==============================
+signal             vLLM                            SGLang                  llama.cpp (``--metrics``)
+=================  ==============================  ======================  ==============================
+waiting requests   ``vllm:num_requests_waiting``   ``sglang:num_queue_     ``llamacpp:requests_deferred``
+                                                   reqs``                  (no free slot)
+running requests   ``vllm:num_requests_running``   ``sglang:num_running_   ``llamacpp:requests_processing``
+                                                   reqs``
+KV cache usage     ``vllm:kv_cache_usage_perc``    ``sglang:token_usage``  none
                    (``vllm:gpu_cache_usage_perc``
                    before v0.10)
-=================  ==============================  ====================================
+=================  ==============================  ======================  ==============================
 
 Each kind's names are in its record (``EngineKind.metrics``, ``gateway/engines.py``; the
-simulator's are vLLM's, llama.cpp and OpenAI have none the scraper reads). The scraper reads
-the union of every kind's names on every page, whatever the backend's declared kind: no name
-belongs to two engines, and a vLLM declared as ``openai`` still reports its load.
+simulator's are vLLM's, an OpenAI server has none). The scraper reads the union of every kind's
+names on every page, whatever the backend's declared kind: no name belongs to two engines, and a
+vLLM declared as ``openai`` still reports its load.
 Values are summed over label sets (one per engine or model) except KV usage, the maximum.
+What dispatch does with them (``capacity.py``): an engine with requests waiting in its own queue
+(above ``capacity.max_waiting``, 0 by default) gets no new request until a scrape finds it
+drained; the signals count only while fresh (``scrape.fresh_s``: three intervals, at least a
+second), so a backend whose scrapes fail or stop is not held on an old page.
 Parsing is a line scan for these names only: a full exposition parse of a vLLM page costs
 milliseconds, which matters at one scrape per backend per second.
 
@@ -151,6 +157,7 @@ class SaturationScraper:
             self._pool.restarted(state)
         self._last[state.name] = (state, signals)
         state.waiting = signals.waiting
+        state.finished_since_scrape = 0
         state.kv_usage = signals.kv_usage
         state.scraped_at = self._clock.now()
 

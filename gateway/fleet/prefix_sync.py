@@ -67,6 +67,7 @@ from gateway.fleet.prefix_wire import (
     MalformedEntry,
     decode,
     decode_corrections,
+    decode_span,
     encode,
     origin_of,
 )
@@ -132,6 +133,8 @@ class PrefixSync(DispatchObserver):
         self.clock = clock
         self.metrics = metrics
         self._pending: deque[Decision] = deque()
+        self._oldest = 0.0
+        """When the oldest pending decision was made (this process's clock)."""
         self._corrections: deque[tuple[str, str, float]] = deque(maxlen=MAX_CORRECTIONS)
         """(model, backend, when the evicted block was last sent, on this process's clock)."""
         self._cursor: str | None = None
@@ -153,6 +156,8 @@ class PrefixSync(DispatchObserver):
         if keys is None or not keys.blocks:
             return
         pending = self._pending
+        if not pending:
+            self._oldest = self.clock.now()
         pending.append(Decision(request.model, decision.state.name, keys.blocks))
         if len(pending) > MAX_PENDING:
             pending.popleft()
@@ -196,6 +201,7 @@ class PrefixSync(DispatchObserver):
         batch = list(self._pending)
         self._pending.clear()
         now = self.clock.now()
+        span_s = max(0.0, now - self._oldest) if batch else 0.0
         corrections = [Correction(model, backend, max(0.0, now - at)) for model, backend, at in self._corrections]
         self._corrections.clear()
         fleet = self.policy().policy.fleet
@@ -205,7 +211,7 @@ class PrefixSync(DispatchObserver):
                     await self._start_cursor()
                 async with self.client.pipeline(transaction=False) as pipe:
                     if batch or corrections:
-                        fields: dict[Any, Any] = encode(self.origin, batch, self.secret, corrections)
+                        fields: dict[Any, Any] = encode(self.origin, batch, self.secret, corrections, span_s)
                         pipe.xadd(self.key, fields, maxlen=fleet.prefix_history, approximate=True)
                         now = self.clock.now()
                         if now >= self._expire_due:  # the stream is gone an index TTL after the fleet
@@ -257,11 +263,13 @@ class PrefixSync(DispatchObserver):
         try:
             decisions = decode(fields, self.secret)
             corrections = decode_corrections(fields)
+            span_s = decode_span(fields)
         except MalformedEntry as exc:
             log.warning("fleet prefix view: skipped entry %s: %s", entry_id, exc)
             return
         routers = self.routers()
-        at = self._stamp(entry_id)
+        made = self._made(entry_id)
+        at = self._stamp(made - span_s)
         for decision in decisions:
             router = routers.get(decision.model)
             state = self.pool.named(decision.backend)
@@ -272,15 +280,21 @@ class PrefixSync(DispatchObserver):
             router = routers.get(correction.model)
             state = self.pool.named(correction.backend)
             if isinstance(router, PrefixLearner) and state is not None and self._closed_loop(correction.model):
-                router.forget_before(state, at - correction.age_s)
+                router.forget_before(state, made - correction.age_s)
                 self._corrected.inc()
 
-    def _stamp(self, entry_id: str) -> float:
-        """When the entry was written, on this process's clock (never earlier than the last stamp,
-        so that the index's LRU order stays the order of its times)."""
+    def _made(self, entry_id: str) -> float:
+        """When the entry was written, on this process's clock (its id is Redis's ms)."""
         made_ms = float(entry_id.partition("-")[0])
-        age_s = max(0.0, (time.time() * 1000 + self._redis_ahead_ms - made_ms) / 1000)
-        stamp = min(self.clock.now(), max(self.clock.now() - age_s, self._last_stamp))
+        return self.clock.now() - max(0.0, (time.time() * 1000 + self._redis_ahead_ms - made_ms) / 1000)
+
+    def _stamp(self, at: float) -> float:
+        """The time an entry's decisions are indexed at: ``at``, the entry's time less the span of its
+        batch (so no decision is stamped later than it was made, and a correction, which forgets what
+        was sent no later than a time, reaches every decision of a batch made before that time),
+        never later than now, never earlier than the last stamp (the index's LRU order stays the
+        order of its times)."""
+        stamp = min(self.clock.now(), max(at, self._last_stamp))
         self._last_stamp = stamp
         return stamp
 

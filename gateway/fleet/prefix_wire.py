@@ -39,7 +39,7 @@ import orjson
 
 from gateway.routing.prefix_secret import PrefixSecret
 
-ORIGIN, HEADER, BLOCKS, CORRECTIONS = b"o", b"h", b"k", b"c"
+ORIGIN, HEADER, BLOCKS, CORRECTIONS, SPAN = b"o", b"h", b"k", b"c", b"s"
 
 
 class Decision(NamedTuple):
@@ -63,10 +63,14 @@ class MalformedEntry(ValueError):
 
 
 def encode(
-    origin: str, decisions: Sequence[Decision], secret: PrefixSecret, corrections: Sequence[Correction] = ()
+    origin: str,
+    decisions: Sequence[Decision],
+    secret: PrefixSecret,
+    corrections: Sequence[Correction] = (),
+    span_s: float = 0.0,
 ) -> dict[bytes, bytes]:
     """The stream entry's fields for ``decisions`` and ``corrections``, the blocks sealed with
-    ``secret`` (module docstring)."""
+    ``secret`` (module docstring); ``span_s``: how long before the entry its oldest decision was made."""
     header = [[d.model, d.backend, len(d.blocks)] for d in decisions]
     packed = array("Q")
     for decision in decisions:
@@ -76,7 +80,20 @@ def encode(
     fields = {ORIGIN: origin.encode(), HEADER: orjson.dumps(header), BLOCKS: secret.seal(packed.tobytes())}
     if corrections:
         fields[CORRECTIONS] = orjson.dumps([[c.model, c.backend, round(c.age_s * 1000)] for c in corrections])
+    if decisions and span_s > 0:
+        fields[SPAN] = str(round(span_s * 1000)).encode()
     return fields
+
+
+def decode_span(fields: Mapping[bytes, bytes]) -> float:
+    """Seconds before the entry its oldest decision was made (0 when the entry does not say, as a
+    writer before this field did not); ``MalformedEntry`` when it is not a count of milliseconds."""
+    raw = fields.get(SPAN)
+    if raw is None:
+        return 0.0
+    if not raw.isdigit():
+        raise MalformedEntry(f"the span is not a count of milliseconds: {raw!r:.40}")
+    return int(raw) / 1000
 
 
 def decode_corrections(fields: Mapping[bytes, bytes]) -> list[Correction]:

@@ -83,6 +83,7 @@ class Recorder:
             p.observe(m.routing_pick, (model, strategy), decision.pick_s)
             if decision.detail is not None:
                 p.observe(m.matched_blocks, (model, strategy), decision.matched_blocks)
+                p.inc(m.routing_prefix_source, (model, "events" if decision.engine_reported else "estimate"))
         verdict = judge_slo(outcome)
         tokens = outcome.tokens
         if verdict.judged:

@@ -38,7 +38,16 @@ from enum import StrEnum
 from typing import Annotated, Literal
 from urllib.parse import unquote
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from gateway.policy.body_names import TENSOR_PART_TYPES, owned_field_reason
 from gateway.policy.groups import ModelGroup
@@ -296,6 +305,11 @@ class TokenizerPolicy(Strict):
     """
 
     path: Annotated[str, Field(min_length=1)]
+    chat_template: Annotated[str, Field(min_length=1)] | None = None
+    """The model's chat template (a Jinja file, or the model's ``tokenizer_config.json``), read from a
+    local file as ``path`` is. Needed to route chat requests on an engine's KV events: the gateway
+    computes the engine's block hashes from the token ids the engine sees, template included
+    (``gateway/routing/engine_view.py``); without it chat requests route on the estimate."""
 
 
 class ModelPolicy(Strict):
@@ -311,20 +325,100 @@ class ModelPolicy(Strict):
     """Count this model's prompts with its own tokenizer (``TokenizerPolicy``); else the character estimate."""
 
 
+EngineField = Literal["max_concurrent", "kv_cache_tokens"]
+"""A capacity figure an engine may give of itself (``Capacity.from_engine``)."""
+ENGINE_FIELDS: tuple[EngineField, ...] = ("max_concurrent", "kv_cache_tokens")
+AUTO = "auto"
+_UNREAD: Mapping[str, int | None] = {"max_concurrent": 0, "kv_cache_tokens": None}
+"""What an ``auto`` field holds until the engine's figure is read: no room for any reader."""
+
+
 class Capacity(Strict):
     """What one backend may hold at once: requests, and tokens (prompt plus ``max_tokens``).
 
+    Usage in a policy file::
+
+        capacity: {max_concurrent: 32, max_tokens_in_flight: 400000, kv_cache_tokens: 262144}
+        capacity: {max_concurrent: 32, kv_cache_tokens: auto}     # vLLM: its KV cache from the engine
+        capacity: auto                                           # llama.cpp, SGLang: both from the engine
+        capacity: {max_concurrent: auto, kv_cache_tokens: auto, max_waiting: 2}
+
+    **From the engine** (``auto``): ``max_concurrent`` and ``kv_cache_tokens`` may each be ``auto``,
+    the engine's own figure (``gateway/dispatch/engine_limits.py``: llama.cpp's ``/props``,
+    SGLang's ``/server_info``, vLLM's ``vllm:cache_config_info``), read at start, at every reload
+    and again on the health rounds until read (backing off). ``capacity: auto`` is short for both,
+    every other field at its default; written per field, the others stay settable. Until every
+    ``auto`` figure is read the backend takes no request (``GET /admin/backends`` says it is not
+    ready), and a replica of a fleet offers the ledger no capacity for it: never a guessed figure.
+    Each replica reads the engine itself and reports what it read, as it would a declared figure.
+    A kind that does not publish a figure is refused ``auto`` for it at load, naming the backend and
+    the field (vLLM and the simulator do not publish ``--max-num-seqs``; an OpenAI-compatible server
+    publishes nothing): a fall-back would be a guess, which ``auto`` is there to remove.
+    In memory, an ``auto`` field is listed in ``from_engine`` and holds 0 (``max_concurrent``) or
+    None (``kv_cache_tokens``) until read, so that every reader of the capacity sees no room;
+    ``with_engine`` fills them in, and a dump writes ``auto`` back.
+
     The scraped saturation signals tighten it at run time: no new request is dispatched to a
-    backend whose own queue holds more than ``max_waiting`` requests or whose KV cache is
-    fuller than ``max_kv_usage`` (unless the gateway has nothing in flight there).
+    backend whose engine has more than ``max_waiting`` requests waiting in its own queue (vLLM's and
+    SGLang's waiting requests, llama.cpp's deferred ones), whatever the room here, nor, unless the
+    gateway has nothing in flight there, to one whose KV cache is fuller than ``max_kv_usage``. The
+    default ``max_waiting: 0`` holds dispatch while the engine queues anything of its own: a request
+    queued inside an engine is out of the gateway's sight (its class, deadline and fair share no
+    longer apply), so it waits in the gateway's queue instead. A larger figure opts out, e.g. for an
+    engine whose step budget (``--max-num-batched-tokens``) often leaves a request waiting one step.
     """
 
-    max_concurrent: PositiveInt = 256
+    from_engine: frozenset[EngineField] = Field(default=frozenset(), exclude=True)
+    """The fields whose figure is the engine's (written ``auto``); set from the file, never written."""
+    max_concurrent: Annotated[int, Field(ge=0)] = 256
     max_tokens_in_flight: PositiveInt = 1_000_000
-    max_waiting: Annotated[int, Field(ge=0)] = 8
+    max_waiting: Annotated[int, Field(ge=0)] = 0
     max_kv_usage: Annotated[float, Field(gt=0, le=1)] = 0.97
     kv_cache_tokens: PositiveInt | None = None
     """The engine's KV-cache size in tokens (vLLM logs it at start); sizes the routing prefix index."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto(cls, data: object) -> object:
+        """``auto``, whole or per field, into ``from_engine`` and the not-yet-read placeholders."""
+        if data == AUTO:
+            data = dict.fromkeys(ENGINE_FIELDS, AUTO)
+        if not isinstance(data, Mapping):
+            return data
+        if "from_engine" in data:
+            raise ValueError("from_engine: unknown key (write max_concurrent: auto or kv_cache_tokens: auto)")
+        auto = frozenset(field for field in ENGINE_FIELDS if data.get(field) == AUTO)
+        return {**data, **{field: _UNREAD[field] for field in auto}, "from_engine": auto} if auto else data
+
+    @field_validator("max_concurrent")
+    @classmethod
+    def _positive(cls, value: int, info: ValidationInfo) -> int:
+        if value == 0 and "max_concurrent" not in info.data.get("from_engine", ()):
+            raise ValueError("must be greater than 0, or auto (the engine's own figure)")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """As the file wrote it: ``auto`` in the engine's fields, read or not."""
+        written: dict[str, object] = handler(self)
+        return {**written, **dict.fromkeys(self.from_engine, AUTO)}
+
+    @property
+    def awaiting_engine(self) -> tuple[EngineField, ...]:
+        """The ``auto`` fields whose figure is not read from the engine yet (empty: none)."""
+        return tuple(f for f in ENGINE_FIELDS if f in self.from_engine and getattr(self, f) == _UNREAD[f])
+
+    def with_engine(self, max_concurrent: int | None, kv_cache_tokens: int | None) -> Capacity:
+        """This capacity with the engine's figures in its ``auto`` fields (a None leaves one unread)."""
+        figures = {"max_concurrent": max_concurrent, "kv_cache_tokens": kv_cache_tokens}
+        update: dict[str, int | None] = {f: figures[f] for f in self.from_engine if figures[f] is not None}
+        return self.model_copy(update=update) if update else self
+
+    @property
+    def as_written(self) -> Capacity:
+        """This capacity as the policy has it: every ``auto`` field not read."""
+        update: dict[str, int | None] = {field: _UNREAD[field] for field in self.from_engine}
+        return self.model_copy(update=update) if update else self
 
 
 class Timeouts(Strict):
@@ -333,6 +427,29 @@ class Timeouts(Strict):
     connect_s: PositiveFloat = 2.0
     first_byte_s: PositiveFloat = 60.0
     between_chunks_s: PositiveFloat = 30.0
+
+
+class KvHashing(Strict):
+    """How an engine computes its prefix-cache block hashes, so the gateway can compute the same ones.
+
+    vLLM: ``algorithm`` is its ``--prefix-caching-hash-algo`` (default ``sha256``, vLLM's own
+    default, over Python's pickle; ``sha256_cbor`` is the one that does not depend on the engine's
+    Python, and what llm-d's precise scorer requires), ``seed`` the engine's ``PYTHONHASHSEED``
+    (without it vLLM draws a random seed at start and no one else can compute its hashes),
+    ``block_size`` its ``--block-size``, ``int_hashes`` whether it runs with
+    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (events then carry the low 64 bits).
+
+    Usage in a policy file::
+
+        kv_events:
+          endpoint: tcp://10.0.0.5:5557
+          hashing: {algorithm: sha256_cbor, seed: "0", block_size: 16}
+    """
+
+    algorithm: Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = "sha256"
+    seed: Annotated[str, Field(min_length=1)]
+    block_size: PositiveInt = 16
+    int_hashes: bool = False
 
 
 class KvEvents(Strict):
@@ -351,6 +468,10 @@ class KvEvents(Strict):
     replay_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc|inproc)://\S+$")] | None = None
     topic: str = ""
     silence_s: PositiveFloat = 30.0
+    hashing: KvHashing | None = None
+    """How the engine hashes its blocks; set, and with the model's ``tokenizer`` (and ``chat_template``
+    for chat), the gateway routes on the engine's own index (``gateway/routing/engine_view.py``).
+    Unset: the feed is read (metrics, ``/admin/backends``) but routing keeps the estimate."""
 
 
 class Backend(Strict):

@@ -30,11 +30,11 @@ Usage::
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from pathlib import Path
 
-import xxhash
 from tokenizers import Tokenizer
+
+from gateway.request.text_cache import TextCache
 
 DEFAULT_CACHE_ENTRIES = 8192
 """Counts kept: a few hundred conversations' messages; an entry is two ints (about 200 bytes)."""
@@ -46,7 +46,7 @@ DEFAULT_MIN_CACHED_CHARS = 64
 class TokenizerEstimator:
     """Counts tokens with a ``tokenizers.Tokenizer``, caching counts by the text's hash (module docstring)."""
 
-    __slots__ = ("_cache", "_max_entries", "_min_cached_chars", "_tokenizer", "hits", "misses")
+    __slots__ = ("_cache", "_min_cached_chars", "_tokenizer")
 
     def __init__(
         self,
@@ -58,11 +58,22 @@ class TokenizerEstimator:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self._tokenizer = tokenizer
-        self._max_entries = max_entries
         self._min_cached_chars = min_cached_chars
-        self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
+        self._cache: TextCache[int] = TextCache(max_entries)
+
+    @property
+    def hits(self) -> int:
+        return self._cache.hits
+
+    @property
+    def misses(self) -> int:
+        return self._cache.misses
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer itself (truncation and padding off): the engine's token ids for routing on its
+        KV events (``gateway/request/engine_tokens.py``)."""
+        return self._tokenizer
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenizerEstimator:
@@ -74,19 +85,7 @@ class TokenizerEstimator:
             return 0
         if len(text) < self._min_cached_chars:
             return self._encode(text)
-        data = text.encode("utf-8", "surrogatepass")
-        key = (xxhash.xxh3_128_intdigest(data), len(data))
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            self.hits += 1
-            return cached
-        self.misses += 1
-        tokens = self._encode(text)
-        self._cache[key] = tokens
-        if len(self._cache) > self._max_entries:
-            self._cache.popitem(last=False)
-        return tokens
+        return self._cache.get(text, self._encode)
 
     def _encode(self, text: str) -> int:
         try:
@@ -96,5 +95,5 @@ class TokenizerEstimator:
             return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def __repr__(self) -> str:
-        entries = f"{len(self._cache)}/{self._max_entries}"
+        entries = f"{len(self._cache)}/{self._cache.max_entries}"
         return f"TokenizerEstimator(entries={entries}, hits={self.hits}, misses={self.misses})"

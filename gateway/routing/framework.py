@@ -43,6 +43,8 @@ class Cycle:
     matched: Sequence[int]
     """Leading prefix blocks each candidate is expected to hold, in candidate order."""
     request_tokens: int
+    engine_reported: frozenset[str] = frozenset()
+    """Candidates whose ``matched`` is their engine's own report (KV events), not the estimate."""
 
 
 class Scorer(Protocol):

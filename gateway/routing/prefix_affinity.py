@@ -6,8 +6,11 @@ The rule, per request, among the candidates (healthy, serving the model, with ro
    the tenant's scope and the model (``prefix_keys.py``), computed once per request; a
    conversation's next turn continues the chain of its previous turn from the router's
    ``ChainMemo`` instead of rehashing it.
-2. Affinity: ``matched_b``, the leading blocks backend b served within the index TTL
-   (``prefix_index.py``); the prefix scorer rates it ``matched_b / blocks``.
+2. Affinity: ``matched_b``, the leading blocks backend b holds. From the engine's own word
+   when it has one (``engine_view.py``: a live KV-event feed, the request hashed as the engine
+   hashes it; its held share of the prompt, ``held / engine blocks``, in this chain's blocks),
+   else the estimate: the leading blocks b was sent within the index TTL (``prefix_index.py``).
+   The prefix scorer rates it ``matched_b / blocks``.
 3. Load: the in-flight, queue-depth and KV-usage scorers rate each backend's headroom.
 4. Total: the weighted mean of the scores (weights from the policy; default prefix 3,
    in-flight 1, queue depth 1, KV usage 0.5). With the defaults a full prefix match outweighs
@@ -54,6 +57,7 @@ from gateway.clock import Clock
 from gateway.dispatch.cache_report import CacheReport
 from gateway.dispatch.router import RouteDetail, RoutingDecision
 from gateway.policy.model import Routing, Tenant
+from gateway.routing.engine_view import EngineView
 from gateway.routing.framework import Cycle, Profile, load_bound, rendezvous
 from gateway.routing.prefix_index import BackendIndexes
 from gateway.routing.prefix_keys import ChainMemo, Splitter, prefix_keys
@@ -67,7 +71,17 @@ if TYPE_CHECKING:
 class PrefixAffinityRouter:
     """Scored prefix affinity with bounded load (see the module docstring for the rule)."""
 
-    __slots__ = ("_clock", "_fresh_s", "_indexes", "_tokenizer", "memo", "profile", "routing", "secret")
+    __slots__ = (
+        "_clock",
+        "_engines",
+        "_fresh_s",
+        "_indexes",
+        "_tokenizer",
+        "memo",
+        "profile",
+        "routing",
+        "secret",
+    )
     strategy = "prefix_affinity"
 
     def __init__(
@@ -79,6 +93,7 @@ class PrefixAffinityRouter:
         *,
         fresh_s: float,
         tokenizer: Splitter | None = None,
+        engines: EngineView | None = None,
     ) -> None:
         self.routing = routing
         self.profile = profile
@@ -88,20 +103,32 @@ class PrefixAffinityRouter:
         self._fresh_s = fresh_s
         self._tokenizer = tokenizer
         self._indexes = BackendIndexes(routing.index.ttl_s)
+        self._engines = engines
+        """The engines' KV-event indexes (``engine_view.py``); None: the estimate alone."""
         self.memo: ChainMemo | None = ChainMemo()
         """Chains of recent prompts (``prefix_keys.ChainMemo``); None hashes every prompt whole."""
 
     def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
         start = perf_counter()
         keys = self.keys(request, tenant)
-        cycle = self.cycle(request, keys, candidates)
+        cycle = self.cycle(request, keys, candidates, tenant)
         matched = cycle.matched
         if len(candidates) == 1:  # nothing to weigh: skip the scorers, keep what the metrics need
             only = candidates[0]
             detail = RouteDetail((only.name,), matched, len(keys.blocks), {}, (1.0,), 0)
             reason = "prefix_match" if matched[0] else "no_prefix"
-            at = self._matched_at(only, keys.blocks, matched[0])
-            return RoutingDecision(only, self.strategy, reason, matched[0], {}, perf_counter() - start, detail, at)
+            at = self._matched_at(only, keys.blocks, matched[0], cycle)
+            return RoutingDecision(
+                only,
+                self.strategy,
+                reason,
+                matched[0],
+                {},
+                perf_counter() - start,
+                detail,
+                at,
+                engine_reported=only.name in cycle.engine_reported,
+            )
         scored = self.profile.run(request, candidates, cycle)
         bound = load_bound(candidates, self.routing.epsilon)
         totals = scored.totals
@@ -120,12 +147,16 @@ class PrefixAffinityRouter:
             scores=dict(zip(names, totals, strict=True)),
             pick_s=perf_counter() - start,
             detail=detail,
-            matched_at=self._matched_at(chosen, keys.blocks, matched[best]),
+            matched_at=self._matched_at(chosen, keys.blocks, matched[best], cycle),
+            engine_reported=chosen.name in cycle.engine_reported,
         )
 
-    def _matched_at(self, state: BackendState, blocks: Sequence[int], matched: int) -> float | None:
-        """When ``state`` was last sent the deepest block it is expected to hold (one lookup)."""
-        return self._indexes.served_at(state.name, blocks[matched - 1]) if matched else None
+    def _matched_at(self, state: BackendState, blocks: Sequence[int], matched: int, cycle: Cycle) -> float | None:
+        """When ``state`` was last sent the deepest block it is expected to hold (one lookup); None
+        for a match the engine itself reported (the closed loop corrects the estimate only)."""
+        if not matched or state.name in cycle.engine_reported:
+            return None
+        return self._indexes.served_at(state.name, blocks[matched - 1])
 
     @property
     def epsilon(self) -> float:
@@ -135,11 +166,31 @@ class PrefixAffinityRouter:
         """The request's block hashes under the tenant's scope (memoised on the request)."""
         return prefix_keys(request, tenant, self.routing.block_tokens, self._tokenizer, self.memo, secret=self.secret)
 
-    def cycle(self, request: InferenceRequest, keys: PrefixKeys, candidates: Sequence[BackendState]) -> Cycle:
-        """What the scorers read: each candidate's matched leading blocks of ``keys``, now."""
+    def cycle(
+        self,
+        request: InferenceRequest,
+        keys: PrefixKeys,
+        candidates: Sequence[BackendState],
+        tenant: Tenant | None = None,
+    ) -> Cycle:
+        """What the scorers read: each candidate's matched leading blocks of ``keys``, now: the
+        engine's report where it has one (and ``tenant`` is given), else the estimate."""
         now = self._clock.now()
-        matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
-        return Cycle(now, self._fresh_s, keys, matched, request.prompt_tokens + request.max_tokens)
+        engines = self._engines
+        if engines is None or tenant is None:
+            matched = [self._indexes.match(s.name, keys.blocks, now) for s in candidates]
+            return Cycle(now, self._fresh_s, keys, matched, request.prompt_tokens + request.max_tokens)
+        matched = []
+        reported: set[str] = set()
+        blocks = len(keys.blocks)
+        for state in candidates:
+            report = engines.held(state, request, tenant)
+            if report is None:
+                matched.append(self._indexes.match(state.name, keys.blocks, now))
+                continue
+            reported.add(state.name)
+            matched.append(report.held * blocks // report.blocks if report.blocks else 0)
+        return Cycle(now, self._fresh_s, keys, matched, request.prompt_tokens + request.max_tokens, frozenset(reported))
 
     def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
         keys = request.prefix_keys
@@ -160,8 +211,12 @@ class PrefixAffinityRouter:
         """The closed loop: the engine held less than matched, so it evicted the deepest matched block
         (last sent at ``decision.matched_at``) and, being LRU, all it was sent no later: forget
         them. The request's own chain stays (this dispatch sent it again after that, and the
-        engine holds it now). Only forgets: no answer makes a block match that no dispatch sent."""
-        if report.missed and decision.matched_at is not None and self.routing.index.closed_loop:
+        engine holds it now). Only forgets: no answer makes a block match that no dispatch sent.
+        A decision made on the engine's own word goes to the engine view instead (its check that
+        the hashing is the engine's, ``engine_view.py``)."""
+        if decision.engine_reported and self._engines is not None:
+            self._engines.heard(decision.state.name, report)
+        elif report.missed and decision.matched_at is not None and self.routing.index.closed_loop:
             self._indexes.forget_before(decision.state.name, decision.matched_at)
 
     def forget_before(self, state: BackendState, at: float) -> int:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from gateway.clock import Clock
 from gateway.dispatch.router import Router
 from gateway.policy.model import Routing
+from gateway.routing.engine_view import EngineView
 from gateway.routing.framework import Profile, Scorer, Weighted
 from gateway.routing.least_load import LeastLoadRouter
 from gateway.routing.prefix_affinity import PrefixAffinityRouter
@@ -56,6 +57,8 @@ class RouterSpec:
     clock: Clock
     secret: PrefixSecret
     fresh_s: float = 3.0
+    engines: EngineView | None = None
+    """The engines' own reports of what they hold (KV events, ``engine_view.py``); None: estimate only."""
 
 
 RouterFactory = Callable[[RouterSpec], Router]
@@ -83,7 +86,13 @@ def profile_for(routing: Routing) -> Profile:
 def _prefix_affinity(spec: RouterSpec) -> Router:
     tokenizer = TOKENIZERS.get(spec.routing.tokenizer)
     return PrefixAffinityRouter(
-        spec.routing, profile_for(spec.routing), spec.clock, spec.secret, fresh_s=spec.fresh_s, tokenizer=tokenizer
+        spec.routing,
+        profile_for(spec.routing),
+        spec.clock,
+        spec.secret,
+        fresh_s=spec.fresh_s,
+        tokenizer=tokenizer,
+        engines=spec.engines,
     )
 
 
@@ -114,23 +123,30 @@ def build_router(spec: RouterSpec) -> Router:
     return STRATEGIES[spec.routing.strategy](spec)
 
 
-def build_routers(snapshot: PolicySnapshot, clock: Clock, secret: PrefixSecret) -> dict[str, Router]:
+def build_routers(
+    snapshot: PolicySnapshot, clock: Clock, secret: PrefixSecret, engines: EngineView | None = None
+) -> dict[str, Router]:
     """One router per model of the policy."""
     fresh_s = snapshot.policy.scrape.fresh_s
     return {
-        name: build_router(RouterSpec(name, model.routing, clock, secret, fresh_s))
+        name: build_router(RouterSpec(name, model.routing, clock, secret, fresh_s, engines))
         for name, model in snapshot.models.items()
     }
 
 
 def update_routers(
-    current: Mapping[str, Router], old: PolicySnapshot, new: PolicySnapshot, clock: Clock, secret: PrefixSecret
+    current: Mapping[str, Router],
+    old: PolicySnapshot,
+    new: PolicySnapshot,
+    clock: Clock,
+    secret: PrefixSecret,
+    engines: EngineView | None = None,
 ) -> dict[str, Router]:
     """Routers for a reloaded policy under the same ``secret``: a model whose routing section (and
     scrape interval) did not change keeps its router and what it learnt; others get a new one.
     (Another secret is other chains: the caller builds every router anew.)"""
     same_scrape = old.policy.scrape.interval_s == new.policy.scrape.interval_s
-    fresh = build_routers(new, clock, secret)
+    fresh = build_routers(new, clock, secret, engines)
     for name, model in new.models.items():
         before = old.models.get(name)
         if same_scrape and before is not None and before.routing == model.routing and name in current:

@@ -16,6 +16,7 @@ from prometheus_client import Gauge
 
 from gateway.dispatch.backends import BackendPool
 from gateway.dispatch.breaker import BreakerState
+from gateway.dispatch.capacity import Held, held
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.policy.snapshot import PolicySnapshot
 from gateway.policy.watch import PolicySource
@@ -57,6 +58,7 @@ def expose(
     live = LiveGauges()
     classes = snapshot.policy.classes
     rank_names = {c.rank: name for name, c in classes.items()}
+    now, fresh_s = dispatcher.clock.now(), snapshot.policy.scrape.fresh_s
     for name, priority_class in classes.items():
         live.set(m.slo_objective, (name,), priority_class.slo.objective)
     for state in pool.all():
@@ -68,6 +70,9 @@ def expose(
         live.set(m.backend_healthy, backend, 1 if state.healthy else 0)
         live.set(m.backend_kv_usage, backend, state.kv_usage)
         live.set(m.backend_waiting, backend, state.waiting)
+        why = held(state, now, fresh_s)
+        for reason in Held:
+            live.set(m.backend_held, (state.name, reason.value), 1 if reason is why else 0)
         if state.breaker is not None:
             live.set(m.breaker_state, backend, BREAKER_LEVELS[state.breaker.state])
         for rank, name in rank_names.items():
@@ -80,8 +85,8 @@ def expose(
     live.sweep(
         [
             m.slo_objective, m.fleet_quota_requests, m.fleet_quota_tokens, m.in_flight, m.in_flight_tokens,
-            m.backend_healthy, m.backend_kv_usage, m.backend_waiting, m.breaker_state, m.class_in_flight,
-            m.model_healthy_backends, m.queue_depth, m.queue_capacity,
+            m.backend_healthy, m.backend_kv_usage, m.backend_waiting, m.backend_held, m.breaker_state,
+            m.class_in_flight, m.model_healthy_backends, m.queue_depth, m.queue_capacity,
         ]
     )  # fmt: skip
     for result, count in (

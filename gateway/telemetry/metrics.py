@@ -249,6 +249,14 @@ class Metrics:
             ["backend", "field"],
             registry=r,
         )
+        self.backend_held = Gauge(
+            "gateway_backend_held",
+            "1 while the backend takes no new request whatever its room, by reason: engine_queue (its engine "
+            "has requests waiting in its own queue, above capacity.max_waiting), engine_limits_unread "
+            "(capacity: auto not read from the engine yet: the backend is not ready); else 0.",
+            ["backend", "reason"],
+            registry=r,
+        )
         self.model_healthy_backends = Gauge(
             "gateway_model_healthy_backends", "Healthy backends serving the model.", ["model"], registry=r
         )
@@ -317,6 +325,13 @@ class Metrics:
     def _declare_kv_event_metrics(self, r: CollectorRegistry) -> None:
         """The engines' KV-event feeds (``gateway/dispatch/kv_feeds.py``): one per backend with
         ``kv_events`` in the policy; a backend leaving the policy leaves these too."""
+        self.kv_events_hashing_mismatch = Gauge(
+            "gateway_kv_events_hashing_mismatch",
+            "1 when the backend's kv_events.hashing was judged not to be its engine's (its index never matched "
+            "a prompt the engine said it reused): the backend routes on the estimate until a reload fixes it.",
+            ["backend"],
+            registry=r,
+        )
         self.kv_events_feed_live = Gauge(
             "gateway_kv_events_feed_live",
             "1 while the backend's KV-event feed is in sequence and heard from within its silence_s; "
@@ -351,6 +366,13 @@ class Metrics:
             "gateway_routing_decisions",
             "Backends chosen, by model, routing strategy and reason code (prefix_match, load_bound, ...).",
             ["model", "strategy", "reason"],
+            registry=r,
+        )
+        self.routing_prefix_source = Counter(
+            "gateway_routing_prefix_source",
+            "Prefix-aware decisions by where the chosen backend's match came from: events (the engine's own "
+            "KV events) or estimate (the gateway's index of what it sent where).",
+            ["model", "source"],
             registry=r,
         )
         self.matched_blocks = Histogram(

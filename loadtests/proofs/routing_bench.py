@@ -7,8 +7,7 @@ Usage::
                                       [--out loadtests/results/routing]
     python -m loadtests.proofs.routing_bench --fleet 3 --cache-scope slots [--repetitions 3]
                                       --out loadtests/results/routing-fleet-running
-    python -m loadtests.proofs.routing_bench --truth [--repetitions 3] [--modes estimate,closed-loop,...]
-                                      [--tenants 8 --conversations 8 ...] [--out loadtests/results/routing-truth]
+    python -m loadtests.proofs.routing_bench --truth ...   # = python -m loadtests.proofs.routing_truth ...
 
 Four simulated Llama-3.1-8B H100 engines (``inference-gateway sim --ports ...``, one process) sit
 behind the gateway (another process), both restarted for every phase so that each strategy
@@ -54,14 +53,11 @@ cost model counts tokens computed and read), so only the cache's reach changes.
   the chats do, so these two phases run at ``--hot-time-scale`` (default 12) to keep the
   machine (and the engines' step lag) within bounds.
 
-The oracle is a router written here that knows every engine's cache: for each candidate it
-asks the engine (``POST /debug/prefix_cache``, the simulator's debug endpoint) how many prompt
-tokens its prefix cache holds for this very request under the salt the gateway will set, then
-weighs that exactly as ``prefix_affinity`` weighs its estimate (same load scorers, weights and
-bounded-load rule). It is the ceiling of what a better index could reach; the calls block the
-gateway's loop for about a millisecond per candidate, which only the oracle pays. The gateway
-runs it through ``python -m loadtests.proofs.routing_bench --serve-oracle``, which registers the
-strategy and then runs ``inference-gateway serve``.
+The oracle (``routing_system.OracleRouter``) knows every engine's cache: for each candidate it
+asks the engine how many prompt tokens its prefix cache holds for this very request, then weighs
+that exactly as ``prefix_affinity`` weighs its estimate. It is the ceiling of what a better index
+could reach (``loadtests/proofs/routing_system.py`` says how; it and the policy, a chat turn and
+the engines' counters are what this bench shares with ``routing_truth``).
 
 * fleet (``--fleet N``, issue 13): the same load under ``prefix_affinity`` on N gateway
   replicas (separate processes) sharing Redis, each request sent to one of them at random (a
@@ -84,29 +80,8 @@ strategy and then runs ``inference-gateway serve``.
   N replicas with the view compute at most 1.05 x what one process does. Every server (engines,
   gateways, their operator listeners) takes a free port in every mode.
 
-* engine truth (``--truth``, issue 30): how well the gateway knows what the engines hold, on
-  engines whose KV cache evicts (``TRUTH_GPU_MEMORY_UTILIZATION``: 20,896 tokens each), with a
-  share of requests (``--direct-share``, 20%) sent straight to the engines behind the gateway's
-  back (unique long prompts that fill their caches), and one engine (``--restart-engine``)
-  restarted halfway: its process stopped and started again on its port, empty. The traffic
-  (``truth_plans``): conversations of several tenants with long system prompts, each worker
-  holding a few open and taking their turns in turn; halfway through, every worker waits until
-  all are there (nothing in flight), the engine restarts, and all go on, so the restart comes at
-  the same point in every mode. Modes (``TRUTH_MODES``), each from cold engines, the repetitions
-  interleaved: ``estimate`` (the index alone, ``routing.index.closed_loop: false``),
-  ``closed-loop`` (the index corrected by the answers' cached tokens), ``events`` (KV events: not
-  built yet, reported as such, no figures), ``oracle`` (each engine asked), and
-  ``estimate+detection`` (the estimate with the gateway's restart detection). The first four run
-  with restart detection off (no scrapes, one health check at start-up, no request in flight
-  across the restart: ``UNWATCHED``), so that what makes a mode stop believing in the restarted
-  engine's old cache is its own mechanism; the last shows what the gateway's watch adds (which
-  log line voided the engine's index, when). Figures, over the gateway's requests: the hit rate
-  (cached over prompt tokens, as each answer said), prompt tokens computed, TTFT P50/P95, and the
-  stale hit predictions on the restarted engine after the restart (``stale_predictions``, from
-  the gateway's trace log): how many, and when the last came. Goals: events >= 0.98 x the
-  oracle's hit rate; the closed loop recovers at least half of the estimate's hit-rate loss to
-  the oracle; after the restart the estimate stops predicting hits on the restarted engine
-  within its TTL (events: within one event batch).
+* engine truth (``--truth``, issue 30): ``loadtests/proofs/routing_truth.py``; ``--truth`` here
+  runs it with the options that follow (the committed results quote this command).
 
 Goals (issue 5): hit rate >= 0.9 x the oracle's and >= 2 x round-robin's; mean TTFT at least 2 x
 better than round-robin's; P99 TTFT no worse than least_load's; goodput >= 1.5 x round-robin's.
@@ -116,13 +91,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest.mock
@@ -130,174 +102,41 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import Any
 
 import httpx
-import orjson
 import redis
 
-from gateway.dispatch.cache_report import MISS_SLACK_BLOCKS, CacheReport
-from gateway.dispatch.router import RouteDetail, RoutingDecision
-from gateway.policy.model import Tenant
-from gateway.request.keys import hash_api_key
-from gateway.routing.framework import Cycle, Profile, Weighted, load_bound, rendezvous
-from gateway.routing.isolation import CacheSalter, tenant_scope
-from gateway.routing.registry import RouterSpec, register_strategy
-from gateway.routing.scorers.in_flight import InFlightScorer
-from gateway.routing.scorers.kv_usage import KvUsageScorer
-from gateway.routing.scorers.queue_depth import QueueDepthScorer
-from gateway.types import InferenceRequest
-from loadtests.harness.processes import (
-    GATEWAY,
-    Samples,
-    free_port,
-    metric_sum,
-    metrics,
-    policy_file,
-    process,
-    stop,
-    stop_all,
-    wait_ready,
-    wait_until,
-)
+from loadtests.harness.processes import GATEWAY, metric_sum, metrics, policy_file, process
 from loadtests.loadgen import runner
 from loadtests.loadgen.prompts import RequestFactory
 from loadtests.loadgen.records import RequestRecord
 from loadtests.loadgen.runner import RunConfig, run_sync, run_workload
 from loadtests.loadgen.stats import percentile
 from loadtests.loadgen.workload import Workload, load_workload
+from loadtests.proofs import routing_truth
+from loadtests.proofs.routing_system import (
+    BENCH_SECRET,
+    PROFILE,
+    SECRET_ENV,
+    System,
+    chat,
+    engine_counters,
+    gateway_policy,
+    loads,
+    serve_argv,
+    tenant_key,
+)
 from loadtests.sim.profiles import BLOCK_SIZE, get_profile
 
-if TYPE_CHECKING:
-    from gateway.dispatch.backends import BackendState
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-PROFILE = "llama-3.1-8b-h100"
 ENGINES = 4
 GPU_MEMORY_UTILIZATION = 0.5  # see the module docstring: a KV cache of 167k tokens per engine
 KV_CACHE_TOKENS = get_profile(PROFILE, gpu_memory_utilization=GPU_MEMORY_UTILIZATION).num_kv_blocks * BLOCK_SIZE
-SECRET_ENV = "GATEWAY_CACHE_SALT_SECRET"
-BENCH_SECRET = "routing-bench-secret"
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 STRATEGIES = ("round_robin", "least_load", "prefix_affinity", "oracle")
-PREFIX_WEIGHT, LOAD_WEIGHTS = 3.0, (1.0, 1.0, 0.5)  # the prefix_affinity defaults (registry.DEFAULT_WEIGHTS)
-
-
-# -- the oracle --------------------------------------------------------------------------------
-
-
-class OracleRouter:
-    """``prefix_affinity`` with the engines' true cached prefix in place of the index estimate."""
-
-    strategy = "oracle"
-
-    def __init__(self, spec: RouterSpec, salter: CacheSalter) -> None:
-        self._spec = spec
-        self._salter = salter
-        self._conns: dict[str, http.client.HTTPConnection] = {}
-        in_flight, queue, kv = LOAD_WEIGHTS
-        self._load = Profile(
-            [Weighted(InFlightScorer(), in_flight), Weighted(QueueDepthScorer(), queue), Weighted(KvUsageScorer(), kv)]
-        )
-
-    def pick(self, request: InferenceRequest, tenant: Tenant, candidates: Sequence[BackendState]) -> RoutingDecision:
-        start = time.perf_counter()
-        payload = orjson.dumps({**request.body, "cache_salt": self._salter.salt(tenant_scope(tenant))})
-        cached = [self._cached_tokens(state, payload) for state in candidates]
-        prompt = max(1, max(p for _, p in cached))
-        cycle = Cycle(
-            self._spec.clock.now(),
-            self._spec.fresh_s,
-            None,
-            [0] * len(candidates),
-            request.prompt_tokens + request.max_tokens,
-        )
-        load = self._load.run(request, candidates, cycle).totals
-        share = sum(LOAD_WEIGHTS)
-        totals = [
-            (PREFIX_WEIGHT * c / prompt + share * lo) / (PREFIX_WEIGHT + share)
-            for (c, _), lo in zip(cached, load, strict=True)
-        ]
-        bound = load_bound(candidates, self._spec.routing.epsilon)
-        root = self._spec.secret.root(tenant_scope(tenant), request.model)
-        best = max(
-            (i for i, s in enumerate(candidates) if s.in_flight + 1 <= bound),
-            key=lambda i: (totals[i], rendezvous(root, candidates[i].name)),
-        )
-        top = max(c for c, _ in cached)
-        reason = "no_prefix" if top == 0 else "prefix_match" if cached[best][0] == top else "load_over_prefix"
-        # in the engine's blocks, so that the answer's cache report (and the trace log's
-        # predicted_cached_tokens) holds what the oracle expected: the engine's own count
-        matched = [c // BLOCK_SIZE for c, _ in cached]
-        detail = RouteDetail(tuple(s.name for s in candidates), matched, -(-prompt // BLOCK_SIZE), {}, totals, bound)
-        return RoutingDecision(
-            candidates[best],
-            self.strategy,
-            reason,
-            matched[best],
-            pick_s=time.perf_counter() - start,
-            detail=detail,
-        )
-
-    def _cached_tokens(self, state: BackendState, payload: bytes) -> tuple[int, int]:
-        conn = self._conns.get(state.name)
-        if conn is None:
-            url = urlsplit(state.backend.url)
-            conn = self._conns[state.name] = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
-        try:
-            conn.request("POST", "/debug/prefix_cache", payload, {"content-type": "application/json"})
-            answer = orjson.loads(conn.getresponse().read())
-        except (OSError, http.client.HTTPException):
-            conn.close()
-            del self._conns[state.name]
-            return 0, 1
-        return int(answer["cached_tokens"]), int(answer["prompt_tokens"])
-
-    def on_dispatch(self, request: InferenceRequest, tenant: Tenant, decision: RoutingDecision) -> None:
-        pass
-
-    def forget_backend(self, backend: str) -> None:
-        pass
-
-    def on_answer(self, request: InferenceRequest, decision: RoutingDecision, report: CacheReport) -> None:
-        pass  # predicts no cache: nothing to correct
-
-
-def serve_oracle_gateway(policy: str, port: int, admin_port: int) -> int:
-    """``inference-gateway serve`` with the oracle strategy registered (the bench's gateway process)."""
-    from gateway.cli import main as gateway_main
-
-    salter = CacheSalter.from_env(SECRET_ENV)
-    register_strategy("oracle", lambda spec: OracleRouter(spec, salter))
-    return gateway_main(["serve", "--policy", policy, "--port", str(port), "--admin-port", str(admin_port)])
 
 
 # -- the system under test ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class System:
-    """Where a phase's servers listen: every port a free one, chosen when the phase starts."""
-
-    engines: tuple[int, ...]
-    gateways: tuple[int, ...]
-    admins: tuple[int, ...]
-    """The gateways' operator listeners (``/metrics``), in the order of ``gateways``."""
-
-    @classmethod
-    def free(cls, engines: int, replicas: int) -> System:
-        return cls(
-            tuple(free_port() for _ in range(engines)),
-            tuple(free_port() for _ in range(replicas)),
-            tuple(free_port() for _ in range(replicas)),
-        )
-
-    def gateway_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}" for port in self.gateways]
-
-    def admin_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}" for port in self.admins]
 
 
 def fleet_sections(redis_url: str, key_prefix: str, view: bool) -> str:
@@ -308,57 +147,6 @@ fleet: {{prefix_view: {"true" if view else "false"}}}
 
 
 CAPACITY = f"{{max_concurrent: 96, max_tokens_in_flight: 100000000, kv_cache_tokens: {KV_CACHE_TOKENS}}}"
-WATCH = "health_checks: {interval_s: 2, timeout_s: 2}\nscrape: {interval_s: 0.5, timeout_s: 1}"
-"""How the gateway watches its engines: health checks, and scrapes of /metrics (load signals and
-restart detection, ``gateway/dispatch/scrape.py``)."""
-
-
-def gateway_policy(
-    k: float,
-    strategy: str,
-    engine_ports: Sequence[int],
-    shared: str = "",
-    capacity: str = CAPACITY,
-    *,
-    index: str = "",
-    watch: str = WATCH,
-) -> str:
-    """The bench's policy; ``index`` is the routing index section (default: a TTL of 600 simulated s)."""
-    backends = "\n".join(
-        f"""  - {{name: engine-{i}, url: "http://127.0.0.1:{port}", kind: sim, models: [{MODEL}],
-      engine_priority: true, timeouts: {{first_byte_s: {600 * k}, between_chunks_s: {600 * k}}},
-      capacity: {capacity}}}"""
-        for i, port in enumerate(engine_ports)
-    )
-    tenants = "\n".join(
-        f"""  - {{name: t{i}, key_hashes: ["{hash_api_key(f"routing-key-t{i}")}"], models: ["*"],
-      default_class: interactive}}"""
-        for i in range(1, 9)
-    )
-    return f"""
-version: routing-bench-{strategy}
-classes:
-  interactive:
-    rank: 0
-    slo: {{ttft_ms: {500 * k}, itl_ms: {30 * k}, e2e_ms: {120_000 * k}}}
-    queue: {{max_depth: 512, max_wait_s: {10 * k}}}
-  batch:
-    rank: 1
-    slo: {{ttft_ms: {2000 * k}, itl_ms: {100 * k}, e2e_ms: {600_000 * k}}}
-    max_share: 0.5
-    queue: {{max_depth: 1024, max_wait_s: {60 * k}}}
-models:
-  - name: {MODEL}
-    max_prompt_tokens: 65536
-    max_output_tokens: 2048
-    routing: {{strategy: {strategy}, index: {index or f"{{ttl_s: {600 * k}}}"}}}
-backends:
-{backends}
-tenants:
-{tenants}
-breaker: {{consecutive_failures: null, failure_ratio: null}}
-{watch}
-{shared}"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,13 +184,9 @@ def system(
             key_prefix = f"routing-bench-{os.getpid()}-{time.time_ns()}:"
             stack.callback(drop_keys, fleet.redis_url, key_prefix)
             shared = fleet_sections(fleet.redis_url, key_prefix, fleet.view)
-        path = stack.enter_context(policy_file(gateway_policy(k, strategy, ports.engines, shared, capacity)))
+        path = stack.enter_context(policy_file(gateway_policy(k, strategy, ports.engines, capacity, shared)))
         for port, admin in zip(ports.gateways, ports.admins, strict=True):
-            if strategy == "oracle":
-                serve = [sys.executable, "-m", "loadtests.proofs.routing_bench", "--serve-oracle", str(path)]
-            else:
-                serve = [*GATEWAY, "serve", "--policy", str(path)]
-            argv = [*serve, "--admin-port", str(admin), "--port", str(port)]
+            argv = serve_argv(strategy, str(path), port, admin)
             stack.enter_context(process(argv, f"http://127.0.0.1:{port}/readyz"))
         yield ports
 
@@ -416,23 +200,6 @@ def drop_keys(redis_url: str, key_prefix: str) -> None:
             client.delete(*names)
     finally:
         client.close()
-
-
-def engine_counters(ports: Sequence[int]) -> list[dict[str, float]]:
-    out = []
-    for port in ports:
-        samples = metrics(f"http://127.0.0.1:{port}")
-        out.append(
-            {
-                "queries": metric_sum(samples, "vllm:prefix_cache_queries_total"),
-                "hits": metric_sum(samples, "vllm:prefix_cache_hits_total"),
-                "finished": metric_sum(samples, "vllm:request_success_total"),
-                "steps": metric_sum(samples, "sim:step_lag_seconds_count"),
-                "steps_late": metric_sum(samples, "sim:step_lag_seconds_count")
-                - metric_sum(samples, "sim:step_lag_seconds_bucket", le="0.01"),
-            }
-        )
-    return out
 
 
 def gateway_routing(admin_urls: Sequence[str]) -> dict[str, Any]:
@@ -681,61 +448,6 @@ class Turn:
     start: float = 0.0
 
 
-@dataclass(slots=True)
-class Reply:
-    status: int
-    ttft_s: float | None = None
-    text: str = ""
-    engine: str = ""
-    cached: int = 0
-    prompt: int = 0
-    """The prompt's tokens as the engine counted them (``usage.prompt_tokens``)."""
-
-
-async def _chat(
-    client: httpx.AsyncClient,
-    url: str,
-    key: str,
-    messages: list[dict[str, str]],
-    *,
-    max_tokens: int = REPLY_TOKENS,
-    headers: dict[str, str] | None = None,
-) -> Reply:
-    """One streamed chat turn: status, seconds to the first content, the reply's text, who served it."""
-    body = {
-        "model": MODEL,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = time.perf_counter()
-    first: float | None = None
-    parts: list[str] = []
-    reply = Reply(200)
-    async with client.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}", **(headers or {})}
-    ) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return Reply(response.status_code)
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            reply.engine = str(chunk.get("id", ""))[len("chatcmpl-") :][:12]
-            usage = chunk.get("usage") or {}
-            reply.cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or reply.cached)
-            reply.prompt = int(usage.get("prompt_tokens") or reply.prompt)
-            for choice in chunk.get("choices", ()):
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    first = time.perf_counter() - start if first is None else first
-                    parts.append(content)
-    reply.ttft_s, reply.text = first, "".join(parts)
-    return reply
-
-
 async def _conversations(urls: Sequence[str], rep: int, seed: int) -> list[Turn]:
     """The issue's workload: the conversations in a per-repetition order, ``AT_ONCE`` at a time,
     each turn sent to a replica drawn at random (the same draw for every configuration)."""
@@ -754,7 +466,7 @@ async def _conversations(urls: Sequence[str], rep: int, seed: int) -> list[Turn]
                 messages.append({"role": "user", "content": _words(f"{seed}-{tenant}-{conv}-{turn}", USER_WORDS)})
                 replica = random.Random(f"{seed}-{rep}-{tenant}-{conv}-{turn}").randrange(len(urls))
                 start = time.perf_counter()
-                reply = await _chat(client, urls[replica], f"routing-key-t{tenant}", messages)
+                reply = await chat(client, urls[replica], tenant_key(tenant), messages, max_tokens=REPLY_TOKENS)
                 turns.append(
                     Turn(tenant, conv, turn, replica, reply.ttft_s, reply.status, reply.engine, reply.cached, start)
                 )
@@ -882,7 +594,7 @@ def slot_summary(report: dict[str, Any]) -> str:
         lines.append(
             f"{r['config'] + ' #' + str(r['repetition']):34} {r['prompt_tokens_computed']:9.0f} "
             f"{r['computed_vs_one_process'] or 0:7.3f} {r['cached_share'] or 0:7.1%} {ttft:>24} {r['ok']:3d}  "
-            f"{r['computed_per_engine']}  {_loads(r['load_average_start'])}"
+            f"{r['computed_per_engine']}  {loads(r['load_average_start'])}"
         )
     for name, total in report["computed_total"].items():
         lines.append(f"total {name:28} {total:9.0f}")
@@ -895,10 +607,6 @@ def slot_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _loads(values: list[float] | None) -> str:
-    return " ".join(f"{v:.2f}" for v in values) if values else "-"
-
-
 def summary(report: dict[str, Any]) -> str:
     """The report as a text table: one row per phase, then the goals."""
 
@@ -908,8 +616,8 @@ def summary(report: dict[str, Any]) -> str:
     lines = [
         f"C = {report['C']:.2f} simulated req/s (flood under {report.get('capacity_strategy', '-')}); "
         f"K = {report['time_scale']:g}; phase {report['phase_s']:g} wall s, warmup {report['warmup']:g}; "
-        f"load average {_loads(report.get('load_average_start'))} at the start, "
-        f"{_loads(report.get('load_average_end'))} at the end",
+        f"load average {loads(report.get('load_average_start'))} at the start, "
+        f"{loads(report.get('load_average_end'))} at the end",
         f"{'phase':26} {'req/s':>6} {'hit':>6} {'TTFT mean':>10} {'TTFT p99':>9} {'goodput':>8} "
         f"{'eng/s':>7} {'pick us':>8} {'late steps':>10}  share per engine",
     ]
@@ -932,603 +640,18 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# -- engine truth: the estimate, the closed loop, KV events and the oracle (issue 30) -----------
-
-TRUTH_GPU_MEMORY_UTILIZATION = 0.26
-"""A KV cache of 20,896 tokens per engine (``llama-3.1-8b-h100``): a few conversations and a few
-direct prompts fill it, so it evicts all through a run."""
-TRUTH_TTL_S = 600.0
-"""The routing index's TTL in simulated seconds: the policy's default."""
-UNWATCHED = "health_checks: {interval_s: 86400, timeout_s: 2}\nscrape: {interval_s: 0, timeout_s: 1}"
-"""Restart detection off: one health check at start-up, no scrapes (``WATCH`` is the default)."""
-RESTART_SIGNALS = {"restarted: forgetting": "scrape (work counters went back)", "is now unhealthy": "down"}
-"""The gateway's log lines that void what it learnt of a backend (``BackendPool.restarted``,
-``mark_down``: a failed health check or a refused connection), and what each says."""
-_SYLLABLES = tuple(a + b + c for a in "bcdfghjklmnprstvz" for b in "aeiou" for c in "bdgklmnprst")
-"""Three-letter words: one token each to the simulator's tokenizer, and four characters with the
-space, one token to the gateway's estimate (``prefix_keys.CHARS_PER_TOKEN``): the index is sized in
-the engine's tokens, so that what it gets wrong is what it cannot see, not a tokenizer's ratio."""
-
-
-@dataclass(frozen=True, slots=True)
-class TruthMode:
-    """One way of knowing what the engines hold; every mode runs the same traffic from cold engines."""
-
-    name: str
-    strategy: str = "prefix_affinity"
-    closed_loop: bool = False
-    """``routing.index.closed_loop``: forget what an engine's answer says it no longer holds."""
-    restart_detection: bool = False
-    """Health checks every 2 s and scrapes (``WATCH``); off: neither (``UNWATCHED``), so that what
-    makes a mode stop believing in a restarted engine's cache is its own mechanism."""
-    built: bool = True
-    what: str = ""
-
-
-TRUTH_MODES = (
-    TruthMode("estimate", what="the index of what was sent where, LRU-bounded, TTL"),
-    TruthMode("closed-loop", closed_loop=True, what="the estimate, corrected by the answers' cached_tokens"),
-    TruthMode("events", built=False, what="the engines' KV events (not built yet)"),
-    TruthMode("oracle", strategy="oracle", what="each engine asked what it holds, for every request"),
-    TruthMode(
-        "estimate+detection",
-        restart_detection=True,
-        what="the estimate with the gateway's restart detection (health checks, scrapes)",
-    ),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class TruthLoad:
-    """The traffic of every mode: conversations of a few tenants through the gateway, a share of
-    requests sent straight to the engines, one engine restarted halfway through."""
-
-    engines: int = 3
-    tenants: int = 4
-    conversations: int = 6
-    """Per tenant."""
-    turns: int = 6
-    at_once: int = 8
-    """Workers; each sends a request once its previous one is answered."""
-    interleave: int = 2
-    """Conversations a worker holds open, taking their turns in turn."""
-    system_words: int = 1500
-    user_words: int = 100
-    reply_tokens: int = 48
-    direct_share: float = 0.2
-    """Of all requests, those sent to an engine directly (a unique prompt each), behind the gateway's back."""
-    direct_words: int = 3000
-    direct_reply_tokens: int = 8
-    gpu_memory_utilization: float = TRUTH_GPU_MEMORY_UTILIZATION
-    restart_engine: int = 0
-
-    @property
-    def kv_cache_tokens(self) -> int:
-        return get_profile(PROFILE, gpu_memory_utilization=self.gpu_memory_utilization).num_kv_blocks * BLOCK_SIZE
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One request of a worker's plan: a conversation's turn (through the gateway), or a direct
-    request to engine ``engine`` (``engine >= 0``)."""
-
-    tenant: int = 0
-    conv: int = 0
-    turn: int = 0
-    engine: int = -1
-    seed: str = ""
-
-
-def truth_plans(load: TruthLoad, rep: int, seed: int) -> list[list[Step]]:
-    """Each worker's requests, the same in every mode of a repetition: the conversations in an order
-    of the repetition's, dealt to the workers in turn; a worker holds ``interleave`` of its
-    conversations open at once and takes their turns in turn (a user's think time, during which
-    the others' requests go by); after each turn, direct requests at the rate that makes them
-    ``direct_share`` of all (to an engine drawn at random)."""
-    rng = random.Random(f"{seed}-truth-{rep}")
-    conversations = [(t, c) for t in range(1, load.tenants + 1) for c in range(1, load.conversations + 1)]
-    rng.shuffle(conversations)
-    odds = load.direct_share / (1 - load.direct_share)
-    plans: list[list[Step]] = [[] for _ in range(load.at_once)]
-    for w, plan in enumerate(plans):
-        mine = conversations[w :: load.at_once]
-        for group in range(0, len(mine), load.interleave):
-            for turn in range(1, load.turns + 1):
-                for tenant, conv in mine[group : group + load.interleave]:
-                    plan.append(Step(tenant, conv, turn))
-                    for _ in range(int(odds) + (rng.random() < odds % 1)):
-                        direct = f"{seed}-{rep}-direct-{w}-{len(plan)}"
-                        plan.append(Step(engine=rng.randrange(load.engines), seed=direct))
-    return plans
-
-
-def _syllables(seed: str, count: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(_SYLLABLES) for _ in range(count))
-
-
-@dataclass(slots=True)
-class Sent:
-    step: Step
-    reply: Reply
-    start: float
-    """Epoch seconds."""
-    after_restart: bool
-
-
-async def truth_traffic(
-    load: TruthLoad, plans: list[list[Step]], gateway: str, engines: Sequence[str], restart: Any, seed: int
-) -> list[Sent]:
-    """Run the plans, ``load.at_once`` workers; halfway through its plan each worker waits until
-    all are halfway (nothing in flight), ``restart()`` runs, and all go on: the restart comes at
-    the same point of the traffic in every mode."""
-    sent: list[Sent] = []
-    waiting = 0
-    everyone = asyncio.Event()
-    resume = asyncio.Event()
-    restarted = False
-
-    async def halfway() -> None:
-        nonlocal waiting
-        waiting += 1
-        if waiting == len(plans):
-            everyone.set()
-        await resume.wait()
-
-    async def worker(plan: list[Step], client: httpx.AsyncClient) -> None:
-        histories: dict[tuple[int, int], list[dict[str, str]]] = {}
-        for index in range(len(plan) + 1):
-            if index == len(plan) // 2:
-                await halfway()
-            if index == len(plan):
-                return
-            step, start = plan[index], time.time()
-            if step.engine >= 0:  # fresh connections: the engine may have restarted since the last one
-                messages = [{"role": "user", "content": _syllables(step.seed, load.direct_words)}]
-                reply = await _chat(
-                    client,
-                    engines[step.engine],
-                    "direct",
-                    messages,
-                    max_tokens=load.direct_reply_tokens,
-                    headers={"connection": "close"},
-                )
-            else:
-                system = {"role": "system", "content": _syllables(f"{seed}-system-{step.tenant}", load.system_words)}
-                messages = histories.setdefault((step.tenant, step.conv), [system])
-                user = _syllables(f"{seed}-{step.tenant}-{step.conv}-{step.turn}", load.user_words)
-                messages.append({"role": "user", "content": user})
-                reply = await _chat(
-                    client, gateway, f"routing-key-t{step.tenant}", messages, max_tokens=load.reply_tokens
-                )
-                messages.append({"role": "assistant", "content": reply.text})
-            sent.append(Sent(step, reply, start, restarted))
-
-    async def coordinator() -> None:
-        nonlocal restarted
-        await everyone.wait()
-        await asyncio.to_thread(restart)
-        restarted = True
-        resume.set()
-
-    limits = httpx.Limits(max_connections=load.at_once * 2)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        await asyncio.gather(coordinator(), *(worker(plan, client) for plan in plans))
-    return sent
-
-
-class SimFleet:
-    """Simulated engines, one process each (so that one restarts alone), each logging to a file."""
-
-    def __init__(self, ports: Sequence[int], options: Sequence[str], logs: Path) -> None:
-        self.ports = list(ports)
-        self._options = list(options)
-        self._logs = logs
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._stack = ExitStack()
-
-    def __enter__(self) -> SimFleet:
-        try:
-            started = [self._spawn(i, "") for i in range(len(self.ports))]
-            self._procs = [proc for proc, _ in started]
-            for i, (proc, log) in enumerate(started):
-                wait_ready(proc, f"http://127.0.0.1:{self.ports[i]}/health", log, 60.0)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        stop_all(self._procs)
-        self._stack.close()
-
-    def restart(self, i: int) -> float:
-        """Stop engine ``i`` and start a fresh one (an empty cache) on its port; the epoch seconds
-        at which the fresh one answers."""
-        stop(self._procs[i])
-        self._procs[i], log = self._spawn(i, "-restarted")
-        wait_ready(self._procs[i], f"http://127.0.0.1:{self.ports[i]}/health", log, 60.0)
-        return time.time()
-
-    def _spawn(self, i: int, suffix: str) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
-        log = self._stack.enter_context((self._logs / f"engine-{i}{suffix}.log").open("w+b"))
-        argv = [*GATEWAY, "sim", *self._options, "--port", str(self.ports[i])]
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log), log
-
-
-@contextmanager
-def logged_gateway(argv: list[str], port: int, log: Path, env: dict[str, str]) -> Iterator[None]:
-    """A gateway process whose log is kept in ``log`` (the run reads its warnings afterwards)."""
-    with log.open("w+b") as out:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=out, env=env)
-        try:
-            wait_ready(proc, f"http://127.0.0.1:{port}/readyz", out, 60.0)
-            yield
-        finally:
-            stop(proc)
-
-
-def truth_policy(k: float, mode: TruthMode, engine_ports: Sequence[int], kv_tokens: int) -> str:
-    capacity = f"{{max_concurrent: 96, max_tokens_in_flight: 100000000, kv_cache_tokens: {kv_tokens}}}"
-    index = f"{{ttl_s: {TRUTH_TTL_S * k}, closed_loop: {'true' if mode.closed_loop else 'false'}}}"
-    watch = WATCH if mode.restart_detection else UNWATCHED
-    return gateway_policy(k, mode.strategy, engine_ports, capacity=capacity, index=index, watch=watch)
-
-
-def truth_run(mode: TruthMode, rep: int, load: TruthLoad, args: argparse.Namespace) -> dict[str, Any]:
-    """One mode, one repetition: fresh engines and gateway, the traffic with its restart, the figures."""
-    if not mode.built:
-        return {"mode": mode.name, "repetition": rep, "built": False}
-    k = args.time_scale
-    sim_options = ("--profile", PROFILE, "--gpu-memory-utilization", str(load.gpu_memory_utilization))
-    ports = System.free(load.engines, 1)
-    plans = truth_plans(load, rep, args.seed)
-    marks: dict[str, Any] = {}
-    load_start = list(os.getloadavg())
-    with tempfile.TemporaryDirectory(prefix="routing-truth-") as folder, ExitStack() as stack:
-        logs = Path(folder)
-        engines = stack.enter_context(SimFleet(ports.engines, [*sim_options, "--time-scale", str(k)], logs))
-        path = stack.enter_context(policy_file(truth_policy(k, mode, ports.engines, load.kv_cache_tokens)))
-        if mode.strategy == "oracle":
-            serve = [sys.executable, "-m", "loadtests.proofs.routing_bench", "--serve-oracle", str(path)]
-        else:
-            serve = [*GATEWAY, "serve", "--policy", str(path)]
-        argv = [*serve, "--port", str(ports.gateways[0]), "--admin-port", str(ports.admins[0])]
-        env = {**os.environ, "GATEWAY_TRACE_LOG": str(logs / "trace.jsonl")}
-        stack.enter_context(logged_gateway(argv, ports.gateways[0], logs / "gateway.log", env))
-        marks["start"] = engine_counters(ports.engines)
-
-        def restart() -> None:
-            marks["before_restart"] = engine_counters(ports.engines)
-            marks["stopped_at"] = time.time()
-            marks["restart_at"] = engines.restart(load.restart_engine)
-
-        started = time.time()
-        urls = [f"http://127.0.0.1:{p}" for p in ports.engines]
-        sent = asyncio.run(truth_traffic(load, plans, ports.gateway_urls()[0], urls, restart, args.seed))
-        ended = time.time()
-        marks["end"] = engine_counters(ports.engines)
-        through = sum(s.step.engine < 0 for s in sent)
-        trace = logs / "trace.jsonl"
-        wait_until(lambda: _lines(trace) >= through, timeout=30.0, what="the gateway's trace log")
-        lines = [orjson.loads(line) for line in trace.read_bytes().splitlines() if line.strip()]
-        gateway_metrics = metrics(ports.admin_urls()[0])
-        log_text = (logs / "gateway.log").read_text(errors="replace")
-    backend = f"engine-{load.restart_engine}"
-    report = {
-        "mode": mode.name,
-        "repetition": rep,
-        "built": True,
-        "wall_s": round(ended - started, 1),
-        **truth_figures(sent, k),
-        "engines": engine_truth(marks, load.restart_engine),
-        "restart": {
-            "engine": backend,
-            "down_s": round(marks["restart_at"] - marks["stopped_at"], 2),
-            "after_s": round((ended - marks["restart_at"]) / k, 1),
-            **stale_predictions(lines, backend, marks["restart_at"], k),
-            "signals": restart_signals(log_text, backend, marks["stopped_at"], k),
-        },
-        "prediction": prediction_figures(gateway_metrics),
-        "load_average_start": load_start,
-        "load_average_end": list(os.getloadavg()),
-    }
-    print(json.dumps({key: v for key, v in report.items() if key != "engines"}), flush=True)
-    return report
-
-
-def _lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
-def truth_figures(sent: Sequence[Sent], k: float) -> dict[str, Any]:
-    """The gateway's requests: the engines' hit rate (cached over prompt tokens, as each answer
-    said), the prompt tokens they computed, TTFT in simulated ms; before and after the restart."""
-
-    def of(replies: list[Reply]) -> dict[str, Any]:
-        ok = [r for r in replies if r.status == 200]
-        prompt, cached = sum(r.prompt for r in ok), sum(r.cached for r in ok)
-        ttft = sorted(r.ttft_s / k * 1000 for r in ok if r.ttft_s is not None)
-        return {
-            "requests": len(replies),
-            "ok": len(ok),
-            "prompt_tokens": prompt,
-            "cached_tokens": cached,
-            "computed_tokens": prompt - cached,
-            "hit_rate": round(cached / prompt, 4) if prompt else None,
-            "ttft_ms": {f"p{q}": round(percentile(ttft, q), 1) if ttft else None for q in (50, 95)},
-        }
-
-    through = [s for s in sent if s.step.engine < 0]
-    direct = [s.reply for s in sent if s.step.engine >= 0]
-    return {
-        **of([s.reply for s in through]),
-        "after_restart": of([s.reply for s in through if s.after_restart]),
-        "direct": {
-            "requests": len(direct),
-            "ok": sum(r.status == 200 for r in direct),
-            "share": round(len(direct) / len(sent), 3) if sent else None,
-            "prompt_tokens": sum(r.prompt for r in direct),
-        },
-    }
-
-
-def engine_truth(marks: dict[str, Any], restarted: int) -> dict[str, Any]:
-    """What the engines counted over the run (gateway and direct requests): the restarted engine's
-    counters are its first process's until the restart plus its second's."""
-    start, before, end = marks["start"], marks["before_restart"], marks["end"]
-
-    def delta(i: int, key: str) -> float:
-        if i == restarted:
-            return float(before[i][key] - start[i][key] + end[i][key])
-        return float(end[i][key] - start[i][key])
-
-    queries = [delta(i, "queries") for i in range(len(start))]
-    hits = [delta(i, "hits") for i in range(len(start))]
-    steps = sum(delta(i, "steps") for i in range(len(start)))
-    return {
-        "prompt_tokens": sum(queries),
-        "computed_tokens": sum(queries) - sum(hits),
-        "computed_per_engine": [q - h for q, h in zip(queries, hits, strict=True)],
-        "requests_per_engine": [delta(i, "finished") for i in range(len(start))],
-        "steps_later_than_10ms": round(sum(delta(i, "steps_late") for i in range(len(start))) / steps, 4)
-        if steps
-        else None,
-    }
-
-
-def stale_predictions(lines: Sequence[dict[str, Any]], backend: str, restart_at: float, k: float) -> dict[str, Any]:
-    """Requests the gateway sent to the restarted engine after its restart expecting it to hold
-    more of the prompt than it was sent since (in the trace log's block chains, two blocks of
-    slack as ``cache_report.MISS_SLACK_BLOCKS``): predictions from before the restart, which an
-    empty cache cannot honour. When the last came (simulated s after the restart) is how long the
-    mode took to stop believing in the old cache."""
-    after = sorted((ln for ln in lines if (ln.get("t_dispatch") or 0) >= restart_at), key=lambda ln: ln["t_dispatch"])
-    held: set[str] = set()
-    routed = 0
-    stale: list[tuple[float, int, int]] = []
-    for line in after:
-        if line.get("backend") != backend:
-            continue
-        routed += 1
-        hashes, prompt = line.get("prefix_hashes") or [], line.get("tokens_in") or 0
-        predicted = line.get("predicted_cached_tokens") or 0
-        if hashes and prompt:
-            sent_since = next((i for i, h in enumerate(hashes) if h not in held), len(hashes))
-            if predicted > (sent_since + MISS_SLACK_BLOCKS) * prompt / len(hashes):
-                stale.append(((line["t_dispatch"] - restart_at) / k, predicted, line.get("cached_tokens") or 0))
-        held.update(hashes)
-    last = stale[-1][0] if stale else None
-    return {
-        "routed_after": routed,
-        "stale_hit_predictions": len(stale),
-        "stale_predicted_tokens": sum(p for _, p, _ in stale),
-        "stale_cached_tokens": sum(c for _, _, c in stale),
-        "first_stale_s": round(stale[0][0], 2) if stale else None,
-        "last_stale_s": round(last, 2) if last is not None else None,
-        "routed_after_last_stale": sum(
-            1
-            for ln in after
-            if ln.get("backend") == backend and last is not None and ln["t_dispatch"] > restart_at + last * k
-        ),
-    }
-
-
-def restart_signals(log: str, backend: str, since: float, k: float) -> list[dict[str, Any]]:
-    """The gateway's log lines, from the engine's stop on, that voided what it learnt of the
-    restarted engine (``RESTART_SIGNALS``), with when (simulated s after the stop)."""
-    found = []
-    for line in log.splitlines():
-        for needle, signal in RESTART_SIGNALS.items():
-            if f"backend {backend} " in line and needle in line:
-                at = _log_time(line)
-                if at is not None and at >= since - 1:
-                    found.append({"signal": signal, "after_stop_s": round((at - since) / k, 2)})
-    return found
-
-
-def _log_time(line: str) -> float | None:
-    """The epoch seconds of a log line that starts with ``logging``'s asctime (local time)."""
-    try:
-        stamp, millis = line[:23].split(",")
-        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
-    except ValueError:
-        return None
-
-
-def prediction_figures(samples: Samples) -> dict[str, Any]:
-    """The gateway's own cache-truth counters: what it predicted, how much of it the engines held, misses."""
-    predicted = metric_sum(samples, "gateway_predicted_cached_tokens_total")
-    confirmed = metric_sum(samples, "gateway_predicted_cached_tokens_confirmed_total")
-    return {
-        "predicted_tokens": predicted,
-        "confirmed_tokens": confirmed,
-        "precision": round(confirmed / predicted, 4) if predicted else None,
-        "misses": metric_sum(samples, "gateway_prefix_cache_misses_total"),
-    }
-
-
-def truth(args: argparse.Namespace, load: TruthLoad) -> dict[str, Any]:
-    """``--truth``: every mode, ``--repetitions`` times interleaved (each repetition runs the modes
-    in turn, every one from cold engines), and the goals over the repetitions' totals."""
-    modes = [m for m in TRUTH_MODES if not args.modes or m.name in args.modes.split(",")]
-    load_start = list(os.getloadavg())
-    print(f"load average at the start: {_loads(load_start)}", flush=True)
-    runs = [truth_run(mode, rep, load, args) for rep in range(1, args.repetitions + 1) for mode in modes]
-    totals = {m.name: truth_totals([r for r in runs if r["mode"] == m.name]) for m in modes}
-    return {
-        "command": "python -m loadtests.proofs.routing_bench --truth " + " ".join(args.argv),
-        "load": {
-            **{f: getattr(load, f) for f in TruthLoad.__dataclass_fields__},
-            "kv_cache_tokens": load.kv_cache_tokens,
-            "time_scale": args.time_scale,
-            "index_ttl_s": TRUTH_TTL_S,
-            "profile": PROFILE,
-        },
-        "modes": {m.name: {"what": m.what, "built": m.built, "restart_detection": m.restart_detection} for m in modes},
-        "runs": runs,
-        "totals": totals,
-        "goals": truth_goals(totals),
-        "load_average_start": load_start,
-        "load_average_end": list(os.getloadavg()),
-    }
-
-
-def truth_totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A mode over its repetitions: token sums (the hit rate of the sums), the medians of the
-    repetitions' TTFT percentiles, each repetition's restart figures."""
-    done = [r for r in runs if r.get("built")]
-    if not done:
-        return {"built": False}
-
-    def rate(figures: list[dict[str, Any]]) -> float | None:
-        prompt = sum(f["prompt_tokens"] for f in figures)
-        return round(sum(f["cached_tokens"] for f in figures) / prompt, 4) if prompt else None
-
-    def median(values: list[float | None]) -> float | None:
-        known = sorted(v for v in values if v is not None)
-        return percentile(known, 50) if known else None
-
-    restarts = [r["restart"] for r in done]
-    return {
-        "built": True,
-        "repetitions": len(done),
-        "requests": sum(r["requests"] for r in done),
-        "ok": sum(r["ok"] for r in done),
-        "prompt_tokens": sum(r["prompt_tokens"] for r in done),
-        "computed_tokens": sum(r["computed_tokens"] for r in done),
-        "hit_rate": rate(done),
-        "hit_rate_after_restart": rate([r["after_restart"] for r in done]),
-        "hit_rate_per_repetition": [r["hit_rate"] for r in done],
-        "ttft_p50_ms": median([r["ttft_ms"]["p50"] for r in done]),
-        "ttft_p95_ms": median([r["ttft_ms"]["p95"] for r in done]),
-        "stale_hit_predictions": [x["stale_hit_predictions"] for x in restarts],
-        "last_stale_s": [x["last_stale_s"] for x in restarts],
-        "routed_after_last_stale": [x["routed_after_last_stale"] for x in restarts],
-        "after_restart_s": [x["after_s"] for x in restarts],
-        "restart_signals": sorted({s["signal"] for x in restarts for s in x["signals"]}),
-    }
-
-
-def truth_goals(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Issue 30's goals, from the modes' totals; a goal of a mode not built says so, with no figure."""
-    out: dict[str, Any] = {}
-    est, loop, events, oracle = (totals.get(m, {}) for m in ("estimate", "closed-loop", "events", "oracle"))
-    if events and not events.get("built"):
-        out["events_hit_rate_vs_oracle"] = {"goal": ">= 0.98", "note": "events: not built"}
-        out["events_stop_after_restart"] = {"goal": "within one event batch", "note": "events: not built"}
-    elif events and oracle.get("built"):
-        value = events["hit_rate"] / oracle["hit_rate"] if oracle["hit_rate"] else None
-        out["events_hit_rate_vs_oracle"] = {
-            "value": value,
-            "goal": ">= 0.98",
-            "met": value is not None and value >= 0.98,
-        }
-    if est.get("built") and loop.get("built") and oracle.get("built"):
-        gap = oracle["hit_rate"] - est["hit_rate"]
-        value = (loop["hit_rate"] - est["hit_rate"]) / gap if gap > 0 else None
-        saved = est["computed_tokens"] - oracle["computed_tokens"]
-        out["closed_loop_gap_recovered"] = {
-            "value": value,
-            "estimate_to_oracle_gap": round(gap, 4),
-            "prefill_gap_recovered": (est["computed_tokens"] - loop["computed_tokens"]) / saved if saved > 0 else None,
-            "goal": ">= 0.5 of the estimate's hit-rate loss to the oracle",
-            "met": value is not None and value >= 0.5,
-        }
-    if est.get("built"):
-        last = [v for v in est["last_stale_s"] if v is not None]
-        stopped = all(
-            v is None or (v < TRUTH_TTL_S and after > 0)
-            for v, after in zip(est["last_stale_s"], est["routed_after_last_stale"], strict=True)
-        )
-        out["estimate_stops_within_ttl"] = {
-            "value": max(last) if last else None,
-            "goal": f"the last stale hit prediction on the restarted engine within the index TTL ({TRUTH_TTL_S:g} s), "
-            "and requests routed there after it",
-            "met": stopped,
-        }
-    return out
-
-
-def truth_summary(report: dict[str, Any]) -> str:
-    """The report as text: the load, a row per mode (totals), a row per run, the goals."""
-    w = report["load"]
-    lines = [
-        f"{w['engines']} engines ({w['profile']}, KV cache {w['kv_cache_tokens']} tokens each), "
-        f"engine-{w['restart_engine']} restarted halfway; {w['tenants']} tenants x {w['conversations']} "
-        f"conversations x {w['turns']} turns, {w['at_once']} workers x {w['interleave']} open; system prompts "
-        f"{w['system_words']} tokens, user turns {w['user_words']}, replies {w['reply_tokens']}; "
-        f"{w['direct_share']:.0%} of requests sent straight to an engine ({w['direct_words']}-token prompts); "
-        f"K = {w['time_scale']:g}; index TTL {w['index_ttl_s']:g} s",
-        f"load average {_loads(report['load_average_start'])} at the start, "
-        f"{_loads(report['load_average_end'])} at the end",
-        "",
-        f"{'mode':20} {'hit rate':>8} {'after restart':>13} {'prefill computed':>16} {'TTFT p50':>9} "
-        f"{'TTFT p95':>9}  stale hit predictions on the restarted engine: count; last (s after the restart); "
-        "forget signals",
-    ]
-    for name, t in report["totals"].items():
-        if not t.get("built"):
-            lines.append(f"{name:20} not built")
-            continue
-        last = " ".join("-" if v is None else f"{v:.1f}" for v in t["last_stale_s"])
-        stale = " ".join(map(str, t["stale_hit_predictions"]))
-        lines.append(
-            f"{name:20} {t['hit_rate']:8.1%} {t['hit_rate_after_restart'] or 0:13.1%} {t['computed_tokens']:16,.0f} "
-            f"{_ms(t['ttft_p50_ms']):>9} {_ms(t['ttft_p95_ms']):>9}  {stale}; {last}; "
-            f"{', '.join(t['restart_signals']) or 'none'}"
-        )
-    lines += [
-        "",
-        f"{'run':26} {'hit rate':>8} {'after restart':>13} {'computed':>9} {'all':>9} {'late':>6}  load avg",
-    ]
-    for r in report["runs"]:
-        if r.get("built"):
-            lines.append(
-                f"{r['mode'] + ' #' + str(r['repetition']):26} {r['hit_rate']:8.1%} "
-                f"{r['after_restart']['hit_rate'] or 0:13.1%} {r['computed_tokens']:9,.0f} "
-                f"{r['engines']['computed_tokens']:9,.0f} {r['engines']['steps_later_than_10ms'] or 0:6.1%}  "
-                f"{_loads(r['load_average_start'])}"
-            )
-    lines.append("")
-    for name, goal in report["goals"].items():
-        if goal.get("note"):
-            lines.append(f"{name}: {goal['note']} (goal {goal['goal']})")
-        else:
-            value = "-" if goal["value"] is None else f"{goal['value']:.3f}"
-            lines.append(f"{name}: {value} (goal {goal['goal']}): {'met' if goal['met'] else 'MISSED'}")
-    return "\n".join(lines) + "\n"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} ms"
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--truth" in argv:  # the engine-truth bench under its first name: the committed results quote it
+        return routing_truth.main(
+            [a for a in argv if a != "--truth"], command="python -m loadtests.proofs.routing_bench --truth"
+        )
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--serve-oracle", metavar="POLICY", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--admin-port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--truth",
+        action="store_true",
+        help="run python -m loadtests.proofs.routing_truth with the other options (see its --help)",
+    )
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--time-scale", type=float, default=4.0)
     parser.add_argument("--phase-s", type=float, default=120.0, help="wall seconds of load per phase")
@@ -1570,37 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="", help=argparse.SUPPRESS)  # a subset, for diagnosis
     parser.add_argument("--slot-capacity", default=SLOT_CAPACITY, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None, help="default: loadtests/results/routing[-truth]")
-    truth_options = parser.add_argument_group("engine truth (--truth, issue 30)")
-    truth_options.add_argument(
-        "--truth",
-        action="store_true",
-        help="the estimate, the closed loop, KV events and the oracle on engines that evict, with a restart "
-        "and traffic behind the gateway's back, --repetitions times interleaved (see the module docstring)",
-    )
-    truth_options.add_argument("--modes", default="", help="a subset of the modes, comma-separated")
-    for field, spec in TruthLoad.__dataclass_fields__.items():
-        kind = float if isinstance(spec.default, float) else int
-        truth_options.add_argument(
-            f"--{field.replace('_', '-')}", dest=f"truth_{field}", type=kind, default=spec.default
-        )
-    argv = sys.argv[1:] if argv is None else argv
+    parser.add_argument("--out", type=Path, default=Path("loadtests/results/routing"))
     args = parser.parse_args(argv)
-    if args.serve_oracle:
-        return serve_oracle_gateway(args.serve_oracle, args.port, args.admin_port)
     os.environ.setdefault(SECRET_ENV, BENCH_SECRET)
-    if args.truth:
-        args.argv = [a for a in argv if a != "--truth"]
-        load = TruthLoad(**{f: getattr(args, f"truth_{f}") for f in TruthLoad.__dataclass_fields__})
-        out = args.out or Path("loadtests/results/routing-truth")
-        truth_report = truth(args, load)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(truth_report, indent=1))
-        text = truth_summary(truth_report)
-        (out / "summary.txt").write_text(text)
-        print(text, flush=True)
-        return 0
-    args.out = args.out or Path("loadtests/results/routing")
     if args.fleet > 1 and args.cache_scope != "pool":
         slot_report = slot_fleet(args)
         args.out.mkdir(parents=True, exist_ok=True)

@@ -6,15 +6,20 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 from typing import Any
 
 import uvloop
 
+from gateway.kv_events.engine_hashes import HashAlgorithm
 from loadtests.sim.faults import Fault, FaultMode
-from loadtests.sim.kvcache import CacheScope
+from loadtests.sim.kvcache import CacheScope, VllmHashingSpec
 from loadtests.sim.profiles import ProfileKind, get_profile, profile_names
 from loadtests.sim.serve import serve_engines
+from loadtests.sim.tokenizer import HfTokenization
 from loadtests.sim.usage_report import AnswerFormat
+
+DEFAULT_HASH_ALGO = HashAlgorithm.SHA256  # vLLM's --prefix-caching-hash-algo default
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -79,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="the replay socket (ROUTER) of the KV events, e.g. tcp://127.0.0.1:5558 (needs --kv-events)",
     )
+    _add_vllm_identity(parser)
     faults = parser.add_argument_group(
         "fault injection", "as POST /admin/fault on each engine; see loadtests/sim/faults.py"
     )
@@ -94,6 +100,65 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=run)
 
 
+def _add_vllm_identity(parser: argparse.ArgumentParser) -> None:
+    vllm = parser.add_argument_group(
+        "vLLM's token ids and block hashes",
+        "with --tokenizer each engine tokenizes prompts and hashes its KV blocks exactly as vLLM does (its KV "
+        "events then carry vLLM's hashes); without it, the simulator's own word tokenizer and hash chain",
+    )
+    vllm.add_argument("--tokenizer", metavar="PATH", default=None, help="the model's tokenizer.json")
+    vllm.add_argument(
+        "--chat-template",
+        metavar="PATH",
+        default=None,
+        help="the chat template: a .jinja file or a tokenizer_config.json (without it a chat request is "
+        "refused 400, as vLLM refuses it for a model without one)",
+    )
+    vllm.add_argument(
+        "--hash-algo",
+        choices=[a.value for a in HashAlgorithm],
+        default=None,
+        help=f"vLLM's --prefix-caching-hash-algo (default {DEFAULT_HASH_ALGO.value}, vLLM's)",
+    )
+    vllm.add_argument(
+        "--hash-seed",
+        metavar="S",
+        default=None,
+        help="vLLM's PYTHONHASHSEED, the root of every block chain (default: this environment's PYTHONHASHSEED; "
+        "unset: a random root per engine, as each vLLM process draws its own)",
+    )
+    vllm.add_argument(
+        "--int-block-hashes",
+        action="store_true",
+        help="KV events carry each hash's low 64 bits as an int (vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1) "
+        "instead of its bytes",
+    )
+
+
+def _vllm_identity(args: argparse.Namespace) -> tuple[HfTokenization | None, VllmHashingSpec | None]:
+    """The tokenizer and block hashing ``--tokenizer`` and its companions ask for (None, None without it)."""
+    if args.tokenizer is None:
+        given = [flag for flag, value in _IDENTITY_FLAGS.items() if getattr(args, value) not in (None, False)]
+        if given:
+            raise SystemExit(f"{', '.join(given)} needs --tokenizer")
+        return None, None
+    try:
+        tokenization = HfTokenization.from_files(args.tokenizer, args.chat_template)
+    except Exception as exc:  # the Rust side's errors and ChatTemplateError alike
+        raise SystemExit(f"--tokenizer/--chat-template: {exc}") from exc
+    seed = args.hash_seed if args.hash_seed is not None else os.environ.get("PYTHONHASHSEED")
+    spec = VllmHashingSpec(args.hash_algo or DEFAULT_HASH_ALGO.value, seed, args.int_block_hashes)
+    return tokenization, spec
+
+
+_IDENTITY_FLAGS = {
+    "--chat-template": "chat_template",
+    "--hash-algo": "hash_algo",
+    "--hash-seed": "hash_seed",
+    "--int-block-hashes": "int_block_hashes",
+}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.count < 1 or args.time_scale <= 0:
         raise SystemExit("--count must be >= 1 and --time-scale > 0")
@@ -106,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kv_events_replay is not None and args.kv_events is None:
         raise SystemExit("--kv-events-replay needs --kv-events")
     faults = _faults(args)
+    tokenization, block_hashing = _vllm_identity(args)
     main = serve_engines(
         args.profile,
         host=args.host,
@@ -122,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         prompt_tokens_details=args.prompt_tokens_details,
         kv_events=args.kv_events,
         kv_events_replay=args.kv_events_replay,
+        tokenization=tokenization,
+        block_hashing=block_hashing,
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, contextlib.suppress(KeyboardInterrupt):
         runner.run(main)

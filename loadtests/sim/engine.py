@@ -11,6 +11,10 @@ next ones every `itl`, with no batching effects; it still does prefix-cache acco
 the gateway's cache-aware routing sees hits. Both engines multiply every simulated duration by
 `time_scale`.
 
+Both key their KV blocks by ``hashing`` (``kvcache.BlockHashing``: the simulator's own chain by
+default, vLLM's with ``sim --tokenizer``) and generate the ids ``output_id`` gives (the word
+cycle's by default, the configured tokenizer's with ``--tokenizer``: ``tokenizer.py``).
+
 An ``EngineRequest`` with ``stall_at`` (an injected fault, see ``faults.py``) stops producing
 tokens after that many and keeps its slot and blocks until it is aborted.
 """
@@ -21,16 +25,18 @@ import asyncio
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from loadtests.sim.clock import Clock, MonotonicClock
 from loadtests.sim.costmodel import RooflineCostModel
-from loadtests.sim.kvcache import CacheScope, KVCache, SlotTable, chain_hashes, salt_root
+from loadtests.sim.kvcache import BlockHash, BlockHashing, CacheScope, KVCache, SlotTable, block_chain
 from loadtests.sim.metrics import EngineMetrics
 from loadtests.sim.profiles import BLOCK_SIZE, Profile
 from loadtests.sim.scheduler import Scheduler, Sequence
 from loadtests.sim.stream import FinishReason, TokenStream
+from loadtests.sim.tokenizer import output_token_id
 
 MAX_CATCH_UP_S = 0.1  # beyond this lateness the timeline restarts from now instead of bursting
 LAG_SAMPLES = 200_000
@@ -95,11 +101,22 @@ class _Timing:
 
 
 class _EngineBase:
-    def __init__(self, profile: Profile, *, model_name: str, index: int, time_scale: float, clock: Clock) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        model_name: str,
+        index: int,
+        time_scale: float,
+        clock: Clock,
+        hashing: BlockHashing | None = None,
+        output_id: Callable[[int], int] = output_token_id,
+    ) -> None:
         self.profile = profile
         self.time_scale = time_scale
         self.clock = clock
-        self.kv = KVCache(profile.num_kv_blocks, BLOCK_SIZE)
+        self.output_id = output_id
+        self.kv = KVCache(profile.num_kv_blocks, BLOCK_SIZE, hashing)
         self.max_model_len = self.kv.num_blocks * BLOCK_SIZE
         self.lag_samples: deque[float] = deque(maxlen=LAG_SAMPLES)
         self.tokens_out = 0  # tokens emitted, for benchmarks
@@ -151,9 +168,17 @@ class BatchingEngine(_EngineBase):
         index: int = 0,
         time_scale: float = 1.0,
         clock: Clock | None = None,
+        hashing: BlockHashing | None = None,
+        output_id: Callable[[int], int] = output_token_id,
     ) -> None:
         super().__init__(
-            profile, model_name=model_name, index=index, time_scale=time_scale, clock=clock or MonotonicClock()
+            profile,
+            model_name=model_name,
+            index=index,
+            time_scale=time_scale,
+            clock=clock or MonotonicClock(),
+            hashing=hashing,
+            output_id=output_id,
         )
         self.cost = RooflineCostModel(profile)
         slots = None
@@ -169,6 +194,7 @@ class BatchingEngine(_EngineBase):
             max_num_seqs=profile.max_num_seqs,
             max_num_batched_tokens=profile.max_num_batched_tokens,
             slots=slots,
+            output_id=output_id,
         )
         self._by_stream: dict[TokenStream, Sequence] = {}
         self.steps = 0
@@ -254,7 +280,7 @@ class _FixedRequest:
         self.prompt_tokens = prompt_tokens
         self.stall_at = stall_at
         self.blocks: list[int] = []
-        self.hashes: list[int] = []
+        self.hashes: list[BlockHash] = []
         self.token_ids: list[int] = []
 
 
@@ -269,9 +295,17 @@ class FixedEngine(_EngineBase):
         index: int = 0,
         time_scale: float = 1.0,
         clock: Clock | None = None,
+        hashing: BlockHashing | None = None,
+        output_id: Callable[[int], int] = output_token_id,
     ) -> None:
         super().__init__(
-            profile, model_name=model_name, index=index, time_scale=time_scale, clock=clock or MonotonicClock()
+            profile,
+            model_name=model_name,
+            index=index,
+            time_scale=time_scale,
+            clock=clock or MonotonicClock(),
+            hashing=hashing,
+            output_id=output_id,
         )
         self._due: list[tuple[float, int, _FixedRequest]] = []
         self._active: dict[TokenStream, _FixedRequest] = {}
@@ -330,7 +364,7 @@ class FixedEngine(_EngineBase):
     def _cache_prompt(self, req: _FixedRequest, request: EngineRequest) -> int:
         """Hold the prompt's blocks (the cached ones shared); the number of blocks found cached."""
         tokens = req.token_ids = request.token_ids
-        req.hashes = chain_hashes(salt_root(request.cache_salt), tokens, 0, len(tokens) // BLOCK_SIZE, BLOCK_SIZE)
+        req.hashes = block_chain(self.kv.hashing, tokens, len(tokens) // BLOCK_SIZE, request.cache_salt)
         hit = self.kv.lookup(req.hashes[: (len(tokens) - 1) // BLOCK_SIZE])
         self.kv.acquire(hit)
         fresh = self.kv.allocate(len(req.hashes) - len(hit)) or []
@@ -348,13 +382,32 @@ class FixedEngine(_EngineBase):
 
 
 def build_engine(
-    profile: Profile, *, model_name: str, index: int = 0, time_scale: float = 1.0, clock: Clock | None = None
+    profile: Profile,
+    *,
+    model_name: str,
+    index: int = 0,
+    time_scale: float = 1.0,
+    clock: Clock | None = None,
+    hashing: BlockHashing | None = None,
+    output_id: Callable[[int], int] = output_token_id,
 ) -> Engine:
-    """The engine for a ROOFLINE or FIXED profile."""
+    """The engine for a ROOFLINE or FIXED profile, keying its blocks by ``hashing`` (the
+    simulator's own chain when None) and generating ``output_id``'s ids."""
     from loadtests.sim.profiles import ProfileKind
 
-    if profile.kind is ProfileKind.FIXED:
-        return FixedEngine(profile, model_name=model_name, index=index, time_scale=time_scale, clock=clock)
-    if profile.kind is ProfileKind.ROOFLINE:
-        return BatchingEngine(profile, model_name=model_name, index=index, time_scale=time_scale, clock=clock)
+    kinds: dict[ProfileKind, type[FixedEngine | BatchingEngine]] = {
+        ProfileKind.FIXED: FixedEngine,
+        ProfileKind.ROOFLINE: BatchingEngine,
+    }
+    kind = kinds.get(profile.kind)
+    if kind is not None:
+        return kind(
+            profile,
+            model_name=model_name,
+            index=index,
+            time_scale=time_scale,
+            clock=clock,
+            hashing=hashing,
+            output_id=output_id,
+        )
     raise ValueError(f"profile {profile.name!r} has no engine (kind {profile.kind.value})")

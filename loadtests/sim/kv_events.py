@@ -12,9 +12,15 @@ What a vLLM engine started with ``--kv-events-config '{"enable_kv_cache_events":
 
 The structs below mirror vLLM's class definitions (same fields in the same order, the same tag
 names and struct options), so the bytes are what vLLM's own encoder writes. The hashes are the
-simulator's own (``kvcache.chain_hashes`` from ``salt_root(cache_salt)``, 64-bit ints, as vLLM
-with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), not vLLM's: a consumer that computes hashes must
-compute the simulator's to match.
+cache's keys (``KVCache.hashing``) as ``BlockHashing.external`` gives them:
+
+* by default the simulator's own (``kvcache.chain_hashes`` from ``salt_root(cache_salt)``,
+  64-bit ints, as vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), not vLLM's: a consumer
+  that computes hashes must compute the simulator's to match;
+* with ``sim --tokenizer``, vLLM's own block hashes of vLLM's token ids (``VllmHashing``): the
+  digest as bytes (vLLM's default ``ExternalBlockHash``), or its low 64 bits as an int with
+  ``--int-block-hashes`` (vLLM's ``maybe_convert_block_hash``, converted only here, on the way
+  out, as vLLM does: the cache and the chain keep the digests).
 
 One batch per engine step: the events of one synchronous step of the simulator's loop are
 gathered and sent together when the loop next runs (``call_soon``). A fresh engine starts with
@@ -30,14 +36,14 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from loadtests.sim.kvcache import KVCache
+from loadtests.sim.kvcache import BlockHash, KVCache, SimHashing
 
 log = logging.getLogger("loadtests.sim.kv_events")
 
@@ -101,7 +107,14 @@ class KvEventPublisher:
     always binds: it is the stable side the gateway connects to."""
 
     def __init__(
-        self, endpoint: str, replay_endpoint: str | None, *, block_size: int, topic: str = "", rank: int = 0
+        self,
+        endpoint: str,
+        replay_endpoint: str | None,
+        *,
+        block_size: int,
+        topic: str = "",
+        rank: int = 0,
+        external: Callable[[BlockHash], BlockHash] | None = None,
     ) -> None:
         self._ctx = zmq.asyncio.Context()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -113,6 +126,7 @@ class KvEventPublisher:
             self._replay.bind(replay_endpoint)
         self._topic = topic.encode()
         self._block_size = block_size
+        self._external = external or SimHashing(block_size).external  # the hash as events carry it
         self._rank = rank
         self._seq = 0
         self._pending: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
@@ -120,7 +134,9 @@ class KvEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=BUFFER_STEPS)
         self._encoder = msgspec.msgpack.Encoder()
 
-    def stored(self, block_hash: int, parent: int | None, token_ids: Sequence[int]) -> None:
+    def stored(self, block_hash: BlockHash, parent: BlockHash | None, token_ids: Sequence[int]) -> None:
+        block_hash = self._external(block_hash)
+        parent = None if parent is None else self._external(parent)
         last = self._pending[-1] if self._pending else None
         if isinstance(last, BlockStored) and parent is not None and last.block_hashes[-1] == parent:
             last.block_hashes.append(block_hash)
@@ -129,7 +145,8 @@ class KvEventPublisher:
             event = BlockStored([block_hash], parent, list(token_ids), self._block_size, None, MEDIUM_GPU, None)
             self._add(event)
 
-    def removed(self, block_hash: int) -> None:
+    def removed(self, block_hash: BlockHash) -> None:
+        block_hash = self._external(block_hash)
         last = self._pending[-1] if self._pending else None
         if isinstance(last, BlockRemoved):
             last.block_hashes.append(block_hash)
@@ -188,7 +205,9 @@ def attach_publishers(
     publishers = []
     for i, kv in enumerate(caches):
         replay = None if replay_endpoint is None else offset_endpoint(replay_endpoint, i)
-        publisher = KvEventPublisher(offset_endpoint(endpoint, i), replay, block_size=kv.block_size, topic=topic)
+        publisher = KvEventPublisher(
+            offset_endpoint(endpoint, i), replay, block_size=kv.block_size, topic=topic, external=kv.hashing.external
+        )
         kv.observe(publisher)
         publisher.cleared()
         publishers.append(publisher)

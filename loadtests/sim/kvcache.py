@@ -3,7 +3,10 @@
 * The cache holds ``num_blocks`` blocks of ``block_size`` tokens.
 * A full block is identified by a hash chained over token ids: ``h_i = H(h_{i-1}, tokens_i)``,
   with ``h_{-1} = H(cache_salt)``. The same prefix under another salt therefore never hits,
-  which is what vLLM's ``cache_salt`` request field is for.
+  which is what vLLM's ``cache_salt`` request field is for. The chain is a ``BlockHashing``:
+  the simulator's own (``SimHashing``, xxh64, 64-bit ints) unless the engine is told to be a
+  vLLM (``VllmHashing``, ``sim --tokenizer``): then vLLM's own block hashes, so that a consumer
+  computing vLLM's hashes (the gateway) finds the simulator's blocks under them.
 * A block is *referenced* while a running request uses it. Unreferenced blocks sit in a free
   queue in LRU order; those holding a hash are still *cached* and can be hit again until the
   allocator evicts them from the front of the queue (least recently freed first).
@@ -17,15 +20,23 @@ server, whose reusable prefixes live in its slots (``CacheScope``).
 from __future__ import annotations
 
 import enum
+import logging
+import os
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import xxhash
 
-_NO_HASH = -1
+if TYPE_CHECKING:
+    from gateway.kv_events.engine_hashes import EngineBlockHasher
+
+log = logging.getLogger("loadtests.sim.kvcache")
+
+BlockHash = int | bytes
+"""A full block's key: the simulator's 64-bit int, or vLLM's digest (bytes)."""
 
 
 def salt_root(cache_salt: str | None) -> int:
@@ -43,24 +54,132 @@ def chain_hashes(parent: int, token_ids: Sequence[int], start: int, stop: int, b
     return hashes
 
 
+class BlockHashing(Protocol):
+    """How a cache keys full blocks: a chain over their token ids rooted at the request's salt."""
+
+    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], full_blocks: int, salt: str | None) -> None:
+        """Append the hashes of blocks ``len(hashes) .. full_blocks - 1`` of ``token_ids`` (a
+        request salted ``salt``) to ``hashes``, its chain so far: each block is hashed once."""
+        ...
+
+    def external(self, block_hash: BlockHash) -> BlockHash:
+        """``block_hash`` as the KV events publish it."""
+        ...
+
+
+class SimHashing:
+    """The simulator's own chain (``chain_hashes`` from ``salt_root``): cheap, 64-bit ints."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+
+    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], full_blocks: int, salt: str | None) -> None:
+        have = len(hashes)
+        if full_blocks > have:
+            parent = hashes[-1] if have else salt_root(salt)
+            assert isinstance(parent, int)
+            hashes.extend(chain_hashes(parent, token_ids, have, full_blocks, self.block_size))
+
+    def external(self, block_hash: BlockHash) -> BlockHash:
+        return block_hash
+
+
+UNSEEDED_WARNING = (
+    "PYTHONHASHSEED is not set. This will lead to non-reproducible block-hashes when using CBOR-based hash "
+    "functions such as sha256_cbor or xxhash_cbor. Consider setting PYTHONHASHSEED to a fixed value for "
+    "reproducibility."
+)
+"""What vLLM logs (``init_none_hash``) when a CBOR hash has no seed."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmHashingSpec:
+    """vLLM's block hashing as an engine is started with it: ``--prefix-caching-hash-algo``
+    (vLLM's default ``sha256``), ``PYTHONHASHSEED`` (None: unset, a random root per engine, as
+    each vLLM process draws its own) and ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``."""
+
+    algorithm: str = "sha256"
+    seed: str | None = None
+    int_hashes: bool = False
+
+    def build(self, block_size: int) -> VllmHashing:
+        """One engine's hashing; logs vLLM's warning when unseeded (as each vLLM process does)."""
+        from gateway.kv_events.engine_hashes import EngineBlockHasher, EngineHashing, HashAlgorithm
+
+        algorithm = HashAlgorithm(self.algorithm)
+        seed = self.seed
+        if seed is None:
+            if algorithm.uses_cbor:
+                log.warning(UNSEEDED_WARNING)
+            seed = os.urandom(16).hex()  # vLLM: NONE_HASH = os.urandom(32); here hash_fn of a random seed
+        hashing = EngineHashing(algorithm=algorithm, seed=seed, block_size=block_size)  # digests: the chain's keys
+        return VllmHashing(EngineBlockHasher(hashing), EngineBlockHasher(hashing), int_hashes=self.int_hashes)
+
+
+class VllmHashing:
+    """vLLM's own block hashes (``gateway/kv_events/engine_hashes.py``), kept as the digests vLLM
+    keys its cache by; ``external`` gives the low 64 bits as an int under ``int_hashes``, as
+    vLLM's events do.
+
+    A request's first blocks are hashed from the chain's root, with its ``cache_salt`` in the
+    first block's keys; blocks filled later (generated tokens) continue the chain from their
+    parent: ``rest`` is a hasher whose root is set to that parent (vLLM's blocks after the first
+    have no extra keys, so a chain from the parent is exactly the rest of the request's chain).
+    """
+
+    def __init__(self, first: EngineBlockHasher, rest: EngineBlockHasher, *, int_hashes: bool = False) -> None:
+        from gateway.kv_events.engine_hashes import INT_HASH_MASK
+
+        self._first = first
+        self._rest = rest
+        self._block_size = first.hashing.block_size
+        self._mask = INT_HASH_MASK
+        self.int_hashes = int_hashes
+
+    def extend(self, hashes: list[BlockHash], token_ids: Sequence[int], full_blocks: int, salt: str | None) -> None:
+        have, bs = len(hashes), self._block_size
+        if full_blocks <= have:
+            return
+        if not have:
+            hashes.extend(self._first.block_hashes(token_ids[: full_blocks * bs], cache_salt=salt))
+            return
+        parent = hashes[-1]
+        assert isinstance(parent, bytes)
+        self._rest.none_hash = parent
+        hashes.extend(self._rest.block_hashes(token_ids[have * bs : full_blocks * bs]))
+
+    def external(self, block_hash: BlockHash) -> BlockHash:
+        if self.int_hashes and isinstance(block_hash, bytes):
+            return int.from_bytes(block_hash, "big") & self._mask
+        return block_hash
+
+
+def block_chain(hashing: BlockHashing, token_ids: Sequence[int], full_blocks: int, salt: str | None) -> list[BlockHash]:
+    """The hashes of the first ``full_blocks`` blocks of ``token_ids``."""
+    hashes: list[BlockHash] = []
+    hashing.extend(hashes, token_ids, full_blocks, salt)
+    return hashes
+
+
 class KVCacheObserver(Protocol):
     """Told of every hash the cache publishes and evicts (the sim's KV events, ``kv_events.py``)."""
 
-    def stored(self, block_hash: int, parent: int | None, token_ids: Sequence[int]) -> None: ...
+    def stored(self, block_hash: BlockHash, parent: BlockHash | None, token_ids: Sequence[int]) -> None: ...
 
-    def removed(self, block_hash: int) -> None: ...
+    def removed(self, block_hash: BlockHash) -> None: ...
 
 
 class KVCache:
     """Block allocator with reference counts, a hash index and LRU eviction."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, hashing: BlockHashing | None = None) -> None:
         self.observer: KVCacheObserver | None = None  # set by ``observe``
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.hashing: BlockHashing = hashing or SimHashing(block_size)  # what the users key blocks by
         self._refs = [0] * num_blocks
-        self._hash_of = [_NO_HASH] * num_blocks
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._hash_of: list[BlockHash | None] = [None] * num_blocks
+        self._cached: dict[BlockHash, int] = {}  # block hash -> block id
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.evictions = 0
 
@@ -79,7 +198,7 @@ class KVCache:
     def usage(self) -> float:
         return 1.0 - len(self._free) / self.num_blocks if self.num_blocks else 0.0
 
-    def lookup(self, hashes: Sequence[int]) -> list[int]:
+    def lookup(self, hashes: Sequence[BlockHash]) -> list[int]:
         """Blocks of the longest cached prefix of `hashes`; no side effect."""
         blocks: list[int] = []
         for h in hashes:
@@ -104,9 +223,9 @@ class KVCache:
         for _ in range(count):
             block, _unused = self._free.popitem(last=False)
             h = self._hash_of[block]
-            if h != _NO_HASH:
+            if h is not None:
                 del self._cached[h]
-                self._hash_of[block] = _NO_HASH
+                self._hash_of[block] = None
                 self.evictions += 1
                 if self.observer is not None:
                     self.observer.removed(h)
@@ -121,10 +240,12 @@ class KVCache:
             if self._refs[block] == 0:
                 self._free[block] = None
 
-    def commit(self, block: int, block_hash: int, parent: int | None = None, token_ids: Sequence[int] = ()) -> None:
+    def commit(
+        self, block: int, block_hash: BlockHash, parent: BlockHash | None = None, token_ids: Sequence[int] = ()
+    ) -> None:
         """Publish a full, computed block under its hash (first writer wins, as in vLLM); ``parent``
         (the chain's previous hash) and ``token_ids`` only go to the observer, when given."""
-        if block_hash not in self._cached and self._hash_of[block] == _NO_HASH:
+        if block_hash not in self._cached and self._hash_of[block] is None:
             self._cached[block_hash] = block
             self._hash_of[block] = block_hash
             if self.observer is not None:
@@ -157,7 +278,7 @@ class CacheScope(enum.Enum):
 class _Slot:
     salt: int = 0
     tokens: list[int] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks of `tokens`
+    hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of the full blocks of `tokens`
     busy: bool = False
     last_used: int = -1
 
@@ -187,7 +308,7 @@ class SlotTable:
     def num_idle(self) -> int:
         return sum(not s.busy for s in self._slots)
 
-    def common_prefix(self, slot: int, salt: int, tokens: Sequence[int], hashes: Sequence[int]) -> int:
+    def common_prefix(self, slot: int, salt: int, tokens: Sequence[int], hashes: Sequence[BlockHash]) -> int:
         """Tokens of ``tokens`` (whose full blocks hash to ``hashes``) that ``slot`` holds."""
         held = self._slots[slot]
         if held.salt != salt or not held.tokens:
@@ -203,7 +324,7 @@ class SlotTable:
             n += 1
         return n
 
-    def best(self, salt: int, tokens: Sequence[int], hashes: Sequence[int]) -> tuple[int, int]:
+    def best(self, salt: int, tokens: Sequence[int], hashes: Sequence[BlockHash]) -> tuple[int, int]:
         """(slot, common prefix) that ``take`` would choose; (-1, 0) when every slot is busy."""
         chosen, chosen_lcp, best_sim = -1, 0, 0.0
         for i, slot in enumerate(self._slots):
@@ -221,7 +342,7 @@ class SlotTable:
         lru = min(idle, key=lambda i: self._slots[i].last_used)
         return lru, self.common_prefix(lru, salt, tokens, hashes)
 
-    def take(self, salt: int, tokens: Sequence[int], hashes: Sequence[int]) -> tuple[int, int]:
+    def take(self, salt: int, tokens: Sequence[int], hashes: Sequence[BlockHash]) -> tuple[int, int]:
         """Seat a prompt: (slot, tokens reused from it, at most ``len(tokens) - 1``)."""
         slot, lcp = self.best(salt, tokens, hashes)
         if slot < 0:
@@ -232,7 +353,7 @@ class SlotTable:
         held.last_used = self._uses
         return slot, min(lcp, max(0, len(tokens) - 1))
 
-    def release(self, slot: int, salt: int, tokens: Sequence[int], hashes: Sequence[int]) -> None:
+    def release(self, slot: int, salt: int, tokens: Sequence[int], hashes: Sequence[BlockHash]) -> None:
         """The slot's sequence left: it keeps ``tokens`` (computed so far) unless ``keep_idle`` is off."""
         held = self._slots[slot]
         held.busy = False

@@ -43,6 +43,10 @@ arguments`` after its content, as chat templates put both in the prompt.
 
 Content chunks are built from pre-rendered byte templates: the per-token cost is one
 ``orjson.dumps`` of the token text.
+
+Prompts: by default the simulator's word tokenizer and tiny template (``tokenizer.py``) give the
+ids; with a ``PromptTokenizer`` (``sim --tokenizer``: ``tokenizer.HfTokenization``) a text prompt's
+ids are vLLM's, after the same validation (a chat without a chat template is vLLM's 400).
 """
 
 from __future__ import annotations
@@ -50,12 +54,13 @@ from __future__ import annotations
 import enum
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from loadtests.sim.tokenizer import count_tokens, output_text, render_chat, tokenize
+from loadtests.sim.tokenizer import PromptError, count_tokens, output_text, render_chat, tokenize
 
 
 class Endpoint(enum.Enum):
@@ -86,6 +91,13 @@ class ApiError(Exception):
     def body(self) -> bytes:
         error = {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}
         return orjson.dumps({"error": error})
+
+
+class PromptTokenizer(Protocol):
+    """A text prompt's ids as the engine computes them (``tokenizer.HfTokenization``); raises
+    ``tokenizer.PromptError`` for a prompt it refuses."""
+
+    def prompt_ids(self, body: Mapping[str, Any], *, chat: bool) -> list[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +307,9 @@ def tools_turn(functions: list[dict[str, Any]]) -> dict[str, str]:
     return {"role": "tools", "content": orjson.dumps(defined).decode()}
 
 
-def _chat_prompt(body: dict[str, Any], functions: list[dict[str, Any]]) -> list[int]:
+def _chat_prompt(
+    body: dict[str, Any], functions: list[dict[str, Any]], prompter: PromptTokenizer | None = None
+) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
@@ -308,44 +322,69 @@ def _chat_prompt(body: dict[str, Any], functions: list[dict[str, Any]]) -> list[
         raise ApiError(400, "continue_final_message requires add_generation_prompt=false")
     if cont and rendered[-1]["role"] != "assistant":
         raise ApiError(400, "continue_final_message needs a final assistant message", param="messages")
+    if prompter is not None:
+        return _engine_ids(prompter, body, chat=True)
     return tokenize(render_chat(rendered, add_generation_prompt=add_prompt, continue_final_message=cont))
 
 
-def _completion_prompt(body: dict[str, Any], key: str) -> list[int]:
+def _completion_prompt(body: dict[str, Any], key: str, prompter: PromptTokenizer | None = None) -> list[int]:
     prompt = body.get(key)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        if prompter is not None:  # a batch of one is its prompt, for vLLM too
+            return _engine_ids(prompter, {**body, "prompt": prompt}, chat=False)
         return tokenize(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)
     raise ApiError(400, f"'{key}' must be a string, a list of token ids, or a list of one of them", param=key)
 
 
-def parse_request(endpoint: Endpoint, raw: bytes, *, served_model: str, default_max_tokens: int) -> ParsedRequest:
+def _engine_ids(prompter: PromptTokenizer, body: Mapping[str, Any], *, chat: bool) -> list[int]:
+    try:
+        return prompter.prompt_ids(body, chat=chat)
+    except PromptError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def parse_request(
+    endpoint: Endpoint,
+    raw: bytes,
+    *,
+    served_model: str,
+    default_max_tokens: int,
+    prompter: PromptTokenizer | None = None,
+) -> ParsedRequest:
     """Validate a request body; raise `ApiError` (400, or 404 for another model)."""
+    body = model_body(raw, served_model)
     return parse_body(
-        endpoint, model_body(raw, served_model), served_model=served_model, default_max_tokens=default_max_tokens
+        endpoint, body, served_model=served_model, default_max_tokens=default_max_tokens, prompter=prompter
     )
 
 
 def parse_body(
-    endpoint: Endpoint, body: dict[str, Any], *, served_model: str, default_max_tokens: int
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    *,
+    served_model: str,
+    default_max_tokens: int,
+    prompter: PromptTokenizer | None = None,
 ) -> ParsedRequest:
-    """Validate a request body already read as a JSON object (its model checked); raise `ApiError`."""
+    """Validate a request body already read as a JSON object (its model checked); raise `ApiError`.
+    A text prompt's ids are ``prompter``'s when given, the word tokenizer's otherwise."""
     model = served_model
     if field_of(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported by the simulator", param="n")
     functions: list[dict[str, Any]] = []
     if endpoint is Endpoint.CHAT:
         functions = _tool_functions(body)
-        tokens = _chat_prompt(body, functions)
+        tokens = _chat_prompt(body, functions, prompter)
         max_tokens = field_of(body, "max_completion_tokens", int, None) or field_of(body, "max_tokens", int, None)
     elif endpoint is Endpoint.COMPLETION:
-        tokens = _completion_prompt(body, "prompt")
+        tokens = _completion_prompt(body, "prompt", prompter)
         max_tokens = field_of(body, "max_tokens", int, None)
     else:
-        tokens = _completion_prompt(body, "input")
+        tokens = _completion_prompt(body, "input", prompter)
         max_tokens = 0
     if max_tokens is None:
         max_tokens = default_max_tokens
@@ -532,6 +571,7 @@ __all__ = [
     "ApiError",
     "Endpoint",
     "ParsedRequest",
+    "PromptTokenizer",
     "StreamRenderer",
     "ToolCall",
     "argument_pieces",

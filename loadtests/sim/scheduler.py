@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadtests.sim.costmodel import StepShape
-from loadtests.sim.kvcache import KVCache, SlotTable, chain_hashes, salt_root
+from loadtests.sim.kvcache import BlockHash, KVCache, SlotTable, block_chain, salt_root
 from loadtests.sim.tokenizer import output_token_id
 
 
@@ -60,7 +60,7 @@ class Sequence:
     status: Status = Status.WAITING
     arrival: int = 0
     blocks: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[BlockHash] = field(default_factory=list)
     num_committed: int = 0  # blocks published to the prefix cache
     user: object = None  # the engine's per-request handle
     stall_at: int | None = None  # injected stall: park once this many tokens are out
@@ -85,13 +85,24 @@ TokenCallback = Callable[[Sequence], None]
 
 
 class Scheduler:
-    """Owns the waiting heap and the running list; see the module docstring for the policy."""
+    """Owns the waiting heap and the running list; see the module docstring for the policy.
+
+    Blocks are keyed by ``kv.hashing`` (the prompt's full blocks hashed once, at ``add``; each
+    later block once, when it fills); ``output_id(i)`` is the ``i``-th generated token's id.
+    """
 
     def __init__(
-        self, kv: KVCache, *, max_num_seqs: int, max_num_batched_tokens: int, slots: SlotTable | None = None
+        self,
+        kv: KVCache,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        slots: SlotTable | None = None,
+        output_id: Callable[[int], int] = output_token_id,
     ) -> None:
         self.kv = kv
         self.slots = slots
+        self.output_id = output_id
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.running: list[Sequence] = []
@@ -109,8 +120,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.arrival = next(self._arrivals)
-        bs = self.kv.block_size
-        seq.block_hashes = chain_hashes(salt_root(seq.cache_salt), seq.token_ids, 0, len(seq.token_ids) // bs, bs)
+        full = len(seq.token_ids) // self.kv.block_size
+        seq.block_hashes = block_chain(self.kv.hashing, seq.token_ids, full, seq.cache_salt)
         self._push_waiting(seq)
 
     def abort(self, seq: Sequence) -> None:
@@ -169,7 +180,7 @@ class Scheduler:
                 self._park(seq)
                 continue
             if seq.num_output < seq.max_tokens:
-                seq.token_ids.append(output_token_id(seq.num_output))
+                seq.token_ids.append(self.output_id(seq.num_output))
                 seq.num_output += 1
             on_token(seq)
             if seq.num_output >= seq.max_tokens:
@@ -287,11 +298,8 @@ class Scheduler:
         self.running.insert(i, seq)
 
     def _extend_hashes(self, seq: Sequence, full_blocks: int) -> None:
-        have = len(seq.block_hashes)
-        if full_blocks > have:
-            parent = seq.block_hashes[-1] if have else salt_root(seq.cache_salt)
-            bs = self.kv.block_size
-            seq.block_hashes.extend(chain_hashes(parent, seq.token_ids, have, full_blocks, bs))
+        if full_blocks > len(seq.block_hashes):
+            self.kv.hashing.extend(seq.block_hashes, seq.token_ids, full_blocks, seq.cache_salt)
 
     def _commit(self, seq: Sequence, full: int) -> None:
         if self.slots is not None:  # a slot's tokens are its own: nothing goes to a shared index

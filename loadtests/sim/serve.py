@@ -10,8 +10,9 @@ import uvicorn
 
 from loadtests.sim.faults import Fault
 from loadtests.sim.kv_events import attach_publishers
-from loadtests.sim.kvcache import KVCache
+from loadtests.sim.kvcache import KVCache, VllmHashingSpec
 from loadtests.sim.server import EngineApp, build_engine_app
+from loadtests.sim.tokenizer import HfTokenization
 
 log = logging.getLogger("loadtests.sim")
 SHUTDOWN_GRACE_S = 5.0
@@ -51,13 +52,16 @@ async def serve_engines(
     prompt_tokens_details: bool = True,
     kv_events: str | None = None,
     kv_events_replay: str | None = None,
+    tokenization: HfTokenization | None = None,
+    block_hashing: VllmHashingSpec | None = None,
 ) -> None:
     """Serve one engine per port in the running loop until cancelled (or signalled).
 
     ``faults`` maps an engine's index (0 for the first port) to the fault it injects from the start;
     ``answer_format`` and ``prompt_tokens_details`` are ``build_engine_app``'s; ``kv_events`` (and
     ``kv_events_replay``) publish each engine's KV events there, engine ``i`` on the port + ``i``
-    (``kv_events.py``).
+    (``kv_events.py``); ``tokenization`` and ``block_hashing`` (``sim --tokenizer``) make every engine
+    a vLLM with that tokenizer and vLLM's block hashes (each its own random root when unseeded).
     """
     apps = [
         build_engine_app(
@@ -72,6 +76,8 @@ async def serve_engines(
             max_num_seqs=max_num_seqs,
             answer_format=answer_format,
             prompt_tokens_details=prompt_tokens_details,
+            tokenization=tokenization,
+            block_hashing=block_hashing,
         )
         for i in range(len(ports))
     ]

@@ -45,7 +45,7 @@ import orjson
 from loadtests.sim.clock import Clock
 from loadtests.sim.engine import Engine, EngineRequest, build_engine
 from loadtests.sim.faults import Fault, FaultMode, drop_connection, unavailable
-from loadtests.sim.kvcache import KVCache, chain_hashes, salt_root
+from loadtests.sim.kvcache import BlockHashing, KVCache, VllmHashingSpec, block_chain, salt_root
 from loadtests.sim.messages import (
     COUNT_TOKENS_PATH,
     MESSAGES_PATH,
@@ -58,7 +58,7 @@ from loadtests.sim.messages import (
 )
 from loadtests.sim.metrics import EngineMetrics
 from loadtests.sim.pooling import PoolingEndpoints
-from loadtests.sim.profiles import Profile, ProfileKind, get_profile
+from loadtests.sim.profiles import BLOCK_SIZE, Profile, ProfileKind, get_profile
 from loadtests.sim.protocol import (
     DONE,
     ApiError,
@@ -80,7 +80,7 @@ from loadtests.sim.responses import (
 )
 from loadtests.sim.scheduler import Scheduler
 from loadtests.sim.stream import FinishReason, TokenStream
-from loadtests.sim.tokenizer import embed, output_text
+from loadtests.sim.tokenizer import HfTokenization, embed, output_text, output_token_id
 from loadtests.sim.usage_report import AnswerFormat, UsageReport
 
 Scope = MutableMapping[str, Any]
@@ -110,13 +110,25 @@ class EngineApp:
         time_scale: float,
         clock: Clock | None,
         usage_report: UsageReport | None = None,
+        tokenization: HfTokenization | None = None,
+        hashing: BlockHashing | None = None,
     ) -> None:
         self.profile = profile
         self.model = model
         self.usage_report = usage_report or UsageReport()  # vLLM's shapes unless told (usage_report.py)
+        self.tokenization = tokenization  # vLLM's prompt ids (``sim --tokenizer``); the word tokenizer's if None
         self.engine: Engine | None = None
         if profile.kind is not ProfileKind.INSTANT:
-            self.engine = build_engine(profile, model_name=model, index=index, time_scale=time_scale, clock=clock)
+            output_id = output_token_id if tokenization is None else tokenization.output_token_id
+            self.engine = build_engine(
+                profile,
+                model_name=model,
+                index=index,
+                time_scale=time_scale,
+                clock=clock,
+                hashing=hashing,
+                output_id=output_id,
+            )
             self.metrics = self.engine.metrics
             self.max_model_len = self.engine.max_model_len
         else:
@@ -222,14 +234,14 @@ class EngineApp:
 
     def _cached_prefix(self, body: bytes) -> bytes:
         endpoint = Endpoint.CHAT if b'"messages"' in body else Endpoint.COMPLETION
-        req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=1)
+        req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=1, prompter=self.tokenization)
         kv = getattr(self.engine, "kv", None)
         scheduler = getattr(self.engine, "scheduler", None)
         slots = scheduler.slots if isinstance(scheduler, Scheduler) else None
         cached = 0
         if isinstance(kv, KVCache):
             bs = kv.block_size
-            hashes = chain_hashes(salt_root(req.cache_salt), req.token_ids, 0, (len(req.token_ids) - 1) // bs, bs)
+            hashes = block_chain(kv.hashing, req.token_ids, (len(req.token_ids) - 1) // bs, req.cache_salt)
             if slots is None:
                 cached = len(kv.lookup(hashes)) * bs
             else:
@@ -254,7 +266,8 @@ class EngineApp:
         if fault.mode is FaultMode.FAIL_503:
             self.metrics.faults[fault.mode.value].inc()
             raise unavailable()
-        req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=self.profile.default_max_tokens)
+        default, prompter = self.profile.default_max_tokens, self.tokenization
+        req = parse_request(endpoint, body, served_model=self.model, default_max_tokens=default, prompter=prompter)
         self._check_context(req)
         req_id = f"{_ID_PREFIX[endpoint]}{self._id_base}{next(self._ids):x}"
         if self.engine is None:
@@ -562,12 +575,16 @@ def build_engine_app(
     max_num_seqs: int | None = None,
     answer_format: str = AnswerFormat.VLLM.value,
     prompt_tokens_details: bool = True,
+    tokenization: HfTokenization | None = None,
+    block_hashing: VllmHashingSpec | None = None,
 ) -> EngineApp:
     """One engine's ASGI app; its step loop runs between lifespan startup and shutdown.
 
     ``answer_format`` (``vllm``, ``llamacpp``, ``llamacpp-legacy``) and ``prompt_tokens_details``
     (vLLM's ``--enable-prompt-tokens-details``) choose how its answers report the prompt tokens it
-    reused (``usage_report.py``)."""
+    reused (``usage_report.py``). ``tokenization`` and ``block_hashing`` make it a vLLM with that
+    tokenizer and template and vLLM's block hashes (``sim --tokenizer``); by default the
+    simulator's own words and chain."""
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
     report = UsageReport(AnswerFormat(answer_format), prompt_tokens_details)
@@ -580,7 +597,17 @@ def build_engine_app(
         max_num_seqs=max_num_seqs,
     )
     name = model or spec.model.name
-    return EngineApp(spec, model=name, index=index, time_scale=time_scale, clock=clock, usage_report=report)
+    hashing = None if block_hashing is None or spec.kind is ProfileKind.INSTANT else block_hashing.build(BLOCK_SIZE)
+    return EngineApp(
+        spec,
+        model=name,
+        index=index,
+        time_scale=time_scale,
+        clock=clock,
+        usage_report=report,
+        tokenization=tokenization,
+        hashing=hashing,
+    )
 
 
 async def _finished_whole(stream: TokenStream, send: Send, close_at: int | None) -> bool:

@@ -7,15 +7,20 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.request.keys import hash_api_key
-from tests.conftest import KEY_ACME
-from tests.policy_builder import session_policy
-from tests.servers import free_port, wait_until
+from loadtests.sim import build_engine_app
+from loadtests.sim.profiles import BLOCK_SIZE
+from tests.conftest import CHAT_MODEL, KEY_ACME, closed_port_url
+from tests.dispatch.fake_llamacpp import FakeLlamacpp
+from tests.policy_builder import backend, build_policy, model, session_policy, tenant
+from tests.servers import free_port, serve_in_thread, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 INVALID = "tests/policies/invalid.yaml"
@@ -202,3 +207,118 @@ def test_demo_names_the_policy_it_was_given(tmp_path: Path) -> None:
         if process.stdout is not None:
             process.stdout.close()
     assert f"Policy: {policy}\n" in banner, banner
+
+
+# --- policy validate --live: the declared capacity against live engines ---------------------------
+
+
+@dataclass(frozen=True)
+class Engines:
+    """A simulated vLLM and a llama.cpp server on loopback ports, and a port where nothing listens."""
+
+    sim: str
+    sim_kv: int
+    llama: str
+    llama_engine: FakeLlamacpp
+    closed: str
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[Engines]:
+    app = build_engine_app("fixed", model=CHAT_MODEL)
+    llama = FakeLlamacpp(slots=3)
+    with serve_in_thread(app) as sim_url, serve_in_thread(llama) as llama_url:
+        yield Engines(sim_url, app.profile.num_kv_blocks * BLOCK_SIZE, llama_url, llama, closed_port_url())
+
+
+def live_policy(tmp_path: Path, *backends: dict[str, Any]) -> str:
+    path = tmp_path / "live.yaml"
+    models = [model(CHAT_MODEL, max_prompt_tokens=64, max_output_tokens=32)]
+    path.write_text(build_policy(backends=list(backends), models=models, tenants=[tenant("acme", KEY_ACME)]))
+    return str(path)
+
+
+def sim(url: str, **capacity: Any) -> dict[str, Any]:
+    return backend("sim-a", url, [CHAT_MODEL], kind="sim", capacity=capacity)
+
+
+def llama(url: str, capacity: Any = "auto") -> dict[str, Any]:
+    return backend("llama-a", url, [CHAT_MODEL], kind="llamacpp", capacity=capacity)
+
+
+def test_validate_live_exits_0_when_every_engine_agrees_and_prints_both_figures(
+    tmp_path: Path, engines: Engines
+) -> None:
+    path = live_policy(tmp_path, sim(engines.sim, kv_cache_tokens=engines.sim_kv), llama(engines.llama))
+    result = run("policy", "validate", "--live", path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"{path}: valid (version test-1, digest ")
+    assert lines[1:] == [
+        f"backend sim-a (sim at {engines.sim}): max_concurrent: declared 256, engine not given; "
+        f"kv_cache_tokens: declared {engines.sim_kv}, engine {engines.sim_kv} (vllm:cache_config_info on /metrics)",
+        f"backend llama-a (llamacpp at {engines.llama}): max_concurrent: declared auto, engine 3; "
+        f"kv_cache_tokens: declared auto, engine {engines.llama_engine.kv_cache_tokens} (GET /props)",
+    ]
+
+
+def test_validate_live_prints_the_gateways_warning_and_exits_3_on_a_disagreement(
+    tmp_path: Path, engines: Engines
+) -> None:
+    wrong = engines.sim_kv // 4
+    path = live_policy(tmp_path, sim(engines.sim, kv_cache_tokens=wrong), llama(engines.llama, {"max_concurrent": 8}))
+    result = run("policy", "validate", "--live", path)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.splitlines() == [
+        f"WARNING backend sim-a: capacity.kv_cache_tokens is {wrong} in the policy but the engine reports "
+        f"{engines.sim_kv}: more than 10% off: the prefix index is sized wrong (vllm:cache_config_info on /metrics)",
+        "WARNING backend llama-a: capacity.max_concurrent is 8 in the policy but the engine reports 3: the engine "
+        "would queue the surplus out of the gateway's sight (GET /props)",
+    ]
+
+
+def test_validate_live_exits_3_for_an_auto_backend_whose_engine_cannot_be_read(
+    tmp_path: Path, engines: Engines
+) -> None:
+    path = live_policy(tmp_path, sim(engines.sim), llama(engines.closed))
+    result = run("policy", "validate", "--live", "--timeout", "1", path)
+    assert result.returncode == 3, result.stderr
+    assert f"backend llama-a (llamacpp at {engines.closed}): engine not read: unreadable: ConnectError" in result.stdout
+    (error,) = result.stderr.splitlines()
+    assert error.startswith(
+        "ERROR backend llama-a: capacity.max_concurrent and capacity.kv_cache_tokens are auto but the engine's "
+        "limits could not be read (unreadable: ConnectError"
+    ), error
+    assert error.endswith("): the gateway would send this backend no request")
+
+
+@pytest.mark.parametrize(
+    ("flags", "exit_code"),
+    [
+        pytest.param((), 0, id="an unreachable engine with a declared capacity is said and passes"),
+        pytest.param(("--strict",), 3, id="and fails with --strict"),
+    ],
+)
+def test_validate_live_says_which_engines_it_could_not_read(
+    tmp_path: Path, engines: Engines, flags: tuple[str, ...], exit_code: int
+) -> None:
+    path = live_policy(tmp_path, sim(engines.closed, max_concurrent=8))
+    result = run("policy", "validate", "--live", "--timeout", "1", *flags, path)
+    assert result.returncode == exit_code, result.stderr
+    assert f"backend sim-a (sim at {engines.closed}): engine not read: unreadable: ConnectError" in result.stdout
+    assert result.stderr.splitlines() == ["WARNING backend sim-a: its engine's limits were not read, nothing compared"]
+
+
+def test_validate_refuses_auto_for_a_figure_the_kind_does_not_publish_with_exit_1(
+    tmp_path: Path, engines: Engines
+) -> None:
+    path = live_policy(tmp_path, sim(engines.sim, max_concurrent="auto"))
+    for flags in ((), ("--live",)):
+        result = run("policy", "validate", *flags, path)
+        assert result.returncode == 1, "an invalid policy exits 1, with or without --live"
+        assert result.stdout == ""
+        assert result.stderr.strip() == (
+            f"{path}: backends[sim-a].capacity.max_concurrent: auto, but an engine of kind sim does not publish it; "
+            "declare it as a number (for vLLM and the simulator: their --max-num-seqs)"
+        )

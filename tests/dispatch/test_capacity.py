@@ -15,16 +15,18 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.dispatch.backends import BackendState
 from gateway.dispatch.breaker import CircuitBreaker
-from gateway.dispatch.capacity import has_room
+from gateway.dispatch.capacity import Held, has_room, held
 from gateway.policy.model import Backend, BackendKind, BreakerPolicy, Capacity, PriorityClass, Slo
 from tests.conftest import CHAT_MODEL, KEY_ACME, BackendServer, StartGateway, metric
+from tests.dispatch.fake_llamacpp import LLAMA, FakeLlamacpp, llamacpp_policy
 from tests.fake_backend import FakeBackend
 from tests.fake_clock import FakeClock
 from tests.policy_builder import session_policy
-from tests.servers import wait_until
+from tests.servers import serve_in_thread, wait_until
 
 NOW = 1000.0
 FRESH_S = 3.0  # a scrape older than this says nothing (the dispatcher's 3 scrape intervals)
@@ -117,8 +119,12 @@ CASES = [
         id="stale saturation signals are ignored",
     ),
     pytest.param(
-        Case(INTERACTIVE, 1, True, scraped_s_ago=0, waiting=50, kv_usage=1.0),
-        id="a saturated backend with nothing in flight from us still gets work",
+        Case(INTERACTIVE, 1, False, scraped_s_ago=0, waiting=3),
+        id="an engine queueing its own requests gets none even with nothing of the gateway's in flight",
+    ),
+    pytest.param(
+        Case(INTERACTIVE, 1, True, scraped_s_ago=0, kv_usage=1.0),
+        id="a full kv cache with nothing in flight from us still gets work",
     ),
     # Paced prefills.
     pytest.param(Case(PACED, 1, False, prefilling=((1, 1),)), id="a paced class waits while at its max_prefilling"),
@@ -133,6 +139,75 @@ CASES = [
 @pytest.mark.parametrize("case", CASES)
 def test_has_room(case: Case) -> None:
     assert has_room(backend_state(case), case.priority_class, case.tokens, NOW, FRESH_S) is case.room
+
+
+def state_of(capacity: object, waiting: float = 0.0, scraped_s_ago: float | None = 0.0) -> BackendState:
+    """An idle healthy backend of ``capacity`` (a policy's form: ``"auto"`` too) whose engine reports
+    ``waiting`` requests in its own queue, scraped ``scraped_s_ago`` (None: never)."""
+    backend = Backend.model_validate({**BACKEND.model_dump(), "kind": "llamacpp", "capacity": capacity})
+    state = BackendState(backend)
+    if scraped_s_ago is not None:
+        state.waiting, state.scraped_at = waiting, NOW - scraped_s_ago
+    return state
+
+
+AUTO_READ = Capacity.model_validate("auto").with_engine(4, 16_384)
+HELD = [
+    pytest.param(state_of({}, waiting=1), Held.ENGINE_QUEUE, id="by default one request in the engine's queue holds"),
+    pytest.param(state_of({}, waiting=0), None, id="by default an engine with an empty queue is not held"),
+    pytest.param(
+        state_of({"max_waiting": 4}, waiting=4), None, id="max_waiting opts out up to that many in the engine's queue"
+    ),
+    pytest.param(state_of({"max_waiting": 4}, waiting=5), Held.ENGINE_QUEUE, id="and holds above it"),
+    pytest.param(
+        state_of({}, waiting=9, scraped_s_ago=FRESH_S + 0.01), None, id="a scrape older than fresh_s holds nothing"
+    ),
+    pytest.param(state_of({}, waiting=9, scraped_s_ago=FRESH_S), Held.ENGINE_QUEUE, id="one exactly fresh_s old holds"),
+    pytest.param(state_of({}, waiting=9, scraped_s_ago=None), None, id="a backend never scraped is not held"),
+    pytest.param(
+        state_of("auto"), Held.ENGINE_LIMITS_UNREAD, id="capacity auto holds until the engine's limits are read"
+    ),
+    pytest.param(
+        state_of({"max_concurrent": 8, "kv_cache_tokens": "auto"}),
+        Held.ENGINE_LIMITS_UNREAD,
+        id="one auto figure unread is enough to hold",
+    ),
+    pytest.param(
+        state_of(AUTO_READ.model_dump()), Held.ENGINE_LIMITS_UNREAD, id="a read capacity dumps as the policy's: unread"
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "reason"), HELD)
+def test_held(state: BackendState, reason: Held | None) -> None:
+    assert held(state, NOW, FRESH_S) is reason
+    if reason is not None:
+        assert not has_room(state, INTERACTIVE, 1, NOW, FRESH_S), "held: no room, even idle"
+
+
+def test_each_request_ended_there_since_the_scrape_takes_one_off_the_engine_s_queue() -> None:
+    state = state_of({}, waiting=0)
+    for _ in range(3):
+        state.reserve(0, 1)
+    state.waiting = 2  # the scrape: the engine queues 2 requests (its slots are full)
+    state.finished_since_scrape = 0
+    assert held(state, NOW, FRESH_S) is Held.ENGINE_QUEUE
+    state.unreserve(0, 1, prefilling=True)
+    assert held(state, NOW, FRESH_S) is Held.ENGINE_QUEUE, "one slot freed: one of the 2 queued runs"
+    state.unreserve(0, 1, prefilling=True)
+    assert held(state, NOW, FRESH_S) is None, "two freed: the engine's queue is drained, no scrape needed"
+
+
+def test_a_capacity_read_from_the_engine_has_the_engines_room() -> None:
+    state = state_of("auto")
+    state.backend = state.backend.model_copy(update={"capacity": AUTO_READ})
+    assert held(state, NOW, FRESH_S) is None
+    for _ in range(3):
+        assert has_room(state, INTERACTIVE, 1, NOW, FRESH_S)
+        state.reserve(0, 1)
+    assert has_room(state, INTERACTIVE, 1, NOW, FRESH_S), "the engine's 4 slots: a fourth request fits"
+    state.reserve(0, 1)
+    assert not has_room(state, INTERACTIVE, 1, NOW, FRESH_S), "no fifth"
 
 
 def test_a_request_released_leaves_the_backend_as_idle_as_before() -> None:
@@ -150,7 +225,7 @@ def test_a_request_released_leaves_the_backend_as_idle_as_before() -> None:
 BUDGET = 50
 TOKEN_BUDGET = {"fake": {"capacity": {"max_tokens_in_flight": BUDGET}}}
 LONG_WAIT = {"interactive": {"queue": {"max_wait_s": 30}}}
-MESSAGES = [{"role": "user", "content": "Hello"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 AT_REST = (
     "gateway_backend_in_flight_requests",
     "gateway_backend_in_flight_tokens",
@@ -176,7 +251,7 @@ def test_the_token_budget_holds_a_request_until_tokens_in_flight_end_then_lets_i
 
         def held_stream() -> list[str]:
             with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30) as sdk:
-                stream = sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES, max_tokens=30, stream=True)  # type: ignore[arg-type]
+                stream = sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES, max_tokens=30, stream=True)
                 tokens = []
                 for chunk in stream:
                     first.set()
@@ -207,3 +282,52 @@ def test_the_token_budget_holds_a_request_until_tokens_in_flight_end_then_lets_i
         assert len(backend.received) == 3
         assert metric(url, "gateway_queue_wait_seconds_count") >= 1
         wait_until(lambda: all(metric(url, name) == 0 for name in AT_REST), what="every gauge back to 0")
+
+
+# End to end: a gateway in front of a llama.cpp server (``fake_llamacpp.py``) whose own queue the gateway
+# reads on its /metrics: scrapes every 50 ms, so a page is fresh for a second (scrape.fresh_s).
+ENGINE_QUEUE = {"backend": LLAMA, "reason": "engine_queue"}
+
+
+def ask(url: str) -> str:
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30) as sdk:
+        reply = sdk.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES, max_tokens=4)
+    return reply.choices[0].message.content or ""
+
+
+def test_an_engine_that_defers_requests_gets_none_from_the_gateway_until_it_drains(start_gateway: StartGateway) -> None:
+    engine = FakeLlamacpp(slots=4, deferred=3)  # busy with traffic the gateway does not see
+    with serve_in_thread(engine) as engine_url, start_gateway(llamacpp_policy(engine_url)) as url:
+        wait_until(lambda: metric(url, "gateway_backend_held", **ENGINE_QUEUE) == 1, what="the engine's queue seen")
+        with ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(ask, url)
+            wait_until(lambda: metric(url, "gateway_queue_depth") == 1, what="the request to wait in the gateway")
+            assert engine.chats == [], "held: the gateway has room for 4, yet sends nothing to a queueing engine"
+            assert metric(url, "gateway_backend_in_flight_requests", backend=LLAMA) == 0
+            engine.deferred = 0  # it drains
+            assert reply.result(timeout=10) == "hi"
+        assert len(engine.chats) == 1
+        assert metric(url, "gateway_backend_held", **ENGINE_QUEUE) == 0
+        assert metric(url, "gateway_queue_wait_seconds_count") == 1
+
+
+def test_a_scrape_gone_stale_does_not_hold_a_backend_for_ever(start_gateway: StartGateway) -> None:
+    engine = FakeLlamacpp(deferred=3)
+    with serve_in_thread(engine) as engine_url, start_gateway(llamacpp_policy(engine_url)) as url:
+        wait_until(lambda: metric(url, "gateway_backend_held", **ENGINE_QUEUE) == 1, what="the engine's queue seen")
+        engine.metrics_status = 500  # its page fails from now on: the last one (3 deferred) grows old
+        assert ask(url) == "hi", "served once the last page is older than scrape.fresh_s"
+        assert engine.deferred == 3
+        assert len(engine.chats) == 1
+
+
+def test_when_every_backend_is_held_the_queue_timeout_applies(start_gateway: StartGateway) -> None:
+    engine = FakeLlamacpp(deferred=1)
+    with serve_in_thread(engine) as engine_url, start_gateway(llamacpp_policy(engine_url, max_wait_s=0.3)) as url:
+        wait_until(lambda: metric(url, "gateway_backend_held", **ENGINE_QUEUE) == 1, what="the engine's queue seen")
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(url)
+    assert refused.value.status_code == 503
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["code"] == "queue_timeout"
+    assert engine.chats == []

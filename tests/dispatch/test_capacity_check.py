@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client import CollectorRegistry, Gauge
 
-from gateway.dispatch.capacity_check import Disagreement, compare
+from gateway.dispatch.backends import BackendPool
+from gateway.dispatch.capacity import Held, held
+from gateway.dispatch.capacity_check import RETRY_FIRST_S, CapacityCheck, CapacityGauges, Disagreement, compare
 from gateway.dispatch.engine_limits import EngineLimits
 from gateway.policy.model import Backend
+from gateway.service import parse_policy
+from loadtests.harness.shared_redis import REDIS_URL
 from loadtests.sim import build_engine_app
 from loadtests.sim.profiles import BLOCK_SIZE
-from tests.conftest import CHAT_MODEL
-from tests.policy_builder import admin_keys, backend, build_policy, model
-from tests.servers import metric, serve_in_process, serve_in_thread, wait_until
+from tests.conftest import CHAT_MODEL, KEY_ACME, StartGateway
+from tests.dispatch.fake_llamacpp import LLAMA, FakeLlamacpp, llamacpp_policy
+from tests.fake_clock import FakeClock
+from tests.limitstore.redis_server import drop_keys, unique_prefix
+from tests.policy_builder import admin_keys, backend, build_policy, model, redis_state
+from tests.servers import admin_url, free_port, metric, serve_in_process, serve_in_thread, wait_until
 
 
 def declared(max_concurrent: int = 8, kv_cache_tokens: int | None = None) -> Backend:
@@ -120,3 +132,170 @@ def test_a_gateway_process_warns_of_a_disagreeing_engine_and_clears_it_after_a_f
             assert metric(gateway.admin_url, "gateway_backend_engine_limit", **kv) == engine_kv
             assert sum(said in line for line in gateway.lines) == 1  # said once, not at every health round
             assert shown(gateway.admin_url)["disagreements"] == []
+
+
+# --- capacity: auto --------------------------------------------------------------------------------
+
+
+def test_a_figure_taken_from_the_engine_never_disagrees() -> None:
+    auto = Backend(name="b", url="http://e", kind="llamacpp", models=["m"], capacity="auto")  # type: ignore[arg-type]
+    assert compare(auto, EngineLimits(64, 1_000_000, "GET /props")) == []
+    kv_only = Backend.model_validate(
+        {**auto.model_dump(), "capacity": {"max_concurrent": 99, "kv_cache_tokens": "auto"}}
+    )
+    assert fields(compare(kv_only, EngineLimits(8, 1_000_000, "GET /props"))) == [("max_concurrent", 99, 8)]
+
+
+def auto_kv_policy(url: str) -> str:
+    """The simulator publishes its KV cache (vLLM's cache_config_info), not its --max-num-seqs."""
+    capacity = {"max_concurrent": 4, "kv_cache_tokens": "auto"}
+    sim = backend("sim-a", url, [CHAT_MODEL], kind="sim", capacity=capacity)
+    return build_policy(url, backends=[sim], models=[model(CHAT_MODEL, max_prompt_tokens=64, max_output_tokens=32)])
+
+
+def gauges() -> CapacityGauges:
+    registry = CollectorRegistry()
+    return CapacityGauges(
+        Gauge("d", "d", ["backend", "field"], registry=registry),
+        Gauge("l", "l", ["backend", "field"], registry=registry),
+    )
+
+
+def said(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(text in record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING)
+
+
+async def test_auto_takes_the_kv_cache_of_a_simulated_engine_and_holds_the_backend_until_it_is_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    snapshot = parse_policy(auto_kv_policy(f"http://127.0.0.1:{port}"), "policy.yaml")
+    pool = BackendPool(snapshot)
+    (state,) = pool.all()
+    clock, changes, reads = FakeClock(), [], []
+
+    async def count(request: httpx.Request) -> None:
+        reads.append(request.url.path)
+
+    async with httpx.AsyncClient(event_hooks={"request": [count]}) as client:
+        check = CapacityCheck(client, gauges(), clock=clock, on_change=lambda: changes.append(state.name))
+        check.apply(pool.all())
+        assert check.status()["sim-a"]["ready"] is False
+        assert held(state, clock.now(), 1.0) is Held.ENGINE_LIMITS_UNREAD
+
+        caplog.set_level(logging.INFO, logger="gateway.dispatch.capacity_check")
+        await check.check(pool.all())  # nothing listens on the port yet
+        assert state.backend.capacity.awaiting_engine == ("kv_cache_tokens",)
+        not_read = (
+            "backend sim-a is not ready: capacity.kv_cache_tokens is auto but the engine's limits could not be read"
+        )
+        assert said(caplog, not_read) == 1
+        not_ready = check.status()["sim-a"]["not_ready"]
+        assert not_ready["awaiting"] == ["kv_cache_tokens"]
+        assert "unreadable" in not_ready["why"]
+
+        app = build_engine_app("fixed", model=CHAT_MODEL)
+        engine_kv = app.profile.num_kv_blocks * BLOCK_SIZE
+        with serve_in_thread(app, port=port):
+            await check.check(pool.all())
+            assert reads == ["/metrics"], "within its backoff the engine is not read again"
+            clock.advance(RETRY_FIRST_S)
+            await check.check(pool.all())
+            assert reads == ["/metrics", "/metrics"]
+            assert state.backend.capacity.kv_cache_tokens == engine_kv
+            assert state.backend.capacity.max_concurrent == 4, "the declared figure stays"
+            assert held(state, clock.now(), 1.0) is None
+            assert changes == ["sim-a"], "told once: the fleet's parts are resized, waiting requests handed out"
+            assert said(caplog, "backend sim-a is now ready: its capacity from the engine: kv_cache_tokens") == 1
+            shown_now = check.status()["sim-a"]
+            assert shown_now["declared"] == {"max_concurrent": 4, "kv_cache_tokens": "auto"}
+            assert shown_now["engine"] == {"max_concurrent": None, "kv_cache_tokens": engine_kv}
+            assert (shown_now["ready"], shown_now["disagreements"]) == (True, [])
+
+            await check.check(pool.all())
+            assert len(reads) == 2, "read once: a health round does not read a ready engine again"
+            reloaded = parse_policy(
+                auto_kv_policy(state.backend.url).replace("version: test-1", "version: test-2"), "p"
+            )
+            pool.adopt(reloaded)  # a reload: the pool takes the policy's backend, its kv_cache_tokens unread
+            assert state.backend.capacity.awaiting_engine == ("kv_cache_tokens",)
+            check.apply(pool.all(), reloaded=True)  # in the same step: the figure it had, no unready instant
+            assert state.backend.capacity.kv_cache_tokens == engine_kv
+            await check.check(pool.all())
+            assert len(reads) == 3, "every reload reads the engine again"
+    assert said(caplog, "is not ready") == 1, "said once, not at every health round"
+
+
+def ask(url: str) -> str:
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_ACME, max_retries=0, timeout=30) as sdk:
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
+        reply = sdk.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=4)
+    return reply.choices[0].message.content or ""
+
+
+def capacity_of(api_url: str, name: str) -> dict[str, Any]:
+    """The capacity part of backend ``name`` in ``GET /admin/backends`` of the gateway serving ``api_url``."""
+    answer = httpx.get(admin_url(api_url) + "/admin/backends", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    assert answer.status_code == 200, answer.text
+    (entry,) = [b for b in answer.json()["backends"] if b["name"] == name]
+    capacity: dict[str, Any] = entry["capacity"]
+    return capacity
+
+
+def test_a_gateway_sends_an_auto_backend_nothing_until_it_reads_the_engine_then_uses_its_slots(
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = FakeLlamacpp(slots=3, props_status=503)  # /props fails: its limits cannot be read yet
+    caplog.set_level(logging.WARNING, logger="gateway.dispatch.capacity_check")
+    unread = {"backend": LLAMA, "reason": "engine_limits_unread"}
+    with (
+        serve_in_thread(engine) as engine_url,
+        start_gateway(llamacpp_policy(engine_url, admin=admin_keys(ADMIN_KEY))) as url,
+    ):
+        wait_until(lambda: "503" in str(capacity_of(url, LLAMA).get("not_ready")), what="the failed read shown")
+        shown_unready = capacity_of(url, LLAMA)
+        assert shown_unready["ready"] is False
+        assert shown_unready["not_ready"]["awaiting"] == ["max_concurrent", "kv_cache_tokens"]
+        assert metric(url, "gateway_backend_held", **unread) == 1
+        assert metric(url, "gateway_fleet_quota_requests", backend=LLAMA) == 0, "no room while unread"
+        with ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(ask, url)
+            wait_until(lambda: metric(url, "gateway_queue_depth") == 1, what="the request to wait in the gateway")
+            assert engine.chats == [], "never a guessed capacity: nothing is sent"
+            engine.props_status = 200  # the next health round past its backoff reads it
+            assert reply.result(timeout=30) == "hi"
+        shown_ready = capacity_of(url, LLAMA)
+        assert shown_ready["ready"] is True
+        assert shown_ready["declared"] == {"max_concurrent": "auto", "kv_cache_tokens": "auto"}
+        assert shown_ready["engine"] == {"max_concurrent": 3, "kv_cache_tokens": engine.kv_cache_tokens}
+        assert metric(url, "gateway_backend_held", **unread) == 0
+        assert metric(url, "gateway_fleet_quota_requests", backend=LLAMA) == 3, "the room dispatch uses: its slots"
+    assert said(caplog, f"backend {LLAMA} is not ready") == 1, "said once, not at every retry"
+    assert (
+        said(
+            caplog,
+            f"backend {LLAMA} is now ready: its capacity from the engine: kv_cache_tokens 12288, max_concurrent 3",
+        )
+        == 1
+    )
+
+
+def test_a_replica_sharing_capacity_through_the_ledger_offers_it_the_engines_figure(
+    start_gateway: StartGateway,
+) -> None:
+    engine = FakeLlamacpp(slots=3, props_status=503)
+    prefix = unique_prefix()
+    try:
+        with serve_in_thread(engine) as engine_url:
+            text = llamacpp_policy(engine_url, state=redis_state(REDIS_URL, prefix))
+            with start_gateway(text) as url:
+                wait_until(lambda: engine.props_reads >= 1, what="a first read of /props")
+                assert metric(url, "gateway_fleet_quota_requests", backend=LLAMA) == 0, "unread: nothing to share"
+                engine.props_status = 200
+                wait_until(
+                    lambda: metric(url, "gateway_fleet_quota_requests", backend=LLAMA) == 3,
+                    what="the ledger's grant of the engine's 3 slots (it shares what each replica reports)",
+                )
+                assert ask(url) == "hi"
+    finally:
+        drop_keys(REDIS_URL, prefix)

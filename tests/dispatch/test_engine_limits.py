@@ -8,16 +8,20 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from gateway.dispatch.engine_limits import EngineLimits, read_engine_limits
-from gateway.policy.model import Backend
+from gateway.dispatch.engine_limits import READERS, EngineLimits, auto_capacity_problems, read_engine_limits
+from gateway.policy.model import Backend, BackendKind
+from gateway.service import POLICY_LOADER
 from loadtests.sim import build_engine_app
 from loadtests.sim.profiles import BLOCK_SIZE
-from tests.conftest import closed_port_url
+from tests.conftest import CHAT_MODEL, OTHER_MODEL, closed_port_url
+from tests.policy_builder import NOWHERE, build_policy
+from tests.policy_builder import backend as policy_backend
 from tests.servers import serve_in_thread
 
 # A vLLM V1 page with two data-parallel engines (PrometheusStatLogger: the info gauge's labels are
@@ -161,3 +165,22 @@ async def test_an_engine_that_cannot_be_read_says_why() -> None:
     with serving({"/props": PlainTextResponse("not json")}) as url:
         garbled = await read(url, "llamacpp")
     assert garbled.source.startswith("unreadable: JSONDecodeError")
+
+
+@pytest.mark.parametrize(
+    ("kind", "refused"),
+    [
+        pytest.param("vllm", ["max_concurrent"], id="vLLM gives its KV cache, not its --max-num-seqs"),
+        pytest.param("sim", ["max_concurrent"], id="the simulator answers as vLLM"),
+        pytest.param("sglang", [], id="SGLang gives both"),
+        pytest.param("llamacpp", [], id="llama.cpp gives both"),
+        pytest.param("openai", ["kv_cache_tokens", "max_concurrent"], id="an OpenAI-compatible server gives neither"),
+    ],
+)
+def test_capacity_auto_is_refused_for_each_figure_the_kind_never_publishes(kind: str, refused: list[str]) -> None:
+    text = build_policy(backends=[policy_backend("e", NOWHERE, [CHAT_MODEL, OTHER_MODEL], kind=kind, capacity="auto")])
+    policy = POLICY_LOADER.parse(text, "policy.yaml").policy  # the loader alone: auto_capacity_problems is the check
+    problems = auto_capacity_problems(policy)
+    assert [p.path for p in problems] == [f"backends[e].capacity.{field}" for field in refused]
+    assert all(f"an engine of kind {kind} does not publish it" in p.message for p in problems)
+    assert READERS[BackendKind(kind)].publishes == {"max_concurrent", "kv_cache_tokens"} - set(refused)

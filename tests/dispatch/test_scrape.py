@@ -34,7 +34,7 @@ def page(prompt: int, generated: int, finished: int, started: float | None = Non
 
 def test_counters_going_back_mean_a_restart() -> None:
     before = parse_saturation(page(5000, 300, 10))
-    assert before.counters == (5000.0, 300.0, 10.0, 0.0, 0.0, 0.0)
+    assert before.counters == (5000.0, 300.0, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     assert not restarted(before, parse_saturation(page(5600, 340, 11)))
     assert not restarted(before, parse_saturation(page(5000, 300, 10)))
     assert restarted(before, parse_saturation(page(120, 4, 1)))
@@ -105,3 +105,40 @@ def test_a_scraped_value_that_is_not_a_finite_number_reads_as_idle(value: str) -
     ).encode()
     saturation = parse_saturation(page)
     assert (saturation.waiting, saturation.running, saturation.kv_usage) == (0.0, 0.0, 0.0)
+
+
+# llama-server --metrics (tools/server: gauges and counters without labels, ``# HELP``/``# TYPE`` each).
+LLAMACPP_PAGE = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total %d
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total %d
+# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call
+# TYPE llamacpp:n_busy_slots_per_decode counter
+llamacpp:n_busy_slots_per_decode 3.5
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing %d
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred %d
+"""
+
+
+def llamacpp_page(prompt: int, predicted: int, processing: int, deferred: int) -> bytes:
+    return (LLAMACPP_PAGE % (prompt, predicted, processing, deferred)).encode()
+
+
+def test_a_llamacpp_page_gives_its_deferred_requests_as_waiting_and_its_busy_slots_as_running() -> None:
+    signals = parse_saturation(llamacpp_page(800, 120, processing=4, deferred=46))
+    assert (signals.waiting, signals.running, signals.kv_usage) == (46.0, 4.0, 0.0)
+    assert 800.0 in signals.counters
+    assert 120.0 in signals.counters
+
+
+def test_a_llamacpp_server_restarted_is_seen_by_its_counters_going_back() -> None:
+    before = parse_saturation(llamacpp_page(800, 120, 1, 0))
+    assert not restarted(before, parse_saturation(llamacpp_page(900, 130, 2, 0)))
+    assert restarted(before, parse_saturation(llamacpp_page(20, 3, 1, 0)))

@@ -121,13 +121,16 @@ def test_short_texts_skip_the_cache() -> None:
     assert (counting.calls, estimator.hits, estimator.misses) == (2, 0, 0)
 
 
-def policy_with(tmp_path: Path, **tokenizers: str) -> str:
-    """The test policy, written to ``tmp_path``; ``tokenizers`` maps a model to its tokenizer path."""
+def policy_with(tmp_path: Path, chat_template: str | None = None, **tokenizers: str) -> str:
+    """The test policy, written to ``tmp_path``; ``tokenizers`` maps a model to its tokenizer path;
+    ``chat_template`` is the chat model's (with its tokenizer)."""
     names = {"chat": CHAT_MODEL, "other": OTHER_MODEL}
-    listed = [
-        model(name, max_prompt_tokens=64, **({"tokenizer": {"path": tokenizers[key]}} if key in tokenizers else {}))
-        for key, name in names.items()
-    ]
+    listed = []
+    for key, name in names.items():
+        entry: dict[str, str] = {"path": tokenizers[key]} if key in tokenizers else {}
+        if key == "chat" and chat_template is not None:
+            entry["chat_template"] = chat_template
+        listed.append(model(name, max_prompt_tokens=64, **({"tokenizer": entry} if entry else {})))
     return build_policy(models=listed)
 
 
@@ -172,3 +175,42 @@ def test_a_file_that_is_not_a_tokenizer_cannot_be_built_into_estimators(tmp_path
     (problem,) = refused.value.problems
     assert problem.path == f"models[{CHAT_MODEL}].tokenizer.path"
     assert "broken.json" in problem.message
+
+
+# The chat template beside the tokenizer (engine-side token ids: gateway/request/engine_tokens.py)
+
+CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def test_a_model_with_a_chat_template_gets_it_with_its_tokenizer_for_the_engines_ids(tmp_path: Path) -> None:
+    saved(word_tokenizer(), tmp_path)
+    (tmp_path / "chat.jinja").write_text(CHATML)
+    text = policy_with(tmp_path, chat_template="chat.jinja", chat="tokenizer.json", other="tokenizer.json")
+    estimators = build_estimators(parse_policy(text, str(tmp_path / "policy.yaml")))
+    chat, other = estimators.engine_tokenizers[CHAT_MODEL], estimators.engine_tokenizers[OTHER_MODEL]
+    assert chat.template is not None
+    assert chat.template.render([{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n"
+    assert other.template is None  # a tokenizer alone: completions only
+    assert chat.tokenizer is other.tokenizer  # one file, one tokenizer
+
+
+def test_a_missing_chat_template_refuses_the_policy_naming_the_model_and_the_file(tmp_path: Path) -> None:
+    saved(word_tokenizer(), tmp_path)
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(
+            policy_with(tmp_path, chat_template="nowhere.jinja", chat="tokenizer.json"), str(tmp_path / "policy.yaml")
+        )
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"models[{CHAT_MODEL}].tokenizer.chat_template: cannot load chat template")
+
+
+def test_a_chat_template_that_does_not_compile_cannot_be_built_into_estimators(tmp_path: Path) -> None:
+    saved(word_tokenizer(), tmp_path)
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m['role'] }")
+    text = policy_with(tmp_path, chat_template="broken.jinja", chat="tokenizer.json")
+    snapshot = parse_policy(text, str(tmp_path / "policy.yaml"))
+    with pytest.raises(TokenizerUnavailable) as refused:
+        build_estimators(snapshot)
+    (problem,) = refused.value.problems
+    assert problem.path == f"models[{CHAT_MODEL}].tokenizer.chat_template"
+    assert "broken.jinja" in problem.message
