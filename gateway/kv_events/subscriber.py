@@ -22,6 +22,14 @@ The engine numbers its batches (``wire.py``). The subscriber applies them in tha
   about.
 * **a number below the next expected one** (not a batch a replay already gave): the engine
   restarted and counts from 0 again; the index is emptied and the batch taken as the new start.
+* **the SUB reconnected** (ZeroMQ reconnects by itself; its socket monitor says when): the engine
+  may be a new one whose first batch (``AllBlocksCleared``) went out before the SUB was back, and
+  which publishes nothing more until its first request. Its replay socket is asked for the last
+  batch applied: the same engine still buffers it and answers with it; a new one, counting from
+  0 again, has nothing that far and answers with the end of the replay at once. Then the index is
+  emptied there and then, before any request can be routed to the cold engine on it. (A new
+  engine that already published as many batches as the old one had is told apart by the next
+  rule only when its numbers fall behind; no answer, or no replay socket, proves nothing.)
 
 Consumers route on the index only while the feed is live, and on the gateway's own estimate
 otherwise. The observer hears transitions only (a lost feed is not reported twice).
@@ -29,6 +37,7 @@ otherwise. The observer hears transitions only (a lost feed is not reported twic
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
@@ -113,17 +122,52 @@ class KvEventSubscriber:
     async def run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED)
         sub.connect(self.feed.endpoint)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         silence_ms = max(1, int(self.feed.silence_s * 1000))
+        connections = 0
         try:
             while True:
-                if not await sub.poll(timeout=silence_ms):
+                ready = dict(await poller.poll(timeout=silence_ms))
+                if not ready:
                     self._lose(LostReason.SILENT)
                     continue
-                frames = await sub.recv_multipart()
-                await self._on_message(frames)
+                if monitor in ready:
+                    await monitor.recv_multipart()  # only EVENT_CONNECTED is asked for
+                    connections += 1
+                    if connections > 1:
+                        await self._check_same_engine()
+                if sub in ready:
+                    frames = await sub.recv_multipart()
+                    await self._on_message(frames)
         finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
+
+    async def _check_same_engine(self) -> None:
+        """The SUB reconnected: empty the index if the engine is a new one (module docstring)."""
+        last = self._expected - 1
+        if last < 0 or self.feed.replay_endpoint is None:
+            return
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.connect(self.feed.replay_endpoint)
+        try:
+            await dealer.send_multipart([b"", encode_seq(last)])
+            if not await dealer.poll(timeout=max(1, int(self.feed.replay_timeout_s * 1000))):
+                return
+            frames = await dealer.recv_multipart()
+        finally:
+            dealer.close(linger=0)
+        restarted = False
+        with contextlib.suppress(KvEventDecodeError):
+            restarted = len(frames) == 3 and decode_seq(frames[1]) == END_SEQ
+        if restarted:
+            log.info("kv events of %s: the engine restarted (reconnected; it has no batch %d)", self.backend, last)
+            self._reset(0)
 
     async def _on_message(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or (self._topic and frames[0] != self._topic):

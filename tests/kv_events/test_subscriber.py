@@ -65,6 +65,29 @@ class Engine:
         self.buffer: dict[int, bytes] = {}
         self.answer_replays = True
         self.replay_requests: list[int] = []
+        self.successors: list[Engine] = []
+
+    def close(self) -> None:
+        """Its sockets, and those of the engines that took its place (``restart``), closed."""
+        for engine in (self, *self.successors):
+            engine.pub.close(linger=0)
+            engine.router.close(linger=0)
+
+    async def restart(self, ctx: zmq.asyncio.Context, *, keep_buffer: bool = False) -> Engine:
+        """This engine's sockets closed and bound again on the same endpoints by a new ``Engine``
+        (a fresh process: an empty replay buffer, unless ``keep_buffer``). ZeroMQ releases a port
+        in its I/O thread after ``close``: the bind is tried again until it succeeds (5 s at most)."""
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+        fresh = Engine.__new__(Engine)
+        fresh.pub, fresh.router = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
+        fresh.endpoint, fresh.replay_endpoint = self.endpoint, self.replay_endpoint
+        await until(lambda: _rebound(fresh.pub, self.endpoint), "the engine's port free again")
+        await until(lambda: _rebound(fresh.router, self.replay_endpoint), "the replay port free again")
+        fresh.buffer = dict(self.buffer) if keep_buffer else {}
+        fresh.answer_replays, fresh.replay_requests, fresh.successors = True, [], []
+        self.successors.append(fresh)
+        return fresh
 
     async def joined(self) -> None:
         assert (await asyncio.wait_for(self.pub.recv(), 5))[0] == 1  # a subscription message
@@ -83,6 +106,16 @@ class Engine:
             for seq in sorted(s for s in self.buffer if s >= int.from_bytes(start, "big")):
                 await self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), self.buffer[seq]])
             await self.router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+
+def _rebound(sock: zmq.asyncio.Socket, endpoint: str) -> bool:
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        if exc.errno != zmq.EADDRINUSE:
+            raise
+        return False
+    return True
 
 
 def _bind(sock: zmq.asyncio.Socket) -> str:
@@ -225,3 +258,43 @@ async def test_an_engine_that_restarts_counting_from_zero_empties_the_index(ctx:
         assert rec.states == ["live"]
     finally:
         await _stop(tasks)
+
+
+async def test_a_restarted_engine_whose_first_batch_went_out_before_the_reconnect_empties_the_index(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """The fresh engine's first batch is missed (the SUB was still reconnecting) and it publishes
+    nothing more: the reconnection alone, and its replay socket holding nothing that far, empty
+    the index."""
+    engine, rec, tasks = await _start(ctx)
+    try:
+        for seq in range(3):
+            await engine.publish(seq, _payload(seq + 1))
+        await until(lambda: rec.index.match(BACKEND, [1, 2, 3]) == 3, "three blocks held")
+        fresh = await engine.restart(ctx)
+        tasks.append(asyncio.create_task(fresh.serve_replays()))
+        await fresh.publish(0, _payload(9), drop=True)  # out before the subscriber is back
+        await until(lambda: rec.index.match(BACKEND, [1]) == 0, "the old engine's blocks forgotten")
+        assert 2 in fresh.replay_requests, "it asked the new engine for the last batch it had applied"
+        await fresh.publish(1, _payload(10))  # the new engine's next batch: replayed from its start
+        await until(lambda: rec.index.match(BACKEND, [10]) == 1, "the new engine's blocks")
+        assert rec.index.match(BACKEND, [9]) == 1
+    finally:
+        await _stop(tasks)
+        engine.close()
+
+
+async def test_a_reconnection_to_the_same_engine_keeps_the_index(ctx: zmq.asyncio.Context) -> None:
+    engine, rec, tasks = await _start(ctx)
+    try:
+        for seq in range(3):
+            await engine.publish(seq, _payload(seq + 1))
+        await until(lambda: rec.index.match(BACKEND, [1, 2, 3]) == 3, "three blocks held")
+        same = await engine.restart(ctx, keep_buffer=True)  # the same engine behind a dropped connection
+        tasks.append(asyncio.create_task(same.serve_replays()))
+        await until(lambda: 2 in same.replay_requests, "the check on reconnection")
+        await same.publish(3, _payload(4))
+        await until(lambda: rec.index.match(BACKEND, [1, 2, 3, 4]) == 4, "a fourth block on the three kept")
+    finally:
+        await _stop(tasks)
+        engine.close()
