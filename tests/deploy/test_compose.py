@@ -72,6 +72,10 @@ MAY_BE_EMPTY = {
         "failure under load, which would also take the model down here; tests/test_resilience.py drives "
         "it with the breaker's consecutive rule off"
     ),
+    "Prefix decisions by source: the engines' KV events or the estimate/B": (
+        "the stack's backends have no kv_events (its simulated engines publish none), so no feed or "
+        "hashing series exists; tests/routing/test_engine_view.py and test_engine_view_wired.py drive them"
+    ),
 }
 # Rows whose panels may all stay empty here, with why: checked as MAY_BE_EMPTY's panels are.
 ROWS_MAY_BE_EMPTY = {
