@@ -167,37 +167,43 @@ class EngineBlockHasher:
         *,
         cache_salt: str | None = None,
         lora_name: str | None = None,
+        parent: bytes | None = None,
     ) -> tuple[BlockHash, ...]:
-        """The hashes of the full blocks of ``token_ids``, in order (a partial last block has none)."""
+        """The hashes of the full blocks of ``token_ids``, in order (a partial last block has none).
+
+        ``parent``: the (bytes) hash of the block before ``token_ids``, whose chain they continue
+        (an engine's blocks filled by generated tokens); the salt then has no part, as it is only
+        in a request's first block."""
         lora_keys = () if lora_name is None else (lora_name,)
-        first_keys = (*lora_keys, cache_salt) if cache_salt else lora_keys
+        first_keys = (*lora_keys, cache_salt) if cache_salt and parent is None else lora_keys
         extra_first = first_keys or None
         extra_rest = lora_keys or None
         ids = token_ids if isinstance(token_ids, list) else list(token_ids)
+        root = self.none_hash if parent is None else parent
         if self.hashing.algorithm.uses_cbor:
-            chain = self._cbor_chain(ids, _cbor(extra_first), _cbor(extra_rest))
+            chain = self._cbor_chain(ids, _cbor(extra_first), _cbor(extra_rest), root)
         else:
-            chain = self._pickle_chain(ids, extra_first, extra_rest)
+            chain = self._pickle_chain(ids, extra_first, extra_rest, root)
         if self.hashing.int_hashes:
             return tuple(int.from_bytes(h, "big") & INT_HASH_MASK for h in chain)
         return tuple(chain)
 
-    def _cbor_chain(self, ids: list[int], tail_first: bytes, tail_rest: bytes) -> list[bytes]:
+    def _cbor_chain(self, ids: list[int], tail_first: bytes, tail_rest: bytes, root: bytes) -> list[bytes]:
         size = self.hashing.block_size
         digest, join, encode = self._digest, b"".join, self._encodings.__getitem__
         head, array_head = self._message_head, self._array_head
         chain: list[bytes] = []
-        parent, tail = self.none_hash, tail_first
+        parent, tail = root, tail_first
         for start in range(0, len(ids) - size + 1, size):
             parent = digest(join((head, parent, array_head, *map(encode, ids[start : start + size]), tail)))
             chain.append(parent)
             tail = tail_rest
         return chain
 
-    def _pickle_chain(self, ids: list[int], extra_first: Any, extra_rest: Any) -> list[bytes]:
+    def _pickle_chain(self, ids: list[int], extra_first: Any, extra_rest: Any, root: bytes) -> list[bytes]:
         size, digest = self.hashing.block_size, self._digest
         chain: list[bytes] = []
-        parent, extra = self.none_hash, extra_first
+        parent, extra = root, extra_first
         for start in range(0, len(ids) - size + 1, size):
             parent = digest(_pickle((parent, tuple(ids[start : start + size]), extra)))
             chain.append(parent)

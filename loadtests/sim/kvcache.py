@@ -113,7 +113,7 @@ class VllmHashingSpec:
                 log.warning(UNSEEDED_WARNING)
             seed = os.urandom(16).hex()  # vLLM: NONE_HASH = os.urandom(32); here hash_fn of a random seed
         hashing = EngineHashing(algorithm=algorithm, seed=seed, block_size=block_size)  # digests: the chain's keys
-        return VllmHashing(EngineBlockHasher(hashing), EngineBlockHasher(hashing), int_hashes=self.int_hashes)
+        return VllmHashing(EngineBlockHasher(hashing), int_hashes=self.int_hashes)
 
 
 class VllmHashing:
@@ -123,16 +123,15 @@ class VllmHashing:
 
     A request's first blocks are hashed from the chain's root, with its ``cache_salt`` in the
     first block's keys; blocks filled later (generated tokens) continue the chain from their
-    parent: ``rest`` is a hasher whose root is set to that parent (vLLM's blocks after the first
-    have no extra keys, so a chain from the parent is exactly the rest of the request's chain).
+    parent (``block_hashes(..., parent=)``: vLLM's blocks after the first have no extra keys, so a
+    chain from the parent is exactly the rest of the request's chain).
     """
 
-    def __init__(self, first: EngineBlockHasher, rest: EngineBlockHasher, *, int_hashes: bool = False) -> None:
+    def __init__(self, hasher: EngineBlockHasher, *, int_hashes: bool = False) -> None:
         from gateway.kv_events.engine_hashes import INT_HASH_MASK
 
-        self._first = first
-        self._rest = rest
-        self._block_size = first.hashing.block_size
+        self._first = hasher
+        self._block_size = hasher.hashing.block_size
         self._mask = INT_HASH_MASK
         self.int_hashes = int_hashes
 
@@ -145,8 +144,7 @@ class VllmHashing:
             return
         parent = hashes[-1]
         assert isinstance(parent, bytes)
-        self._rest.none_hash = parent
-        hashes.extend(self._rest.block_hashes(token_ids[have * bs : full_blocks * bs]))
+        hashes.extend(self._first.block_hashes(token_ids[have * bs : full_blocks * bs], parent=parent))
 
     def external(self, block_hash: BlockHash) -> BlockHash:
         if self.int_hashes and isinstance(block_hash, bytes):

@@ -244,3 +244,14 @@ def test_cost_of_a_2000_token_prompt(capsys: pytest.CaptureFixture[str]) -> None
             f" (cbor2.dumps per block: {reference * 1e6:.0f} us)"
         )
     assert min(runs) < 1e-3
+
+
+def test_a_chain_continued_from_its_last_hash_is_the_rest_of_the_whole_chain() -> None:
+    """Blocks filled later (an engine's generated tokens) continue the request's chain: no salt there."""
+    hasher = EngineBlockHasher(EngineHashing(algorithm=HashAlgorithm.SHA256_CBOR, seed="0", block_size=4))
+    ids = list(range(1, 21))
+    whole = hasher.block_hashes(ids, cache_salt="abc")
+    head = hasher.block_hashes(ids[:8], cache_salt="abc")
+    parent = head[-1]
+    assert isinstance(parent, bytes)
+    assert head + hasher.block_hashes(ids[8:], cache_salt="abc", parent=parent) == whole
